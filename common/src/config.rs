@@ -1,0 +1,509 @@
+//! The one TOML file all stages share (`--config`, `FERRY_CONFIG`), with `FERRY_<SECTION>_<KEY>`
+//! environment overrides and, for the ledger, the `--ledger` flag.
+//!
+//! Unknown keys, bad values and missing sections are errors that name the key and the file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::ledger::{Backoff, LedgerOptions};
+
+/// A duration written for people: "30s", "5m", "1h 30m", "250ms".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map(HumanDuration)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?} ({e}); write e.g. \"30s\" or \"5m\"")))
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(self.0).to_string())
+    }
+}
+
+/// A size written for people: "64MiB", "512KiB", "1GB", "1000".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn parse(s: &str) -> std::result::Result<ByteSize, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: f64 = num.parse().map_err(|_| format!("invalid size {s:?}; write e.g. \"64MiB\""))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" => 1000,
+            "kib" => 1 << 10,
+            "m" | "mb" => 1_000_000,
+            "mib" => 1 << 20,
+            "g" | "gb" => 1_000_000_000,
+            "gib" => 1 << 30,
+            u => return Err(format!("invalid size unit {u:?} in {s:?}; use B, KiB, MiB, GiB, KB, MB or GB")),
+        };
+        if n <= 0.0 {
+            return Err(format!("size {s:?} must be positive"));
+        }
+        Ok(ByteSize((n * mult as f64) as u64))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => ByteSize::parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    Avro,
+    Jsonl,
+    Csv,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Avro => "avro",
+            Format::Jsonl => "jsonl",
+            Format::Csv => "csv",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Format> {
+        match s {
+            "avro" => Some(Format::Avro),
+            "jsonl" | "json" | "ndjson" => Some(Format::Jsonl),
+            "csv" => Some(Format::Csv),
+            _ => None,
+        }
+    }
+    /// The format a file name implies, for `format = "auto"`.
+    pub fn from_name(name: &str) -> Option<Format> {
+        let ext = name.rsplit('.').next()?.to_ascii_lowercase();
+        Format::parse(&ext)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub ledger: LedgerSection,
+    pub source: SourceSection,
+    pub staging: StoreSection,
+    pub spool: SpoolSection,
+    pub destination: StoreSection,
+    pub table: TableSection,
+    #[serde(default)]
+    pub extract: ExtractSection,
+    #[serde(default)]
+    pub transform: TransformSection,
+    #[serde(default)]
+    pub copy: CopySection,
+    #[serde(default)]
+    pub load: LoadSection,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LedgerSection {
+    /// sqlite://PATH or postgres://...
+    pub url: String,
+    /// A claim's validity without a heartbeat; a crashed worker's chunk is retried after it.
+    pub lease: HumanDuration,
+    /// Attempts per (chunk, stage) before the chunk is quarantined.
+    pub max_attempts: i64,
+    pub backoff_min: HumanDuration,
+    pub backoff_max: HumanDuration,
+    /// Deadline of one ledger call.
+    pub call_timeout: HumanDuration,
+}
+
+impl Default for LedgerSection {
+    fn default() -> Self {
+        let d = LedgerOptions::default();
+        LedgerSection {
+            url: crate::cli::DEFAULT_LEDGER.to_string(),
+            lease: HumanDuration(d.lease),
+            max_attempts: d.max_attempts,
+            backoff_min: HumanDuration(d.backoff.min),
+            backoff_max: HumanDuration(d.backoff.max),
+            call_timeout: HumanDuration(d.call_timeout),
+        }
+    }
+}
+
+impl LedgerSection {
+    pub fn options(&self) -> LedgerOptions {
+        LedgerOptions {
+            lease: self.lease.0,
+            max_attempts: self.max_attempts,
+            backoff: Backoff { min: self.backoff_min.0, max: self.backoff_max.0, factor: 2.0 },
+            call_timeout: self.call_timeout.0,
+            reclaim_interval: (self.lease.0 / 4).max(Duration::from_millis(100)),
+            ..LedgerOptions::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Disposition {
+    #[default]
+    Keep,
+    Archive,
+    Delete,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSection {
+    /// A directory: file:///path, /path, or a relative path.
+    pub url: String,
+    /// Which files in it to take (glob over the path relative to `url`).
+    #[serde(default = "default_glob")]
+    pub glob: String,
+    /// avro, jsonl, csv, or auto (by file extension).
+    #[serde(default = "default_format")]
+    pub format: String,
+    /// A file is finished when its size and mtime have not changed for this long...
+    #[serde(default = "default_settle")]
+    pub settle: HumanDuration,
+    /// ...or, if set, when a marker file `<name><marker>` exists (e.g. ".done").
+    #[serde(default)]
+    pub marker: Option<String>,
+    /// What happens to a source file once its chunks are in the ledger.
+    #[serde(default)]
+    pub disposition: Disposition,
+    /// Where `archive` moves files.
+    #[serde(default)]
+    pub archive_url: Option<String>,
+}
+
+fn default_glob() -> String {
+    "**/*".into()
+}
+fn default_format() -> String {
+    "auto".into()
+}
+fn default_settle() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    pub url: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpoolSection {
+    /// Local disk where transform writes Parquet for copy to ship.
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableSection {
+    pub name: String,
+    /// Columns of the table (required for jsonl and csv; taken from the Avro schema if empty).
+    #[serde(default)]
+    pub columns: Vec<ColumnSpec>,
+    /// Hive partition columns, in path order (each must be a column or a `derive`d one).
+    #[serde(default)]
+    pub partition_by: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnSpec {
+    pub name: String,
+    /// string, long (int64), int (int32), double, float, boolean, timestamp (UTC, ms), date
+    #[serde(rename = "type")]
+    pub ty: String,
+    #[serde(default = "yes")]
+    pub nullable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExtractSection {
+    /// Upper bound of a chunk's size; chunks end at record boundaries.
+    pub chunk_size: ByteSize,
+}
+
+impl Default for ExtractSection {
+    fn default() -> Self {
+        ExtractSection { chunk_size: ByteSize(64 << 20) }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransformSection {
+    /// Keep only these columns (after rename), in this order. Empty keeps all.
+    pub select: Vec<String>,
+    /// Old name -> new name.
+    pub rename: BTreeMap<String, String>,
+    /// Column -> type (see `table.columns`).
+    pub cast: BTreeMap<String, String>,
+    /// Row filters, all of which must hold: `col == value`, `col != value`, `col > 3`,
+    /// `col is null`, `col is not null`.
+    pub filter: Vec<String>,
+    /// New column -> expression: `date(col)`, `hour(col)`, `col`.
+    pub derive: BTreeMap<String, String>,
+    /// Bad records per chunk that go to a rejects file; one more quarantines the chunk.
+    pub max_bad_records: u64,
+    /// Parquet codec: zstd, snappy, gzip, lz4, none.
+    pub compression: String,
+    pub compression_level: i32,
+    pub row_group_size: usize,
+    /// Rows decoded per Arrow batch.
+    pub batch_size: usize,
+    pub concurrency: usize,
+}
+
+impl Default for TransformSection {
+    fn default() -> Self {
+        TransformSection {
+            select: vec![],
+            rename: BTreeMap::new(),
+            cast: BTreeMap::new(),
+            filter: vec![],
+            derive: BTreeMap::new(),
+            max_bad_records: 100,
+            compression: "zstd".into(),
+            compression_level: 3,
+            row_group_size: 1 << 20,
+            batch_size: 8192,
+            concurrency: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CopySection {
+    /// Whole-chunk deadline for one attempt.
+    pub deadline: HumanDuration,
+    /// An attempt that moves no bytes for this long is abandoned (no-progress watchdog).
+    pub stall_timeout: HumanDuration,
+    pub concurrency: usize,
+}
+
+impl Default for CopySection {
+    fn default() -> Self {
+        CopySection {
+            deadline: HumanDuration(Duration::from_secs(600)),
+            stall_timeout: HumanDuration(Duration::from_secs(30)),
+            concurrency: 4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoadSection {
+    pub concurrency: usize,
+}
+
+impl Default for LoadSection {
+    fn default() -> Self {
+        LoadSection { concurrency: 2 }
+    }
+}
+
+impl Config {
+    /// Reads the file, applies `FERRY_<SECTION>_<KEY>` overrides from the environment, and
+    /// validates. Every error names the file and the key.
+    pub fn load(path: &Path) -> Result<Config> {
+        let file = path.display().to_string();
+        let err = |message: String| Error::Config { file: file.clone(), message };
+        let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+        let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| err(e.to_string()))?;
+        apply_env(&mut doc, std::env::vars()).map_err(err)?;
+        let cfg: Config = toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| err(e.message().to_string()))?;
+        cfg.validate().map_err(err)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.source.format != "auto" && Format::parse(&self.source.format).is_none() {
+            return Err(format!("source.format: unknown format {:?} (avro, jsonl, csv or auto)", self.source.format));
+        }
+        if self.source.disposition == Disposition::Archive && self.source.archive_url.is_none() {
+            return Err("source.archive_url: required when source.disposition = \"archive\"".into());
+        }
+        globset::Glob::new(&self.source.glob).map_err(|e| format!("source.glob: {e}"))?;
+        if self.table.name.is_empty() || self.table.name.contains('/') {
+            return Err(format!("table.name: {:?} must be a non-empty name without '/'", self.table.name));
+        }
+        for (i, c) in self.table.columns.iter().enumerate() {
+            if !COLUMN_TYPES.contains(&c.ty.as_str()) {
+                return Err(format!("table.columns[{i}].type: unknown type {:?} for column {:?} ({})", c.ty, c.name, COLUMN_TYPES.join(", ")));
+            }
+        }
+        for (col, ty) in &self.transform.cast {
+            if !COLUMN_TYPES.contains(&ty.as_str()) {
+                return Err(format!("transform.cast.{col}: unknown type {ty:?} ({})", COLUMN_TYPES.join(", ")));
+            }
+        }
+        if !["zstd", "snappy", "gzip", "lz4", "none"].contains(&self.transform.compression.as_str()) {
+            return Err(format!("transform.compression: unknown codec {:?} (zstd, snappy, gzip, lz4, none)", self.transform.compression));
+        }
+        for (name, v) in [
+            ("transform.concurrency", self.transform.concurrency),
+            ("transform.batch_size", self.transform.batch_size),
+            ("transform.row_group_size", self.transform.row_group_size),
+            ("copy.concurrency", self.copy.concurrency),
+            ("load.concurrency", self.load.concurrency),
+        ] {
+            if v == 0 {
+                return Err(format!("{name}: must be at least 1"));
+            }
+        }
+        if self.ledger.max_attempts < 1 {
+            return Err("ledger.max_attempts: must be at least 1".into());
+        }
+        crate::ledger::LedgerUrl::parse(&self.ledger.url).map_err(|e| format!("ledger.url: {e}"))?;
+        Ok(())
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+}
+
+pub const COLUMN_TYPES: &[&str] = &["string", "long", "int", "double", "float", "boolean", "timestamp", "date"];
+
+/// `FERRY_COPY_CONCURRENCY=8` sets `copy.concurrency`. Section and key are matched against the
+/// known sections; values are parsed as TOML when they can be (numbers, booleans), else strings.
+fn apply_env(doc: &mut toml::Table, vars: impl Iterator<Item = (String, String)>) -> std::result::Result<(), String> {
+    const SECTIONS: &[&str] =
+        &["ledger", "source", "staging", "spool", "destination", "table", "extract", "transform", "copy", "load"];
+    // Variables that are flags of the binaries, not config keys.
+    const NOT_KEYS: &[&str] = &["FERRY_CONFIG", "FERRY_LEDGER", "FERRY_LOG_FORMAT"];
+    for (k, v) in vars {
+        let Some(rest) = k.strip_prefix("FERRY_") else { continue };
+        if NOT_KEYS.contains(&k.as_str()) || k.starts_with("FERRY_TEST_") {
+            continue;
+        }
+        let lower = rest.to_ascii_lowercase();
+        let Some((section, key)) = SECTIONS.iter().find_map(|s| {
+            lower.strip_prefix(s).and_then(|r| r.strip_prefix('_')).map(|key| (*s, key.to_string()))
+        }) else {
+            continue;
+        };
+        let value = format!("v = {v}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or(toml::Value::String(v.clone()));
+        let table = doc
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(Default::default()))
+            .as_table_mut()
+            .ok_or_else(|| format!("{section}: expected a section (from env {k})"))?;
+        table.insert(key, value);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = r#"
+[source]
+url = "/data/in"
+[staging]
+url = "/data/staging"
+[spool]
+dir = "/data/spool"
+[destination]
+url = "/data/warehouse"
+[table]
+name = "events"
+"#;
+
+    fn load_str(s: &str) -> Result<Config> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ferry.toml");
+        std::fs::write(&p, s).unwrap();
+        Config::load(&p)
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = load_str(MIN).unwrap();
+        assert_eq!(c.extract.chunk_size, ByteSize(64 << 20));
+        assert_eq!(c.copy.stall_timeout, HumanDuration(Duration::from_secs(30)));
+        assert_eq!(c.source.format, "auto");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = load_str(&format!("{MIN}\n[copy]\nconcurency = 3\n")).unwrap_err().to_string();
+        assert!(e.contains("concurency") && e.contains("ferry.toml"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_and_missing_section_are_named() {
+        let e = load_str(&format!("{MIN}\n[copy]\ndeadline = \"ten minutes\"\n")).unwrap_err().to_string();
+        assert!(e.contains("deadline") || e.contains("invalid duration"), "{e}");
+        let e = load_str(&MIN.replace("[spool]\ndir = \"/data/spool\"", "")).unwrap_err().to_string();
+        assert!(e.contains("spool"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides() {
+        let mut doc: toml::Table = MIN.parse().unwrap();
+        apply_env(
+            &mut doc,
+            vec![("FERRY_COPY_CONCURRENCY".to_string(), "9".to_string()), ("FERRY_EXTRACT_CHUNK_SIZE".into(), "1MiB".into())]
+                .into_iter(),
+        )
+        .unwrap();
+        let c: Config = toml::Value::Table(doc).try_into().unwrap();
+        assert_eq!(c.copy.concurrency, 9);
+        assert_eq!(c.extract.chunk_size, ByteSize(1 << 20));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(ByteSize::parse("64MiB").unwrap(), ByteSize(64 << 20));
+        assert_eq!(ByteSize::parse("1.5KB").unwrap(), ByteSize(1500));
+        assert!(ByteSize::parse("12 parsecs").is_err());
+    }
+}

@@ -1,0 +1,409 @@
+//! The ledger conformance suite: every test runs against SQLite and against a real Postgres.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_common::clock::ManualClock;
+use ferry_common::error::{Error, ErrorClass};
+use ferry_common::ledger::{
+    Backoff, FailOutcome, Lease, Ledger, LedgerOptions, NewChunk, NewSourceFile, RangeKind, RequeueFilter, Stage,
+    Work, chunk_id,
+};
+use support::{Db, TestDb};
+
+const T0: i64 = 1_800_000_000_000;
+
+fn opts() -> LedgerOptions {
+    LedgerOptions {
+        lease: Duration::from_secs(30),
+        max_attempts: 3,
+        backoff: Backoff { min: Duration::from_secs(10), max: Duration::from_secs(60), factor: 2.0 },
+        reclaim_interval: Duration::ZERO,
+        ..LedgerOptions::default()
+    }
+}
+
+/// Registers one file with `n` chunks, each with a `transform` task.
+async fn seed(ledger: &Ledger, name: &str, n: i64) -> Vec<String> {
+    let hash = blake3::hash(name.as_bytes()).to_hex().to_string();
+    let f = ledger
+        .register_file(&NewSourceFile {
+            uri: format!("file:///src/{name}"),
+            size: n * 100,
+            mtime_ms: T0,
+            content_hash: hash.clone(),
+            format: "jsonl".into(),
+        })
+        .await
+        .unwrap();
+    let chunks: Vec<NewChunk> = (0..n)
+        .map(|seq| NewChunk {
+            id: chunk_id(&hash, seq),
+            seq,
+            range_kind: RangeKind::Bytes,
+            range_start: seq * 100,
+            range_end: seq * 100 + 100,
+            records: Some(10),
+            bytes: 100,
+            content_hash: format!("h{seq}"),
+            location: format!("file:///staging/{name}.{seq}"),
+        })
+        .collect();
+    ledger.record_chunks(f.id, &chunks, Stage::Transform).await.unwrap();
+    chunks.into_iter().map(|c| c.id).collect()
+}
+
+async fn claim_one(ledger: &Ledger, worker: &str) -> Option<Lease> {
+    let mut l = ledger.claim(Stage::Transform, worker, 1).await.unwrap();
+    assert!(l.len() <= 1);
+    l.pop()
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+               async fn $name() { super::$name(super::Db::Sqlite).await } )*
+        }
+        mod postgres {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+               async fn $name() { super::$name(super::Db::Postgres).await } )*
+        }
+    };
+}
+
+conformance!(
+    racing_workers_each_task_held_once_none_lost,
+    stale_epoch_cannot_complete,
+    expired_lease_is_reclaimed_and_old_holder_rejected,
+    backoff_is_respected,
+    quarantine_after_max_attempts_then_requeue,
+    permanent_error_skips_retries,
+    migrations_twice_and_concurrently,
+    complete_is_idempotent_and_enqueues_next_stage,
+    release_does_not_count_an_attempt,
+    registration_is_idempotent_and_versions_changes,
+    views_and_constraints,
+);
+
+async fn racing_workers_each_task_held_once_none_lost(db: Db) {
+    let t = TestDb::new(db).await;
+    let ledger = t.ledger(LedgerOptions { reclaim_interval: Duration::from_secs(3600), ..opts() }, None).await;
+    let ids = seed(&ledger, "race", 300).await;
+
+    // Which worker holds each task right now; a second holder is a violation.
+    let held: Arc<Mutex<HashMap<i64, String>>> = Default::default();
+    let completed: Arc<Mutex<Vec<i64>>> = Default::default();
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let ledger = ledger.clone();
+        let held = held.clone();
+        let completed = completed.clone();
+        workers.push(tokio::spawn(async move {
+            let me = format!("worker-{w}");
+            loop {
+                let leases = ledger.claim(Stage::Transform, &me, 4).await.unwrap();
+                if leases.is_empty() {
+                    break;
+                }
+                for l in &leases {
+                    let prev = held.lock().unwrap().insert(l.task_id, me.clone());
+                    assert!(prev.is_none(), "task {} claimed by {me} while held by {prev:?}", l.task_id);
+                }
+                tokio::task::yield_now().await;
+                for l in leases {
+                    held.lock().unwrap().remove(&l.task_id);
+                    ledger.complete(&l, Work { bytes: 100, records: 10 }).await.unwrap();
+                    completed.lock().unwrap().push(l.task_id);
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let completed = completed.lock().unwrap().clone();
+    let distinct: HashSet<_> = completed.iter().collect();
+    assert_eq!(completed.len(), ids.len(), "every task completed exactly once");
+    assert_eq!(distinct.len(), ids.len());
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE stage = 'transform' AND state = 'done'").await, 300);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE stage = 'copy' AND state = 'available'").await, 300);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE outcome = 'done'").await, 300);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE attempt <> 1 AND stage = 'transform'").await, 0);
+}
+
+async fn stale_epoch_cannot_complete(db: Db) {
+    let t = TestDb::new(db).await;
+    let clock = ManualClock::new(T0);
+    let ledger = t.ledger(opts(), Some(&clock)).await;
+    seed(&ledger, "stale", 1).await;
+    let a = claim_one(&ledger, "a").await.unwrap();
+    clock.advance(Duration::from_secs(31));
+    let b = claim_one(&ledger, "b").await.expect("expired lease is claimable again");
+    assert_eq!(b.task_id, a.task_id);
+    assert!(b.epoch > a.epoch);
+    let err = ledger.complete(&a, Work::default()).await.unwrap_err();
+    match &err {
+        Error::LeaseLost { held_epoch, current_epoch, current_state, .. } => {
+            assert_eq!(*held_epoch, a.epoch);
+            assert_eq!(*current_epoch, b.epoch);
+            assert_eq!(current_state, "running");
+        }
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    assert!(err.to_string().contains("lease lost"), "{err}");
+    assert_eq!(err.class(), ErrorClass::Permanent);
+    // The zombie can neither fail, heartbeat nor release either.
+    assert!(matches!(ledger.fail(&a, ErrorClass::Transient, "x", Work::default()).await, Err(Error::LeaseLost { .. })));
+    assert!(matches!(ledger.heartbeat(&a).await, Err(Error::LeaseLost { .. })));
+    assert!(matches!(ledger.release(&a).await, Err(Error::LeaseLost { .. })));
+    ledger.complete(&b, Work::default()).await.unwrap();
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE outcome = 'done'").await, 1);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE outcome = 'lease_expired'").await, 1);
+}
+
+async fn expired_lease_is_reclaimed_and_old_holder_rejected(db: Db) {
+    let t = TestDb::new(db).await;
+    let clock = ManualClock::new(T0);
+    let ledger = t.ledger(opts(), Some(&clock)).await;
+    seed(&ledger, "expire", 2).await;
+    let a = claim_one(&ledger, "a").await.unwrap();
+    // A heartbeat keeps the lease alive past its first expiry.
+    clock.advance(Duration::from_secs(20));
+    ledger.heartbeat(&a).await.unwrap();
+    clock.advance(Duration::from_secs(20));
+    assert_eq!(ledger.reclaim_expired().await.unwrap(), 0, "heartbeat extended the lease");
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM stuck_leases").await, 0);
+    // Then the holder goes silent.
+    clock.advance(Duration::from_secs(31));
+    assert_eq!(ledger.reclaim_expired().await.unwrap(), 1);
+    assert_eq!(
+        t.scalar(&format!("SELECT COUNT(*) FROM tasks WHERE id = {} AND state = 'retryable'", a.task_id)).await,
+        1
+    );
+    assert!(matches!(ledger.heartbeat(&a).await, Err(Error::LeaseLost { .. })));
+    assert!(matches!(ledger.complete(&a, Work::default()).await, Err(Error::LeaseLost { .. })));
+    // The reclaimed task is claimable at once (a lost lease is not the task's fault).
+    let mut got = ledger.claim(Stage::Transform, "b", 10).await.unwrap();
+    got.sort_by_key(|l| l.task_id);
+    assert_eq!(got.len(), 2);
+    let again = got.iter().find(|l| l.task_id == a.task_id).unwrap();
+    assert_eq!(again.attempt, 2);
+    for l in &got {
+        ledger.complete(l, Work::default()).await.unwrap();
+    }
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE state = 'done'").await, 2);
+}
+
+async fn backoff_is_respected(db: Db) {
+    let t = TestDb::new(db).await;
+    let clock = ManualClock::new(T0);
+    let o = LedgerOptions { max_attempts: 5, ..opts() };
+    let ledger = t.ledger(o, Some(&clock)).await;
+    seed(&ledger, "backoff", 1).await;
+    let l = claim_one(&ledger, "a").await.unwrap();
+    let FailOutcome::Retry { at_ms } = ledger.fail(&l, ErrorClass::Transient, "reset", Work::default()).await.unwrap()
+    else {
+        panic!("transient failure must be retried")
+    };
+    // Equal jitter: between half the ceiling (5 s) and the ceiling (10 s).
+    assert!((T0 + 5_000..=T0 + 10_000).contains(&at_ms), "retry at +{} ms", at_ms - T0);
+    clock.set(at_ms - 1);
+    assert!(claim_one(&ledger, "a").await.is_none(), "claimed before scheduled_at");
+    clock.set(at_ms);
+    let l2 = claim_one(&ledger, "a").await.expect("due at scheduled_at");
+    assert_eq!(l2.attempt, 2);
+    // The second failure waits twice as long: 10..20 s.
+    let now = clock_now(&clock);
+    let FailOutcome::Retry { at_ms } = ledger.fail(&l2, ErrorClass::Transient, "reset", Work::default()).await.unwrap()
+    else {
+        panic!()
+    };
+    assert!((now + 10_000..=now + 20_000).contains(&at_ms), "retry at +{} ms", at_ms - now);
+    clock.set(now + 9_999);
+    assert!(claim_one(&ledger, "a").await.is_none());
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE outcome = 'retryable' AND error = 'reset'").await, 2);
+}
+
+fn clock_now(c: &ManualClock) -> i64 {
+    use ferry_common::clock::Clock;
+    c.now_ms()
+}
+
+async fn quarantine_after_max_attempts_then_requeue(db: Db) {
+    let t = TestDb::new(db).await;
+    let clock = ManualClock::new(T0);
+    let ledger = t.ledger(opts(), Some(&clock)).await;
+    let ids = seed(&ledger, "q", 2).await;
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let got = ledger.claim(Stage::Transform, "a", 10).await.unwrap();
+        let mut mine = None;
+        for l in got {
+            if l.chunk_id == ids[0] { mine = Some(l) } else { ledger.release(&l).await.unwrap() }
+        }
+        let l = mine.expect("the failing chunk is due again after its backoff");
+        outcomes.push(ledger.fail(&l, ErrorClass::Transient, "connection reset", Work::default()).await.unwrap());
+        clock.advance(Duration::from_secs(61));
+    }
+    assert!(matches!(outcomes[0], FailOutcome::Retry { .. }));
+    assert!(matches!(outcomes[1], FailOutcome::Retry { .. }));
+    assert_eq!(outcomes[2], FailOutcome::Quarantined);
+    let q = format!(
+        "SELECT COUNT(*) FROM tasks WHERE chunk_id = '{}' AND state = 'quarantined' AND finalized_at IS NOT NULL \
+         AND last_error LIKE '%gave up after 3 attempts%' AND last_error_class = 'transient'",
+        ids[0]
+    );
+    assert_eq!(t.scalar(&q).await, 1);
+    // A quarantined task is never claimed again...
+    clock.advance(Duration::from_secs(3600));
+    let rest = ledger.claim(Stage::Transform, "a", 10).await.unwrap();
+    assert!(rest.iter().all(|l| l.chunk_id != ids[0]));
+    for l in &rest {
+        ledger.release(l).await.unwrap();
+    }
+    let q = format!("SELECT COUNT(*) FROM recent_failures WHERE chunk_id = '{}' AND outcome <> 'released'", ids[0]);
+    assert_eq!(t.scalar(&q).await, 3);
+    // ...until requeued, with a fresh budget.
+    let n = ledger.requeue(&RequeueFilter { stage: Some(Stage::Transform), chunk_id: None }).await.unwrap();
+    assert_eq!(n, 1);
+    let again = ledger.claim(Stage::Transform, "a", 10).await.unwrap();
+    let l = again.iter().find(|l| l.chunk_id == ids[0]).expect("requeued task is claimable");
+    assert_eq!(l.attempt, 1);
+}
+
+async fn permanent_error_skips_retries(db: Db) {
+    let t = TestDb::new(db).await;
+    let clock = ManualClock::new(T0);
+    let ledger = t.ledger(opts(), Some(&clock)).await;
+    seed(&ledger, "perm", 1).await;
+    let l = claim_one(&ledger, "a").await.unwrap();
+    let out = ledger.fail(&l, ErrorClass::Permanent, "invalid JSON at line 7", Work::default()).await.unwrap();
+    assert_eq!(out, FailOutcome::Quarantined);
+    assert_eq!(
+        t.scalar(
+            "SELECT COUNT(*) FROM tasks WHERE state = 'quarantined' AND attempt = 1 \
+             AND last_error = 'invalid JSON at line 7' AND last_error_class = 'permanent'"
+        )
+        .await,
+        1
+    );
+    clock.advance(Duration::from_secs(3600));
+    assert!(claim_one(&ledger, "a").await.is_none());
+}
+
+async fn migrations_twice_and_concurrently(db: Db) {
+    let t = TestDb::new(db).await;
+    let mut starts = Vec::new();
+    for _ in 0..6 {
+        let url = t.url.clone();
+        starts.push(tokio::spawn(async move { Ledger::connect(&url, opts()).await.map(|_| ()) }));
+    }
+    for s in starts {
+        s.await.unwrap().expect("concurrent start-up migrates without error");
+    }
+    let ledger = t.ledger(opts(), None).await;
+    ledger.migrate().await.unwrap();
+    ledger.migrate().await.unwrap();
+    let versions = t.scalar("SELECT COUNT(*) FROM _sqlx_migrations").await;
+    assert_eq!(versions, std::fs::read_dir("../migrations/sqlite").unwrap().count() as i64);
+    seed(&ledger, "after-migrate", 1).await;
+}
+
+async fn complete_is_idempotent_and_enqueues_next_stage(db: Db) {
+    let t = TestDb::new(db).await;
+    let clock = ManualClock::new(T0);
+    let ledger = t.ledger(opts(), Some(&clock)).await;
+    let ids = seed(&ledger, "next", 1).await;
+    let l = claim_one(&ledger, "a").await.unwrap();
+    ledger.complete(&l, Work { bytes: 100, records: 10 }).await.unwrap();
+    // A retry of the same call (its reply was lost) is a success and records nothing more.
+    ledger.complete(&l, Work { bytes: 100, records: 10 }).await.unwrap();
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts").await, 1);
+    let copy = ledger.claim(Stage::Copy, "c", 5).await.unwrap();
+    assert_eq!(copy.len(), 1);
+    assert_eq!(copy[0].chunk_id, ids[0]);
+    ledger.complete(&copy[0], Work::default()).await.unwrap();
+    let load = ledger.claim(Stage::Load, "l", 5).await.unwrap();
+    ledger.complete(&load[0], Work::default()).await.unwrap();
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE state = 'done'").await, 3);
+    assert_eq!(ledger.pending(Stage::Load).await.unwrap(), 0);
+}
+
+async fn release_does_not_count_an_attempt(db: Db) {
+    let t = TestDb::new(db).await;
+    let clock = ManualClock::new(T0);
+    let ledger = t.ledger(opts(), Some(&clock)).await;
+    seed(&ledger, "rel", 1).await;
+    let l = claim_one(&ledger, "a").await.unwrap();
+    ledger.release(&l).await.unwrap();
+    let l2 = claim_one(&ledger, "b").await.unwrap();
+    assert_eq!(l2.attempt, 1);
+    assert!(l2.epoch > l.epoch);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE outcome = 'released'").await, 1);
+}
+
+async fn registration_is_idempotent_and_versions_changes(db: Db) {
+    let t = TestDb::new(db).await;
+    let ledger = t.ledger(opts(), None).await;
+    let f = NewSourceFile {
+        uri: "file:///src/a.jsonl".into(),
+        size: 10,
+        mtime_ms: T0,
+        content_hash: "aaa".into(),
+        format: "jsonl".into(),
+    };
+    let a = ledger.register_file(&f).await.unwrap();
+    let a2 = ledger.register_file(&f).await.unwrap();
+    assert_eq!(a, a2);
+    assert_eq!(a.version, 1);
+    let found = ledger.find_file(&f.uri, 10, T0).await.unwrap().unwrap();
+    assert_eq!(found.id, a.id);
+    let changed = NewSourceFile { size: 12, mtime_ms: T0 + 1, content_hash: "bbb".into(), ..f.clone() };
+    let b = ledger.register_file(&changed).await.unwrap();
+    assert_ne!(b.id, a.id);
+    assert_eq!(b.version, 2);
+    // Recording chunks twice (a crash between the two) leaves one set.
+    let chunk = NewChunk {
+        id: chunk_id("bbb", 0),
+        seq: 0,
+        range_kind: RangeKind::Records,
+        range_start: 0,
+        range_end: 5,
+        records: Some(5),
+        bytes: 12,
+        content_hash: "c".into(),
+        location: "file:///staging/x".into(),
+    };
+    ledger.record_chunks(b.id, &[chunk.clone()], Stage::Transform).await.unwrap();
+    ledger.record_chunks(b.id, &[chunk], Stage::Transform).await.unwrap();
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM chunks").await, 1);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks").await, 1);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'").await, 1);
+}
+
+async fn views_and_constraints(db: Db) {
+    let t = TestDb::new(db).await;
+    let ledger = t.ledger(opts(), None).await;
+    seed(&ledger, "views", 3).await;
+    let leases = ledger.claim(Stage::Transform, "v", 3).await.unwrap();
+    ledger.complete(&leases[0], Work { bytes: 100, records: 10 }).await.unwrap();
+    ledger.fail(&leases[1], ErrorClass::Transient, "timeout", Work { bytes: 40, records: 0 }).await.unwrap();
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM backlog").await, 4); // transform done/retryable/running, copy available
+    assert_eq!(t.scalar("SELECT tasks FROM backlog WHERE stage = 'transform' AND state = 'running'").await, 1);
+    assert_eq!(t.scalar("SELECT bytes FROM redone_work WHERE stage = 'transform'").await, 40);
+    assert_eq!(t.scalar("SELECT records FROM throughput WHERE stage = 'transform'").await, 10);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM recent_failures").await, 1);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM stuck_leases").await, 0);
+    let st = ledger.status().await.unwrap();
+    assert_eq!(st.redone_attempts, 1);
+    assert_eq!(st.redone_bytes, 40);
+    // The CHECK constraints hold the state machine together.
+    assert!(t.try_execute("UPDATE tasks SET state = 'bogus'").await.is_err());
+    assert!(t.try_execute("UPDATE tasks SET state = 'running', lease_owner = NULL WHERE state = 'available'").await.is_err());
+    assert!(t.try_execute("UPDATE tasks SET finalized_at = NULL WHERE state = 'done'").await.is_err());
+    assert!(t.try_execute("UPDATE tasks SET last_error_class = 'maybe'").await.is_err());
+}

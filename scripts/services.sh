@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs and starts what Ferry's tests and benchmarks need, on a fresh Debian machine.
+# Source it: `. scripts/services.sh; ferry_start_postgres`. Everything listens on loopback only.
+
+FERRY_CACHE=${FERRY_CACHE:-/work/cache}
+mkdir -p "$FERRY_CACHE" 2>/dev/null || FERRY_CACHE=$HOME/.cache/ferry
+mkdir -p "$FERRY_CACHE"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$FERRY_CACHE/target}
+
+ferry_apt() { # ferry_apt CMD PACKAGE...: installs PACKAGEs unless CMD already exists
+  local cmd=$1; shift
+  if ! command -v "$cmd" >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/"$cmd" >/dev/null 2>&1; then
+    echo "installing $* from Debian" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@") >&2
+  fi
+}
+
+ferry_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+
+# Starts a throwaway PostgreSQL on 127.0.0.1 and exports FERRY_TEST_POSTGRES. Stopped by
+# ferry_stop_postgres (the caller traps EXIT).
+ferry_start_postgres() {
+  ferry_apt initdb postgresql
+  local bin; bin=$(ferry_pg_bin)
+  FERRY_PG_DIR=$(mktemp -d /tmp/ferry-pg.XXXXXX)
+  chown postgres "$FERRY_PG_DIR" 2>/dev/null || true
+  local as=(); [ "$(id -u)" = 0 ] && as=(runuser -u postgres --)
+  FERRY_PG_PORT=${FERRY_PG_PORT:-$(( 20000 + RANDOM % 20000 ))}
+  "${as[@]}" "$bin/initdb" -D "$FERRY_PG_DIR/data" -U postgres --auth=trust -E UTF8 >/dev/null
+  "${as[@]}" "$bin/pg_ctl" -D "$FERRY_PG_DIR/data" -l "$FERRY_PG_DIR/log" -w -t 60 \
+    -o "-c listen_addresses=127.0.0.1 -p $FERRY_PG_PORT -c unix_socket_directories=$FERRY_PG_DIR -c max_connections=200" start >/dev/null
+  export FERRY_PG_DIR FERRY_PG_PORT
+  export FERRY_TEST_POSTGRES="postgres://postgres@127.0.0.1:$FERRY_PG_PORT/postgres"
+  echo "postgres on 127.0.0.1:$FERRY_PG_PORT ($FERRY_PG_DIR)" >&2
+}
+
+ferry_stop_postgres() {
+  [ -n "${FERRY_PG_DIR:-}" ] || return 0
+  local as=(); [ "$(id -u)" = 0 ] && as=(runuser -u postgres --)
+  "${as[@]}" "$(ferry_pg_bin)/pg_ctl" -D "$FERRY_PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$FERRY_PG_DIR"
+}
+
+# Python readers used as independent checks of the published tables.
+ferry_python_deps() {
+  python3 -c 'import pyarrow, duckdb' 2>/dev/null && return 0
+  echo "installing pyarrow and duckdb from PyPI" >&2
+  python3 -m pip install -q pyarrow duckdb >&2
+}
