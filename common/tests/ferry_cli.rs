@@ -1,0 +1,78 @@
+//! The `ferry` admin binary against both databases, through its real interface.
+
+mod support;
+
+use std::process::Command;
+
+use support::{Db, TestDb};
+
+fn ferry(ledger: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .arg("--ledger")
+        .arg(ledger)
+        .args(args)
+        .env_remove("FERRY_LEDGER")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn migrate_status_requeue(db: Db) {
+    let t = TestDb::new(db).await;
+    let (code, out, err) = ferry(&t.url, &["migrate"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("migrated"), "{out}");
+    let (code, out, err) = ferry(&t.url, &["migrate"]);
+    assert_eq!(code, 0, "second migrate: {out}{err}");
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks").await, 0);
+    t.try_execute(
+        "INSERT INTO source_files (uri, size, mtime_ms, content_hash, format, state, registered_at)
+         VALUES ('file:///x', 1, 1, 'h', 'csv', 'chunked', 1)",
+    )
+    .await
+    .unwrap();
+    t.try_execute(
+        "INSERT INTO chunks (id, file_id, seq, range_kind, range_start, range_end, bytes, content_hash, location, created_at)
+         VALUES ('c1', 1, 0, 'bytes', 0, 1, 1, 'h', 'file:///s', 1)",
+    )
+    .await
+    .unwrap();
+    t.try_execute(
+        "INSERT INTO tasks (chunk_id, stage, state, max_attempts, scheduled_at, created_at, finalized_at, last_error, last_error_class)
+         VALUES ('c1', 'copy', 'quarantined', 3, 1, 1, 1, 'reset', 'transient')",
+    )
+    .await
+    .unwrap();
+    let (code, out, _) = ferry(&t.url, &["status"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("copy") && out.contains("quarantined"), "{out}");
+    assert!(out.contains("chunked"), "{out}");
+    let (code, out, _) = ferry(&t.url, &["requeue", "--stage", "copy"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("requeued 1"), "{out}");
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE state = 'available' AND attempt = 0").await, 1);
+}
+
+#[tokio::test]
+async fn sqlite_migrate_status_requeue() {
+    migrate_status_requeue(Db::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_migrate_status_requeue() {
+    migrate_status_requeue(Db::Postgres).await;
+}
+
+#[test]
+fn bad_ledger_url_is_a_config_error() {
+    let (code, _, err) = ferry("mysql://nope", &["status"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("mysql://nope") && err.contains("sqlite://"), "{err}");
+    let (code, _, err) = ferry("sqlite://x.db", &["requeue", "--stage", "copyy"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("copyy"), "{err}");
+}

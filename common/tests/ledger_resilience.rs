@@ -1,0 +1,107 @@
+//! The ledger under database trouble, against a real Postgres: lost connections are retried,
+//! and a call blocked by a lock ends at its deadline instead of hanging.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use ferry_common::ledger::{LedgerOptions, NewChunk, NewSourceFile, RangeKind, Stage, Work, chunk_id};
+use sqlx::Connection;
+use support::{Db, TestDb};
+
+async fn seed_one(ledger: &ferry_common::Ledger) {
+    let f = ledger
+        .register_file(&NewSourceFile {
+            uri: "file:///src/a".into(),
+            size: 1,
+            mtime_ms: 1,
+            content_hash: "h".into(),
+            format: "csv".into(),
+        })
+        .await
+        .unwrap();
+    let c = NewChunk {
+        id: chunk_id("h", 0),
+        seq: 0,
+        range_kind: RangeKind::Bytes,
+        range_start: 0,
+        range_end: 1,
+        records: Some(1),
+        bytes: 1,
+        content_hash: "c".into(),
+        location: "file:///staging/a".into(),
+    };
+    ledger.record_chunks(f.id, &[c], Stage::Transform).await.unwrap();
+}
+
+#[tokio::test]
+async fn postgres_lost_connections_are_retried() {
+    let t = TestDb::new(Db::Postgres).await;
+    let ledger = t.ledger(LedgerOptions { max_connections: 2, ..LedgerOptions::default() }, None).await;
+    seed_one(&ledger).await;
+    let dbname = t.url.rsplit('/').next().unwrap().to_string();
+    // Kill every server process serving the ledger's pool, as a failover or restart would.
+    let mut admin = sqlx::PgConnection::connect(&t.url).await.unwrap();
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = $1 AND application_name = 'ferry') k",
+    )
+    .bind(&dbname)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(killed >= 1, "the ledger held no connection to kill");
+    // The next calls hit dead connections, get an I/O error, and retry on fresh ones.
+    let leases = ledger.claim(Stage::Transform, "w", 1).await.expect("claim survives a lost connection");
+    assert_eq!(leases.len(), 1);
+    ledger.complete(&leases[0], Work::default()).await.unwrap();
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE state = 'done'").await, 1);
+}
+
+#[tokio::test]
+async fn postgres_call_blocked_by_a_lock_ends_at_its_deadline() {
+    let t = TestDb::new(Db::Postgres).await;
+    let opts = LedgerOptions {
+        lock_timeout: Duration::from_millis(500),
+        call_timeout: Duration::from_secs(2),
+        call_retries: 1,
+        ..LedgerOptions::default()
+    };
+    let ledger = t.ledger(opts, None).await;
+    seed_one(&ledger).await;
+    let lease = ledger.claim(Stage::Transform, "w", 1).await.unwrap().pop().unwrap();
+    // Another session holds the task's row lock and never lets go.
+    let mut blocker = sqlx::PgConnection::connect(&t.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query("SELECT * FROM tasks FOR UPDATE").execute(&mut blocker).await.unwrap();
+    let started = Instant::now();
+    let err = ledger.heartbeat(&lease).await.expect_err("a blocked call must fail, not hang");
+    let took = started.elapsed();
+    assert!(err.is_transient(), "a lock timeout is transient: {err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    ledger.heartbeat(&lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_writer_blocked_by_another_process_ends_at_busy_timeout() {
+    let t = TestDb::new(Db::Sqlite).await;
+    let opts = LedgerOptions {
+        lock_timeout: Duration::from_millis(300),
+        call_timeout: Duration::from_secs(2),
+        call_retries: 1,
+        ..LedgerOptions::default()
+    };
+    let ledger = t.ledger(opts, None).await;
+    seed_one(&ledger).await;
+    let lease = ledger.claim(Stage::Transform, "w", 1).await.unwrap().pop().unwrap();
+    // A foreign writer (another process, as far as this ledger knows) holds the write lock.
+    let mut blocker = sqlx::SqliteConnection::connect(&t.url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut blocker).await.unwrap();
+    let started = Instant::now();
+    let err = ledger.complete(&lease, Work::default()).await.expect_err("blocked write must fail, not hang");
+    assert!(err.is_transient(), "SQLITE_BUSY is transient: {err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    ledger.complete(&lease, Work::default()).await.unwrap();
+}
