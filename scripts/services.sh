@@ -43,7 +43,7 @@ ferry_stop_postgres() {
 
 # Python readers used as independent checks of the published tables.
 ferry_python_deps() {
-  python3 -c 'import pyarrow, duckdb' 2>/dev/null && return 0
-  echo "installing pyarrow and duckdb from PyPI" >&2
-  python3 -m pip install -q pyarrow duckdb >&2
+  python3 -c 'import pyarrow, duckdb, fastavro, cramjam, backports.zstd' 2>/dev/null && return 0
+  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs) from PyPI" >&2
+  python3 -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd >&2
 }

@@ -351,9 +351,13 @@ impl Config {
         let file = path.display().to_string();
         let err = |message: String| Error::Config { file: file.clone(), message };
         let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+        // Deserializing the text itself first gives errors with the line and the key in it.
+        toml::from_str::<Config>(&text).map_err(|e| err(e.to_string().trim_end().to_string()))?;
         let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| err(e.to_string()))?;
         apply_env(&mut doc, std::env::vars()).map_err(err)?;
-        let cfg: Config = toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| err(e.message().to_string()))?;
+        let cfg: Config = toml::Value::Table(doc)
+            .try_into()
+            .map_err(|e: toml::de::Error| err(format!("after FERRY_* environment overrides: {}", e.message())))?;
         cfg.validate().map_err(err)?;
         Ok(cfg)
     }

@@ -5,6 +5,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod ledger;
+pub mod sample;
 
 pub use error::{Error, ErrorClass, Result};
 pub use ledger::{Lease, Ledger, LedgerOptions, Stage};

@@ -1,1 +1,6 @@
-fn main() {}
+//! `ferry-load`: not built yet (issue 3). Fails loudly rather than pretending to work.
+
+fn main() {
+    eprintln!("ferry-load: this stage is not implemented yet in this build of Ferry");
+    std::process::exit(ferry_common::cli::exit::FATAL);
+}

@@ -23,6 +23,34 @@ enum Cmd {
     Migrate,
     /// Summarize the ledger: files, backlog per stage and state, stuck leases, redone work.
     Status,
+    /// Print the resolved configuration (file + FERRY_* environment), or say what is wrong.
+    CheckConfig {
+        /// The TOML file shared by all stages.
+        #[arg(long, env = "FERRY_CONFIG")]
+        config: std::path::PathBuf,
+    },
+    /// Write deterministic sample events (as in seed 000: 200 B to 1 KB records).
+    Gen {
+        /// avro, jsonl or csv.
+        #[arg(long, default_value = "avro")]
+        format: String,
+        /// Directory to write into (created if missing).
+        #[arg(long)]
+        out: std::path::PathBuf,
+        #[arg(long, default_value_t = 4)]
+        files: u64,
+        /// Records per file.
+        #[arg(long, default_value_t = 10_000)]
+        records: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Avro block codec.
+        #[arg(long, value_enum, default_value = "null")]
+        codec: ferry_common::sample::AvroCodec,
+        /// Records per Avro block.
+        #[arg(long, default_value_t = 1000)]
+        block_records: usize,
+    },
     /// Send quarantined tasks back to `available` with a fresh attempt budget.
     Requeue {
         /// Only tasks of this stage (transform, copy, load).
@@ -46,6 +74,21 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> ferry_common::Result<i32> {
+    match &cli.cmd {
+        Cmd::CheckConfig { config } => {
+            let mut cfg = ferry_common::config::Config::load(config)?;
+            if let Some(url) = &cli.common.ledger {
+                cfg.ledger.url = url.clone();
+            }
+            print!("{}", cfg.to_toml());
+            return Ok(exit::OK);
+        }
+        Cmd::Gen { format, out, files, records, seed, codec, block_records } => {
+            gen_files(format, out, *files, *records, *seed, *codec, *block_records)?;
+            return Ok(exit::OK);
+        }
+        _ => {}
+    }
     let url = cli.common.ledger.clone().unwrap_or_else(|| cli::DEFAULT_LEDGER.to_string());
     let ledger = Ledger::connect(&url, LedgerOptions::default()).await?;
     match cli.cmd {
@@ -74,10 +117,44 @@ async fn run(cli: Cli) -> ferry_common::Result<i32> {
                 println!("{quarantined} task(s) quarantined: see `SELECT * FROM recent_failures`, then `ferry requeue`");
             }
         }
+        Cmd::CheckConfig { .. } | Cmd::Gen { .. } => unreachable!("handled before connecting"),
         Cmd::Requeue { stage, chunk } => {
             let n = ledger.requeue(&RequeueFilter { stage, chunk_id: chunk }).await?;
             println!("requeued {n} task(s)");
         }
     }
     Ok(exit::OK)
+}
+
+fn gen_files(
+    format: &str,
+    out: &std::path::Path,
+    files: u64,
+    records: usize,
+    seed: u64,
+    codec: ferry_common::sample::AvroCodec,
+    block_records: usize,
+) -> ferry_common::Result<()> {
+    use ferry_common::config::Format;
+    use ferry_common::error::Error;
+    let fmt = Format::parse(format)
+        .ok_or_else(|| Error::Config { file: "--format".into(), message: format!("unknown format {format:?} (avro, jsonl, csv)") })?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out.display(), e))?;
+    // 2026-11-28T00:00:00Z, so the events fall into a few `dt` partitions.
+    let start_ms = 1_795_824_000_000;
+    for i in 0..files {
+        let path = out.join(format!("events-{seed}-{i:04}.{}", fmt.as_str()));
+        let tmp = out.join(format!(".events-{seed}-{i:04}.tmp"));
+        let f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
+        let mut w = std::io::BufWriter::new(f);
+        let file_seed = seed.wrapping_mul(1_000_003).wrapping_add(i);
+        let events = ferry_common::sample::events(file_seed, records, start_ms + i as i64 * 3_600_000);
+        ferry_common::sample::write_events(&mut w, fmt, events, codec, block_records)
+            .and_then(|_| std::io::Write::flush(&mut w))
+            .map_err(|e| Error::io(tmp.display(), e))?;
+        // Whole files only: a reader polling `out` never sees a half-written one.
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(path.display(), e))?;
+        println!("{}", path.display());
+    }
+    Ok(())
 }

@@ -1,0 +1,278 @@
+//! Deterministic sample events for `ferry gen`, shaped like the stress test of seed 000:
+//! records of 200 B to 1 KB with an event id, a timestamp, a host, a kind, a user id, a
+//! payload and a nullable score. The same seed always gives the same bytes.
+
+use std::io::Write;
+
+use crate::config::Format;
+
+pub const EVENT_AVRO_SCHEMA: &str = r#"{"type":"record","name":"Event","namespace":"ferry.sample","fields":[{"name":"event_id","type":"string"},{"name":"ts","type":{"type":"long","logicalType":"timestamp-millis"}},{"name":"host","type":"string"},{"name":"kind","type":"string"},{"name":"user_id","type":"long"},{"name":"payload","type":"string"},{"name":"score","type":["null","double"],"default":null}]}"#;
+
+/// The table columns of the sample events, as `[[table.columns]]` would declare them.
+pub const EVENT_COLUMNS: &[(&str, &str, bool)] = &[
+    ("event_id", "string", false),
+    ("ts", "timestamp", false),
+    ("host", "string", false),
+    ("kind", "string", false),
+    ("user_id", "long", false),
+    ("payload", "string", false),
+    ("score", "double", true),
+];
+
+const KINDS: &[&str] = &["click", "view", "purchase", "login", "logout", "search", "error"];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub event_id: String,
+    pub ts_ms: i64,
+    pub host: String,
+    pub kind: &'static str,
+    pub user_id: i64,
+    pub payload: String,
+    pub score: Option<f64>,
+}
+
+/// splitmix64: tiny, fast, and stable across releases (unlike a library RNG's stream).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// Generates `n` events; `start_ms` is the first timestamp, and timestamps advance so that
+/// a file spans a few days (several `dt` partitions).
+pub fn events(seed: u64, n: usize, start_ms: i64) -> impl Iterator<Item = Event> {
+    let mut rng = Rng::new(seed);
+    let mut ts = start_ms;
+    (0..n).map(move |i| {
+        ts += rng.below(60_000) as i64 * 10;
+        let payload_len = 120 + rng.below(800) as usize;
+        let mut payload = String::with_capacity(payload_len);
+        while payload.len() < payload_len {
+            // Mostly text; now and then a comma, a quote or a newline, so CSV quoting is real.
+            let c = match rng.below(200) {
+                0 => ',',
+                1 => '"',
+                2 if i % 97 == 0 => '\n',
+                _ => (b'a' + rng.below(26) as u8) as char,
+            };
+            payload.push(c);
+        }
+        Event {
+            event_id: format!("{:016x}{:016x}", seed, rng.next_u64() ^ i as u64),
+            ts_ms: ts,
+            host: format!("host-{:03}", rng.below(64)),
+            kind: KINDS[rng.below(KINDS.len() as u64) as usize],
+            user_id: rng.below(1_000_000) as i64,
+            payload,
+            score: if rng.below(5) == 0 { None } else { Some(rng.below(1_000_000) as f64 / 1000.0) },
+        }
+    })
+}
+
+/// Avro object container codec for `ferry gen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AvroCodec {
+    Null,
+    Deflate,
+    Snappy,
+    Zstandard,
+}
+
+impl AvroCodec {
+    fn name(self) -> &'static str {
+        match self {
+            AvroCodec::Null => "null",
+            AvroCodec::Deflate => "deflate",
+            AvroCodec::Snappy => "snappy",
+            AvroCodec::Zstandard => "zstandard",
+        }
+    }
+}
+
+/// Writes events in `format` to `out`. Avro blocks hold `block_records` records each.
+pub fn write_events(
+    out: &mut impl Write,
+    format: Format,
+    events: impl Iterator<Item = Event>,
+    codec: AvroCodec,
+    block_records: usize,
+) -> std::io::Result<u64> {
+    match format {
+        Format::Jsonl => {
+            let mut n = 0;
+            for e in events {
+                let v = serde_json::json!({
+                    "event_id": e.event_id,
+                    "ts": chrono::DateTime::from_timestamp_millis(e.ts_ms).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+                    "host": e.host,
+                    "kind": e.kind,
+                    "user_id": e.user_id,
+                    "payload": e.payload,
+                    "score": e.score,
+                });
+                serde_json::to_writer(&mut *out, &v)?;
+                out.write_all(b"\n")?;
+                n += 1;
+            }
+            Ok(n)
+        }
+        Format::Csv => {
+            let mut w = csv::Writer::from_writer(out);
+            w.write_record(EVENT_COLUMNS.iter().map(|c| c.0))?;
+            let mut n = 0;
+            for e in events {
+                let ts = chrono::DateTime::from_timestamp_millis(e.ts_ms)
+                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                    .unwrap_or_default();
+                let score = e.score.map(|s| s.to_string()).unwrap_or_default();
+                w.write_record([
+                    e.event_id.as_str(),
+                    &ts,
+                    &e.host,
+                    e.kind,
+                    &e.user_id.to_string(),
+                    &e.payload,
+                    &score,
+                ])?;
+                n += 1;
+            }
+            w.flush()?;
+            Ok(n)
+        }
+        Format::Avro => write_avro(out, events, codec, block_records),
+    }
+}
+
+fn zigzag(buf: &mut Vec<u8>, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        buf.push((z as u8) | 0x80);
+        z >>= 7;
+    }
+    buf.push(z as u8);
+}
+
+fn avro_bytes(buf: &mut Vec<u8>, b: &[u8]) {
+    zigzag(buf, b.len() as i64);
+    buf.extend_from_slice(b);
+}
+
+/// An Avro object container file, written by hand: header (magic, metadata, sync marker),
+/// then blocks of (record count, byte size, encoded records, sync marker).
+fn write_avro(
+    out: &mut impl Write,
+    events: impl Iterator<Item = Event>,
+    codec: AvroCodec,
+    block_records: usize,
+) -> std::io::Result<u64> {
+    let sync: [u8; 16] = *blake3::hash(b"ferry sample sync").as_bytes().first_chunk().expect("32 bytes");
+    let mut header = b"Obj\x01".to_vec();
+    zigzag(&mut header, 2);
+    avro_bytes(&mut header, b"avro.schema");
+    avro_bytes(&mut header, EVENT_AVRO_SCHEMA.as_bytes());
+    avro_bytes(&mut header, b"avro.codec");
+    avro_bytes(&mut header, codec.name().as_bytes());
+    zigzag(&mut header, 0);
+    header.extend_from_slice(&sync);
+    out.write_all(&header)?;
+
+    let mut total = 0;
+    let mut block = Vec::new();
+    let mut count = 0;
+    let flush = |block: &mut Vec<u8>, count: &mut i64, out: &mut dyn Write| -> std::io::Result<()> {
+        if *count == 0 {
+            return Ok(());
+        }
+        let data = match codec {
+            AvroCodec::Null => std::mem::take(block),
+            AvroCodec::Deflate => {
+                let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+                e.write_all(block)?;
+                e.finish()?
+            }
+            AvroCodec::Snappy => {
+                let mut d = snap::raw::Encoder::new().compress_vec(block).map_err(std::io::Error::other)?;
+                d.extend_from_slice(&crc32fast::hash(block).to_be_bytes());
+                d
+            }
+            AvroCodec::Zstandard => zstd::encode_all(&block[..], 3)?,
+        };
+        let mut head = Vec::new();
+        zigzag(&mut head, *count);
+        zigzag(&mut head, data.len() as i64);
+        out.write_all(&head)?;
+        out.write_all(&data)?;
+        out.write_all(&sync)?;
+        block.clear();
+        *count = 0;
+        Ok(())
+    };
+    for e in events {
+        avro_bytes(&mut block, e.event_id.as_bytes());
+        zigzag(&mut block, e.ts_ms);
+        avro_bytes(&mut block, e.host.as_bytes());
+        avro_bytes(&mut block, e.kind.as_bytes());
+        zigzag(&mut block, e.user_id);
+        avro_bytes(&mut block, e.payload.as_bytes());
+        match e.score {
+            None => zigzag(&mut block, 0),
+            Some(s) => {
+                zigzag(&mut block, 1);
+                block.extend_from_slice(&s.to_le_bytes());
+            }
+        }
+        count += 1;
+        total += 1;
+        if count as usize >= block_records.max(1) {
+            flush(&mut block, &mut count, out)?;
+        }
+    }
+    flush(&mut block, &mut count, out)?;
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deterministic_and_sized_like_seed_000() {
+        let a: Vec<Event> = events(7, 500, 0).collect();
+        let b: Vec<Event> = events(7, 500, 0).collect();
+        assert_eq!(a, b);
+        for e in &a {
+            let size = e.event_id.len() + e.host.len() + e.kind.len() + e.payload.len() + 24;
+            assert!((150..=1100).contains(&size), "{size}");
+        }
+        assert!(a.iter().any(|e| e.score.is_none()));
+        assert!(a.iter().any(|e| e.payload.contains('\n')));
+    }
+
+    #[test]
+    fn avro_container_layout() {
+        for codec in [AvroCodec::Null, AvroCodec::Deflate, AvroCodec::Snappy, AvroCodec::Zstandard] {
+            let mut out = Vec::new();
+            let n = write_events(&mut out, Format::Avro, events(1, 250, 0), codec, 100).unwrap();
+            assert_eq!(n, 250);
+            assert_eq!(&out[..4], b"Obj\x01");
+            let sync = *blake3::hash(b"ferry sample sync").as_bytes().first_chunk::<16>().unwrap();
+            // three blocks (100, 100, 50), each ending with the sync marker, plus the header's
+            let marks = out.windows(16).filter(|w| *w == sync).count();
+            assert_eq!(marks, 4, "{codec:?}");
+        }
+    }
+}
