@@ -804,11 +804,20 @@ impl Ledger {
     /// sqlx's connection thread and back (measured: ~60% of CPU in thread wake-ups), so N
     /// concurrent completions become one hop instead of N. Returns whether this lease's row changed.
     async fn complete_batched(&self, pool: &sqlx::SqlitePool, mut item: Completion) -> Result<bool> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
         item.reply = Some(tx);
         self.completions.lock().unwrap_or_else(|e| e.into_inner()).push(item);
+        // Either the current writer flushes this item too (then there is nothing to lock for),
+        // or this caller gets the lock and flushes everything queued.
+        let cancelled = || {
+            Err(Error::LedgerBatch { message: "batched completion was cancelled".into(), class: ErrorClass::Transient })
+        };
+        let _write = tokio::select! {
+            biased;
+            r = &mut rx => return r.unwrap_or_else(|_| cancelled()),
+            w = self.sqlite_writer.lock() => w,
+        };
         {
-            let _write = self.sqlite_writer.lock().await;
             loop {
                 let batch: Vec<Completion> = {
                     let mut q = self.completions.lock().unwrap_or_else(|e| e.into_inner());
@@ -830,10 +839,9 @@ impl Ledger {
                 }
             }
         }
+        drop(_write);
         // Dropped without a reply: the flusher was cancelled mid-transaction, which rolled back.
-        rx.await.unwrap_or_else(|_| {
-            Err(Error::LedgerBatch { message: "batched completion was cancelled".into(), class: ErrorClass::Transient })
-        })
+        rx.await.unwrap_or_else(|_| cancelled())
     }
 
     /// Records a failed attempt. Transient failures go to `retryable` with backoff until
