@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use ferry_common::ledger::{LedgerOptions, NewChunk, NewSourceFile, RangeKind, Stage, Work, chunk_id};
+use ferry_common::ledger::{Lease, LedgerOptions, NewChunk, NewSourceFile, RangeKind, Stage, Work, chunk_id};
 use sqlx::Connection;
 use support::{Db, TestDb};
 
@@ -58,11 +58,11 @@ async fn postgres_lost_connections_are_retried() {
     assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE state = 'done'").await, 1);
 }
 
-#[tokio::test]
-async fn postgres_call_blocked_by_a_lock_ends_at_its_deadline() {
-    let t = TestDb::new(Db::Postgres).await;
+/// A ledger with short lock and call deadlines and one claimed task, so a blocked call shows.
+async fn claimed_with_short_deadlines(db: Db, lock_timeout: Duration) -> (TestDb, ferry_common::Ledger, Lease) {
+    let t = TestDb::new(db).await;
     let opts = LedgerOptions {
-        lock_timeout: Duration::from_millis(500),
+        lock_timeout,
         call_timeout: Duration::from_secs(2),
         call_retries: 1,
         ..LedgerOptions::default()
@@ -70,6 +70,12 @@ async fn postgres_call_blocked_by_a_lock_ends_at_its_deadline() {
     let ledger = t.ledger(opts, None).await;
     seed_one(&ledger).await;
     let lease = ledger.claim(Stage::Transform, "w", 1).await.unwrap().pop().unwrap();
+    (t, ledger, lease)
+}
+
+#[tokio::test]
+async fn postgres_call_blocked_by_a_lock_ends_at_its_deadline() {
+    let (t, ledger, lease) = claimed_with_short_deadlines(Db::Postgres, Duration::from_millis(500)).await;
     // Another session holds the task's row lock and never lets go.
     let mut blocker = sqlx::PgConnection::connect(&t.url).await.unwrap();
     sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
@@ -85,16 +91,7 @@ async fn postgres_call_blocked_by_a_lock_ends_at_its_deadline() {
 
 #[tokio::test]
 async fn sqlite_writer_blocked_by_another_process_ends_at_busy_timeout() {
-    let t = TestDb::new(Db::Sqlite).await;
-    let opts = LedgerOptions {
-        lock_timeout: Duration::from_millis(300),
-        call_timeout: Duration::from_secs(2),
-        call_retries: 1,
-        ..LedgerOptions::default()
-    };
-    let ledger = t.ledger(opts, None).await;
-    seed_one(&ledger).await;
-    let lease = ledger.claim(Stage::Transform, "w", 1).await.unwrap().pop().unwrap();
+    let (t, ledger, lease) = claimed_with_short_deadlines(Db::Sqlite, Duration::from_millis(300)).await;
     // A foreign writer (another process, as far as this ledger knows) holds the write lock.
     let mut blocker = sqlx::SqliteConnection::connect(&t.url).await.unwrap();
     sqlx::query("BEGIN IMMEDIATE").execute(&mut blocker).await.unwrap();

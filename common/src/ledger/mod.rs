@@ -84,14 +84,6 @@ impl Stage {
             Stage::Load => "load",
         }
     }
-
-    pub fn next(self) -> Option<Stage> {
-        match self {
-            Stage::Transform => Some(Stage::Copy),
-            Stage::Copy => Some(Stage::Load),
-            Stage::Load => None,
-        }
-    }
 }
 
 impl std::str::FromStr for Stage {
