@@ -64,3 +64,55 @@ pub fn report(e: &Error) -> i32 {
         _ => exit::FATAL,
     }
 }
+
+/// Flags of the four stage binaries.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StageArgs {
+    /// The TOML file shared by all stages (see deploy/ferry.example.toml).
+    #[arg(long, env = "FERRY_CONFIG")]
+    pub config: std::path::PathBuf,
+
+    /// Do the work available now, then exit (for cron). Chunks waiting for a retry's backoff
+    /// are left for the next run.
+    #[arg(long, conflicts_with = "watch")]
+    pub once: bool,
+
+    /// Keep polling for new work until SIGTERM (for systemd). The default.
+    #[arg(long)]
+    pub watch: bool,
+
+    /// How often --watch looks for new work.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub poll: std::time::Duration,
+
+    /// Chunks worked on at once (overrides the stage's `concurrency` in the config).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+
+    /// After SIGTERM, how long in-flight chunks may finish before their leases are released.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub grace: std::time::Duration,
+}
+
+/// What every stage binary does first: load the config (flags and env win), connect to the
+/// ledger and migrate it.
+pub async fn open_stage(
+    common: &CommonArgs,
+    args: &StageArgs,
+) -> crate::Result<(crate::config::Config, crate::ledger::Ledger)> {
+    let mut cfg = crate::config::Config::load(&args.config)?;
+    if let Some(url) = &common.ledger {
+        cfg.ledger.url = url.clone();
+    }
+    let ledger = crate::ledger::Ledger::connect(&cfg.ledger.url, cfg.ledger.options()).await?;
+    Ok((cfg, ledger))
+}
+
+/// Runs a binary's body and exits with its code; errors are reported with their causes.
+pub fn exit_with(res: crate::Result<i32>) -> ! {
+    let code = match res {
+        Ok(c) => c,
+        Err(e) => report(&e),
+    };
+    std::process::exit(code)
+}

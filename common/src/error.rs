@@ -66,6 +66,10 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A transfer that missed its deadline or stopped making progress.
+    #[error("{what}: {reason}")]
+    Stalled { what: String, reason: String },
+
     #[error("{0}")]
     Other(String),
 }
@@ -80,7 +84,7 @@ impl Error {
     /// The single retry-or-not decision for everything in this crate.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::LedgerTimeout { .. } => ErrorClass::Transient,
+            Error::LedgerTimeout { .. } | Error::Stalled { .. } => ErrorClass::Transient,
             Error::LedgerBatch { class, .. } => *class,
             Error::Database { source, .. } => db_error_class(source),
             Error::Io { source, .. } => io_error_class(source),
@@ -130,5 +134,16 @@ fn db_error_class(e: &sqlx::Error) -> ErrorClass {
             if transient { ErrorClass::Transient } else { ErrorClass::Permanent }
         }
         _ => ErrorClass::Permanent,
+    }
+}
+
+/// A stage's error as the runner needs it: a message and whether to retry.
+pub trait Classified: std::fmt::Display + Send + 'static {
+    fn class(&self) -> ErrorClass;
+}
+
+impl Classified for Error {
+    fn class(&self) -> ErrorClass {
+        Error::class(self)
     }
 }

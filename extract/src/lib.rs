@@ -1,1 +1,227 @@
+//! extract: source -> staging. Takes finished source files, registers them in the ledger,
+//! splits them at record boundaries into chunks, and stages each chunk for transform.
+//!
+//! A file is finished when its mtime is older than `source.settle` (a writer still appending
+//! keeps bumping it) or, if `source.marker` is set, when `<file><marker>` exists. Staged chunks
+//! are written under a temp name and renamed, so a crash leaves whole chunks or none; chunk ids
+//! are derived from the file's content hash, so a re-run after a crash names the same chunks.
 
+pub mod split;
+
+use std::time::Duration;
+
+use ferry_common::config::{Config, Disposition, Format};
+use ferry_common::error::{Error, Result};
+use ferry_common::ledger::{Ledger, NewChunk, NewSourceFile, RangeKind, Stage, chunk_id};
+use ferry_common::storage::{Entry, Store};
+use split::{Piece, SplitError};
+
+/// Files seen by one pass over the source.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pass {
+    pub chunked: u64,
+    pub chunks: u64,
+    pub records: i64,
+    pub bytes: u64,
+    pub quarantined: u64,
+    pub unfinished: u64,
+    pub skipped: u64,
+}
+
+pub struct Extract {
+    cfg: Config,
+    ledger: Ledger,
+    source: Store,
+    staging: Store,
+    glob: globset::GlobMatcher,
+}
+
+impl Extract {
+    pub fn new(cfg: Config, ledger: Ledger) -> Result<Extract> {
+        let source = Store::from_url(&cfg.source.url)?;
+        let staging = Store::from_url(&cfg.staging.url)?;
+        let glob = globset::GlobBuilder::new(&cfg.source.glob)
+            .literal_separator(false)
+            .build()
+            .map_err(|e| Error::Config { file: "source.glob".into(), message: e.to_string() })?
+            .compile_matcher();
+        Ok(Extract { cfg, ledger, source, staging, glob })
+    }
+
+    /// One pass over the source: every finished, new file is chunked and recorded.
+    pub async fn pass(&self) -> Result<Pass> {
+        let mut pass = Pass::default();
+        let entries = self.source.list("").await?;
+        let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.rel.as_str()).collect();
+        let now = self.ledger.now_ms();
+        for e in &entries {
+            let base = e.rel.rsplit('/').next().unwrap_or(&e.rel);
+            let is_marker = self.cfg.source.marker.as_deref().is_some_and(|m| e.rel.ends_with(m));
+            if base.starts_with('.') || is_marker || !self.glob.is_match(&e.rel) {
+                continue;
+            }
+            let finished = match &self.cfg.source.marker {
+                Some(m) => names.contains(format!("{}{m}", e.rel).as_str()),
+                None => now - e.mtime_ms >= self.cfg.source.settle.0.as_millis() as i64,
+            };
+            if !finished {
+                pass.unfinished += 1;
+                continue;
+            }
+            match self.file(e, &mut pass).await {
+                Ok(()) => {}
+                // One unreadable file must not stop the others; it is retried next pass.
+                Err(err) if err.is_transient() => {
+                    tracing::warn!(file = %e.rel, error = %err, "cannot extract now; will retry");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(pass)
+    }
+
+    async fn file(&self, e: &Entry, pass: &mut Pass) -> Result<()> {
+        let uri = self.source.url(&e.rel);
+        if let Some(known) = self.ledger.find_file(&uri, e.size as i64, e.mtime_ms).await? {
+            if known.state != "registered" {
+                pass.skipped += 1;
+                return self.dispose(e, &known.state).await;
+            }
+        }
+        let format = match self.cfg.source.format.as_str() {
+            "auto" => Format::from_name(&e.rel),
+            f => Format::parse(f),
+        };
+        let (size, hash) = {
+            let store = self.source.clone();
+            let rel = e.rel.clone();
+            tokio::task::spawn_blocking(move || -> Result<(u64, String)> {
+                let mut r = store.open_blocking(&rel)?;
+                let mut h = blake3::Hasher::new();
+                let n = std::io::copy(&mut r, &mut h).map_err(|err| Error::io(&rel, err))?;
+                Ok((n, h.finalize().to_hex().to_string()))
+            })
+            .await
+            .map_err(|err| Error::Other(err.to_string()))??
+        };
+        if size != e.size {
+            pass.unfinished += 1; // still growing after all
+            return Ok(());
+        }
+        let file = self
+            .ledger
+            .register_file(&NewSourceFile {
+                uri: uri.clone(),
+                size: size as i64,
+                mtime_ms: e.mtime_ms,
+                content_hash: hash.clone(),
+                format: format.map(|f| f.as_str()).unwrap_or("unknown").to_string(),
+            })
+            .await?;
+        if file.state != "registered" {
+            pass.skipped += 1;
+            return self.dispose(e, &file.state).await;
+        }
+        let Some(format) = format else {
+            let reason = format!("{}: cannot tell the format from the file name (set source.format)", e.rel);
+            self.ledger.quarantine_file(file.id, &reason).await?;
+            pass.quarantined += 1;
+            return Ok(());
+        };
+        let chunk_size = self.cfg.extract.chunk_size.0 as usize;
+        let (source, staging, table, rel, fhash) =
+            (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), hash.clone());
+        let split = tokio::task::spawn_blocking(move || -> Result<std::result::Result<Vec<NewChunk>, String>> {
+            let r = source.open_blocking(&rel)?;
+            let mut chunks = Vec::new();
+            let emit = |p: Piece| -> std::result::Result<(), SplitError> {
+                let seq = chunks.len() as i64;
+                let id = chunk_id(&fhash, seq);
+                let name = format!("{table}/{id}.{}", format.as_str());
+                staging.put_atomic_blocking(&name, &p.bytes).map_err(|e| SplitError::Io(std::io::Error::other(e.to_string())))?;
+                chunks.push(NewChunk {
+                    id,
+                    seq,
+                    range_kind: RangeKind::Records,
+                    range_start: p.first_record,
+                    range_end: p.first_record + p.records,
+                    records: Some(p.records),
+                    bytes: p.bytes.len() as i64,
+                    content_hash: blake3::hash(&p.bytes).to_hex().to_string(),
+                    location: staging.url(&name),
+                });
+                Ok(())
+            };
+            let res = match format {
+                Format::Jsonl => split::split_jsonl(r, chunk_size, emit),
+                Format::Csv => split::split_csv(r, chunk_size, emit),
+                Format::Avro => split::split_avro(r, chunk_size, emit),
+            };
+            match res {
+                Ok(()) => Ok(Ok(chunks)),
+                Err(SplitError::Corrupt(m)) => Ok(Err(m)),
+                Err(SplitError::Io(err)) => Err(Error::io(&rel, err)),
+            }
+        })
+        .await
+        .map_err(|err| Error::Other(err.to_string()))??;
+        match split {
+            Ok(chunks) => {
+                let records: i64 = chunks.iter().filter_map(|c| c.records).sum();
+                self.ledger.record_chunks(file.id, &chunks, Stage::Transform).await?;
+                tracing::info!(file = %e.rel, chunks = chunks.len(), records, "extracted");
+                pass.chunked += 1;
+                pass.chunks += chunks.len() as u64;
+                pass.records += records;
+                pass.bytes += size;
+                self.dispose(e, "chunked").await
+            }
+            Err(reason) => {
+                let reason = format!("{}: {reason}", e.rel);
+                tracing::error!(file = %e.rel, %reason, "quarantined");
+                self.ledger.quarantine_file(file.id, &reason).await?;
+                pass.quarantined += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// keep / archive / delete, only once the file's chunks are committed in the ledger.
+    async fn dispose(&self, e: &Entry, state: &str) -> Result<()> {
+        if state != "chunked" {
+            return Ok(());
+        }
+        match self.cfg.source.disposition {
+            Disposition::Keep => Ok(()),
+            Disposition::Delete => self.source.delete(&e.rel).await,
+            Disposition::Archive => {
+                let archive = Store::from_url(self.cfg.source.archive_url.as_deref().unwrap_or_default())?;
+                let bytes = self.source.read(&e.rel).await?;
+                archive.put_atomic(&e.rel, bytes).await?;
+                self.source.delete(&e.rel).await
+            }
+        }
+    }
+}
+
+/// `--once` runs one pass; `--watch` passes every `poll` until SIGTERM / SIGINT.
+pub async fn run(x: &Extract, once: bool, poll: Duration) -> Result<Pass> {
+    let mut total = Pass::default();
+    loop {
+        let p = x.pass().await?;
+        total.chunked += p.chunked;
+        total.chunks += p.chunks;
+        total.records += p.records;
+        total.bytes += p.bytes;
+        total.quarantined += p.quarantined;
+        total.unfinished = p.unfinished;
+        total.skipped = p.skipped;
+        if once {
+            return Ok(total);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(poll) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(total),
+        }
+    }
+}

@@ -1168,3 +1168,6 @@ pub fn worker_name(stage: &str) -> String {
         .unwrap_or_else(|_| "localhost".into());
     format!("{stage}@{host}:{}:{:04x}", std::process::id(), rand::random::<u16>())
 }
+
+mod outputs;
+pub use outputs::{Part, PartitionStats, Reject};

@@ -1,0 +1,247 @@
+//! The loop every chunk stage runs: claim up to `concurrency` tasks, work on each under a
+//! heartbeat, record the outcome, and stop cleanly on SIGTERM / SIGINT.
+//!
+//! One slow or failing chunk never holds back the others: each runs in its own task, and a
+//! free slot is refilled as soon as any task ends.
+
+use std::future::Future;
+use std::io::IsTerminal;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+
+use crate::error::{Classified, Error, ErrorClass, Result};
+use crate::ledger::{FailOutcome, Lease, Ledger, Stage, Work};
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub stage: Stage,
+    pub concurrency: usize,
+    /// `--once`: exit when nothing is claimable and nothing is in flight. Otherwise poll.
+    pub once: bool,
+    pub poll: Duration,
+    /// How long in-flight chunks may finish after SIGTERM before their leases are released.
+    pub grace: Duration,
+    pub worker: String,
+}
+
+/// What one run did, for the summary line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub done: u64,
+    pub records: i64,
+    pub bytes: i64,
+    pub retries: u64,
+    pub quarantined: u64,
+    pub lost: u64,
+    pub released: u64,
+    /// Tasks of this stage left quarantined in the ledger (not only by this run).
+    pub quarantined_total: i64,
+    /// Tasks of this stage still waiting (e.g. for a retry's backoff).
+    pub pending: i64,
+}
+
+impl Summary {
+    pub fn line(&self, stage: Stage, elapsed: Duration) -> String {
+        format!(
+            "{stage}: {} chunks done, {} records, {} bytes in {:.1}s; {} retried, {} quarantined ({} in ledger), {} leases lost, {} released, {} pending",
+            self.done,
+            self.records,
+            self.bytes,
+            elapsed.as_secs_f64(),
+            self.retries,
+            self.quarantined,
+            self.quarantined_total,
+            self.lost,
+            self.released,
+            self.pending
+        )
+    }
+
+    /// The process exit code for this run (see `cli::exit`).
+    pub fn exit_code(&self) -> i32 {
+        if self.quarantined_total > 0 { crate::cli::exit::QUARANTINED } else { crate::cli::exit::OK }
+    }
+}
+
+pub type TaskFuture<E> = Pin<Box<dyn Future<Output = std::result::Result<Work, E>> + Send>>;
+
+enum Ended {
+    Done(Work),
+    Failed(FailOutcome),
+    Lost,
+    Released,
+}
+
+/// Runs a stage until `--once` finds nothing left, or until a shutdown signal.
+pub async fn run<E, F>(ledger: &Ledger, opts: &RunOptions, work: F) -> Result<Summary>
+where
+    E: Classified,
+    F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
+{
+    let work = Arc::new(work);
+    let started = Instant::now();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::warn!("shutdown requested: no new claims; finishing in-flight chunks");
+        let _ = stop_tx.send(true);
+    });
+    let bar = progress_bar(opts.stage);
+    let mut summary = Summary::default();
+    let mut set: JoinSet<Result<Ended>> = JoinSet::new();
+    let mut stop = stop_rx.clone();
+    loop {
+        let stopping = *stop.borrow();
+        let mut claimed = 0;
+        if !stopping && set.len() < opts.concurrency {
+            let free = (opts.concurrency - set.len()) as i64;
+            for lease in ledger.claim(opts.stage, &opts.worker, free).await? {
+                claimed += 1;
+                set.spawn(run_one(ledger.clone(), lease, work.clone(), stop_rx.clone(), opts.grace));
+            }
+        }
+        if set.is_empty() && (stopping || (opts.once && claimed == 0)) {
+            break;
+        }
+        if claimed > 0 && set.len() < opts.concurrency {
+            continue; // more may be claimable right away
+        }
+        tokio::select! {
+            joined = set.join_next(), if !set.is_empty() => {
+                if let Some(joined) = joined {
+                    let ended = joined.map_err(|e| Error::Other(format!("{} task panicked: {e}", opts.stage)))??;
+                    tally(&mut summary, ended);
+                    if let Some(b) = &bar {
+                        b.set_message(format!("{} done, {} retried, {} quarantined", summary.done, summary.retries, summary.quarantined));
+                        b.tick();
+                    }
+                }
+            }
+            _ = tokio::time::sleep(opts.poll), if set.len() < opts.concurrency && !opts.once => {}
+            _ = stop.changed(), if !stopping => {}
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    summary.pending = ledger.pending(opts.stage).await?;
+    summary.quarantined_total = ledger
+        .status()
+        .await?
+        .backlog
+        .iter()
+        .filter(|r| r.stage == opts.stage.as_str() && r.state == "quarantined")
+        .map(|r| r.tasks)
+        .sum();
+    eprintln!("{}", summary.line(opts.stage, started.elapsed()));
+    Ok(summary)
+}
+
+fn tally(s: &mut Summary, ended: Ended) {
+    match ended {
+        Ended::Done(w) => {
+            s.done += 1;
+            s.records += w.records;
+            s.bytes += w.bytes;
+        }
+        Ended::Failed(FailOutcome::Retry { .. }) => s.retries += 1,
+        Ended::Failed(FailOutcome::Quarantined) => s.quarantined += 1,
+        Ended::Lost => s.lost += 1,
+        Ended::Released => s.released += 1,
+    }
+}
+
+/// Works on one lease: heartbeats while the work runs, then records the outcome. A lost lease
+/// abandons the work (someone else owns the chunk now); a shutdown past `grace` releases it.
+async fn run_one<E, F>(
+    ledger: Ledger,
+    lease: Lease,
+    work: Arc<F>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    grace: Duration,
+) -> Result<Ended>
+where
+    E: Classified,
+    F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
+{
+    let beat = (ledger.options().lease / 3).max(Duration::from_millis(50));
+    let fut = work(lease.clone());
+    tokio::pin!(fut);
+    let mut ticker = tokio::time::interval(beat);
+    ticker.tick().await;
+    let mut deadline: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let result = loop {
+        tokio::select! {
+            r = &mut fut => break r,
+            _ = ticker.tick() => {
+                match ledger.heartbeat(&lease).await {
+                    Ok(()) => {}
+                    Err(e @ Error::LeaseLost { .. }) => {
+                        tracing::warn!(chunk = %lease.chunk_id, error = %e, "abandoning chunk");
+                        return Ok(Ended::Lost);
+                    }
+                    Err(e) => tracing::warn!(chunk = %lease.chunk_id, error = %e, "heartbeat failed; will retry"),
+                }
+            }
+            _ = stop.changed(), if deadline.is_none() => {
+                deadline = Some(Box::pin(tokio::time::sleep(grace)));
+            }
+            _ = async { deadline.as_mut().unwrap().await }, if deadline.is_some() => {
+                tracing::warn!(chunk = %lease.chunk_id, "grace period over; releasing the chunk");
+                return match ledger.release(&lease).await {
+                    Ok(()) => Ok(Ended::Released),
+                    Err(Error::LeaseLost { .. }) => Ok(Ended::Lost),
+                    Err(e) => Err(e),
+                };
+            }
+        }
+    };
+    let outcome = match result {
+        Ok(w) => ledger.complete(&lease, w).await.map(|_| Ended::Done(w)),
+        Err(e) => {
+            let class = e.class();
+            let msg = e.to_string();
+            match class {
+                ErrorClass::Transient => tracing::warn!(chunk = %lease.chunk_id, attempt = lease.attempt, error = %msg, "chunk failed; will retry"),
+                ErrorClass::Permanent => tracing::error!(chunk = %lease.chunk_id, error = %msg, "chunk quarantined"),
+            }
+            ledger.fail(&lease, class, &msg, Work::default()).await.map(Ended::Failed)
+        }
+    };
+    match outcome {
+        Err(e @ Error::LeaseLost { .. }) => {
+            tracing::warn!(chunk = %lease.chunk_id, error = %e, "result discarded");
+            Ok(Ended::Lost)
+        }
+        other => other,
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+fn progress_bar(stage: Stage) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new_spinner();
+    b.set_prefix(stage.to_string());
+    b.set_style(indicatif::ProgressStyle::with_template("{spinner} {prefix}: {msg} [{elapsed}]").ok()?);
+    b.enable_steady_tick(Duration::from_millis(200));
+    Some(b)
+}
