@@ -75,8 +75,21 @@ enum Ended {
     Released,
 }
 
+/// Called after a chunk's completion is committed: the place to delete what only the
+/// finished stage needed (the spool file copy shipped), which must outlive the commit.
+pub type AfterCommit = Arc<dyn Fn(&Lease) + Send + Sync>;
+
 /// Runs a stage until `--once` finds nothing left, or until a shutdown signal.
 pub async fn run<E, F>(ledger: &Ledger, opts: &RunOptions, work: F) -> Result<Summary>
+where
+    E: Classified,
+    F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
+{
+    run_with(ledger, opts, work, Arc::new(|_: &Lease| {})).await
+}
+
+/// [`run`], with a hook after each committed completion.
+pub async fn run_with<E, F>(ledger: &Ledger, opts: &RunOptions, work: F, after: AfterCommit) -> Result<Summary>
 where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
@@ -100,7 +113,7 @@ where
             let free = (opts.concurrency - set.len()) as i64;
             for lease in ledger.claim(opts.stage, &opts.worker, free).await? {
                 claimed += 1;
-                set.spawn(run_one(ledger.clone(), lease, work.clone(), stop_rx.clone(), opts.grace));
+                set.spawn(run_one(ledger.clone(), lease, work.clone(), after.clone(), stop_rx.clone(), opts.grace));
             }
         }
         if set.is_empty() && (stopping || (opts.once && claimed == 0)) {
@@ -160,6 +173,7 @@ async fn run_one<E, F>(
     ledger: Ledger,
     lease: Lease,
     work: Arc<F>,
+    after: AfterCommit,
     mut stop: tokio::sync::watch::Receiver<bool>,
     grace: Duration,
 ) -> Result<Ended>
@@ -200,7 +214,10 @@ where
         }
     };
     let outcome = match result {
-        Ok(w) => ledger.complete(&lease, w).await.map(|_| Ended::Done(w)),
+        Ok(w) => ledger.complete(&lease, w).await.map(|_| {
+            after(&lease);
+            Ended::Done(w)
+        }),
         Err(e) => {
             let class = e.class();
             let msg = e.to_string();

@@ -58,7 +58,8 @@ pub fn events(seed: u64, n: usize, start_ms: i64) -> impl Iterator<Item = Event>
     let mut rng = Rng::new(seed);
     let mut ts = start_ms;
     (0..n).map(move |i| {
-        ts += rng.below(60_000) as i64 * 10;
+        // ~0.3 s apart on average: a day holds ~300k events, so big runs span a few `dt` partitions.
+        ts += rng.below(600) as i64;
         let payload_len = 120 + rng.below(800) as usize;
         let mut payload = String::with_capacity(payload_len);
         while payload.len() < payload_len {

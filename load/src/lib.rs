@@ -1,1 +1,170 @@
+//! load: landed chunks -> a Hive-partitioned table, exactly once.
+//!
+//! # Publish protocol (per part file of a chunk)
+//!
+//! ```text
+//!  dest/_ferry/landed/<table>/<chunk>/<k=v>/part-<chunk>.parquet
+//!     │ rename without overwrite (atomic; the name is fixed by the chunk id)
+//!     ▼
+//!  dest/<table>/<k=v>/part-<chunk>.parquet            <- readers see it from here on
+//!     │ manifest entry dest/<table>/_ferry/manifest/<chunk>.json, ledger `published` rows,
+//!     ▼ task done, then dest/<table>/_ferry/ddl.sql rewritten
+//! ```
+//!
+//! Invariant: a table file's name is a function of its chunk and partition, so one chunk can
+//! only ever occupy one name per partition, and "is it published?" is "does that name exist
+//! with the recorded size and hash?". What a crash leaves:
+//! - before the rename: the landed file; the retry renames it.
+//! - after the rename, before the ledger commit: the table file; the retry finds it in place
+//!   with the right hash, renames nothing, and commits. Nothing is published twice.
+//! - a table file with the right name but other content is a conflict: the chunk is
+//!   quarantined rather than overwriting what readers may already have read.
 
+use std::sync::Arc;
+
+use ferry_common::config::Config;
+use ferry_common::error::{Classified, Error, ErrorClass};
+use ferry_common::ledger::{Lease, Ledger, Part, Work};
+use ferry_common::storage::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The table already holds different content under this chunk's name.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// Neither the landed file nor the table file exists; the chunk must be copied again.
+    #[error("missing: {0}")]
+    Missing(String),
+    #[error(transparent)]
+    Common(#[from] Error),
+}
+
+impl Classified for LoadError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            LoadError::Conflict(_) | LoadError::Missing(_) => ErrorClass::Permanent,
+            LoadError::Common(e) => e.class(),
+        }
+    }
+}
+
+pub struct Load {
+    cfg: Config,
+    ledger: Ledger,
+    dest: Store,
+}
+
+impl Load {
+    pub fn new(cfg: Config, ledger: Ledger) -> Result<Load, LoadError> {
+        let dest = Store::from_url(&cfg.destination.url)?;
+        Ok(Load { cfg, ledger, dest })
+    }
+
+    fn table_path(&self, p: &Part) -> String {
+        format!("{}/{}", self.cfg.table.name, p.rel_path())
+    }
+
+    pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, LoadError> {
+        let table = &self.cfg.table.name;
+        let parts = self.ledger.parts(&lease.chunk_id).await?;
+        let mut published = Vec::with_capacity(parts.len());
+        let mut work = Work::default();
+        for p in &parts {
+            let landed = format!("_ferry/landed/{table}/{}/{}", p.chunk_id, p.rel_path());
+            let target = self.table_path(p);
+            if !self.dest.rename_noreplace(&landed, &target).await.or_else(|e| match e {
+                // No landed file: fine if the table already has it (a retry after the rename).
+                Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                e => Err(e),
+            })? {
+                match self.dest.head(&target).await? {
+                    Some(h) if h.size as i64 == p.bytes && self.dest.hash(&target).await?.1 == p.content_hash => {
+                        let _ = self.dest.delete(&landed).await;
+                    }
+                    Some(_) => {
+                        return Err(LoadError::Conflict(format!("{} holds other content than chunk {}", self.dest.url(&target), p.chunk_id)));
+                    }
+                    None => {
+                        return Err(LoadError::Missing(format!(
+                            "neither {} nor {} exists; copy the chunk again (ferry requeue --stage copy)",
+                            self.dest.url(&landed),
+                            self.dest.url(&target)
+                        )));
+                    }
+                }
+            }
+            work.bytes += p.bytes;
+            work.records += p.records;
+            published.push((target, p.clone()));
+        }
+        let manifest = serde_json::json!({
+            "chunk": lease.chunk_id,
+            "files": published.iter().map(|(path, p)| serde_json::json!({
+                "path": path, "partition": p.partition, "records": p.records, "bytes": p.bytes, "blake3": p.content_hash,
+            })).collect::<Vec<_>>(),
+        });
+        self.dest
+            .put_atomic(&format!("{table}/_ferry/manifest/{}.json", lease.chunk_id), serde_json::to_vec_pretty(&manifest).unwrap_or_default())
+            .await?;
+        self.ledger.record_published(&lease, table, &published).await?;
+        self.write_ddl().await?;
+        Ok(work)
+    }
+
+    /// Rewrites `<table>/_ferry/ddl.sql`: CREATE EXTERNAL TABLE plus one ADD PARTITION per
+    /// published partition, for Hive, Spark or Trino; DuckDB and pyarrow read the Hive layout
+    /// directly.
+    pub async fn write_ddl(&self) -> Result<(), LoadError> {
+        let table = &self.cfg.table.name;
+        let location = self.dest.url(table);
+        let partitions = self.ledger.table_partitions().await?;
+        let hive = |ty: &str| match ty {
+            "long" => "BIGINT",
+            "int" => "INT",
+            "double" => "DOUBLE",
+            "float" => "FLOAT",
+            "boolean" => "BOOLEAN",
+            "timestamp" => "TIMESTAMP",
+            "date" => "DATE",
+            _ => "STRING",
+        };
+        let pcols = &self.cfg.table.partition_by;
+        let part_type = |p: &str| match self.cfg.transform.derive.get(p).map(|e| e.trim()) {
+            Some(e) if e.starts_with("date(") => "DATE",
+            Some(e) if e.starts_with("hour(") => "INT",
+            _ => "STRING",
+        };
+        let cols: Vec<String> = self
+            .cfg
+            .table
+            .columns
+            .iter()
+            .filter(|c| !pcols.contains(&c.name))
+            .map(|c| {
+                let name = self.cfg.transform.rename.get(&c.name).unwrap_or(&c.name);
+                let ty = self.cfg.transform.cast.get(name).map(String::as_str).unwrap_or(&c.ty);
+                format!("  `{name}` {}", hive(ty))
+            })
+            .filter(|c| self.cfg.transform.select.is_empty() || self.cfg.transform.select.iter().any(|s| c.contains(&format!("`{s}`"))))
+            .collect();
+        let mut sql = String::from("-- Written by ferry-load after every published chunk. Do not edit.\n");
+        sql.push_str(&format!("CREATE EXTERNAL TABLE IF NOT EXISTS `{table}` (\n{}\n)\n", cols.join(",\n")));
+        if !pcols.is_empty() {
+            let p: Vec<String> = pcols.iter().map(|c| format!("`{c}` {}", part_type(c))).collect();
+            sql.push_str(&format!("PARTITIONED BY ({})\n", p.join(", ")));
+        }
+        sql.push_str(&format!("STORED AS PARQUET\nLOCATION '{location}';\n"));
+        for p in partitions.iter().filter(|p| &p.table == table && !p.partition.is_empty()) {
+            let spec: Vec<String> = p.partition.split('/').filter_map(|kv| kv.split_once('=')).map(|(k, v)| format!("`{k}`='{v}'")).collect();
+            sql.push_str(&format!(
+                "ALTER TABLE `{table}` ADD IF NOT EXISTS PARTITION ({}) LOCATION '{location}/{}';  -- {} files, {} records\n",
+                spec.join(", "),
+                p.partition,
+                p.files,
+                p.records
+            ));
+        }
+        self.dest.put_atomic(&format!("{table}/_ferry/ddl.sql"), sql.into_bytes()).await?;
+        Ok(())
+    }
+}

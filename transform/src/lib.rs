@@ -1,1 +1,216 @@
+//! transform: staging -> local spool. Decodes a staged chunk (Avro, JSON lines, CSV) into
+//! Arrow in the table's types, applies the `[transform]` plan, and writes one Parquet file per
+//! partition value to the spool, named deterministically (`part-<chunk>.parquet` under
+//! `<table>/<chunk>/<k=v>/`), so a retry rewrites the same files with the same bytes.
+//!
+//! Bad records (up to `max_bad_records` per chunk) are set aside with their position and
+//! reason, in the ledger's `rejects` table and a rejects file; more than that, or a chunk that
+//! cannot be decoded at all, quarantines the chunk. Other chunks never wait for it.
 
+pub mod decode;
+pub mod ops;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, new_null_array};
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use ferry_common::config::{Config, Format};
+use ferry_common::error::{Classified, Error, ErrorClass};
+use ferry_common::ledger::{Lease, Ledger, Part, Reject, Work};
+use ferry_common::storage::{Store, hash_file};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, GzipLevel, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+/// The transform stage's one error type; [`Classified::class`] decides retry-or-not.
+#[derive(Debug, thiserror::Error)]
+pub enum TransformError {
+    /// The input cannot be turned into table rows; retrying will not help.
+    #[error("bad input: {0}")]
+    BadInput(String),
+    /// The configuration does not fit the data (a missing column, an unknown function).
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Common(#[from] Error),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl TransformError {
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        TransformError::Internal(e.to_string())
+    }
+}
+
+impl Classified for TransformError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            TransformError::BadInput(_) | TransformError::Config(_) => ErrorClass::Permanent,
+            TransformError::Common(e) => e.class(),
+            // Arrow and Parquet errors here are mostly I/O on the spool (a full disk).
+            TransformError::Internal(_) => ErrorClass::Transient,
+        }
+    }
+}
+
+pub struct Transform {
+    cfg: Config,
+    ledger: Ledger,
+    staging: Store,
+    plan: ops::Plan,
+    declared: Option<SchemaRef>,
+    props: WriterProperties,
+}
+
+impl Transform {
+    pub fn new(cfg: Config, ledger: Ledger) -> Result<Transform, TransformError> {
+        let staging = Store::from_url(&cfg.staging.url)?;
+        let plan = ops::Plan::new(&cfg.transform, &cfg.table.partition_by)?;
+        let declared = (!cfg.table.columns.is_empty()).then(|| decode::table_schema(&cfg.table.columns));
+        let t = &cfg.transform;
+        let compression = match t.compression.as_str() {
+            "zstd" => Compression::ZSTD(ZstdLevel::try_new(t.compression_level).map_err(|e| TransformError::Config(format!("transform.compression_level: {e}")))?),
+            "gzip" => Compression::GZIP(GzipLevel::try_new(t.compression_level as u32).map_err(|e| TransformError::Config(format!("transform.compression_level: {e}")))?),
+            "snappy" => Compression::SNAPPY,
+            "lz4" => Compression::LZ4_RAW,
+            _ => Compression::UNCOMPRESSED,
+        };
+        let props = WriterProperties::builder()
+            .set_compression(compression)
+            .set_max_row_group_row_count(Some(t.row_group_size))
+            .build();
+        Ok(Transform { cfg, ledger, staging, plan, declared, props })
+    }
+
+    fn chunk_dir(&self, chunk: &str) -> PathBuf {
+        self.cfg.spool.dir.join(&self.cfg.table.name).join(chunk)
+    }
+
+    /// Works on one claimed chunk.
+    pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, TransformError> {
+        let chunk = self.ledger.chunk(&lease.chunk_id).await?;
+        let rel = self
+            .staging
+            .rel_of(&chunk.location)
+            .ok_or_else(|| TransformError::Config(format!("chunk {} is staged at {}, outside staging.url", chunk.id, chunk.location)))?;
+        let data = self.staging.read(&rel).await?;
+        if blake3::hash(&data).to_hex().as_str() != chunk.content_hash {
+            return Err(TransformError::BadInput(format!(
+                "staged chunk {} ({}) does not match the hash recorded at extract",
+                chunk.id, chunk.location
+            )));
+        }
+        let format = Format::parse(&chunk.format)
+            .ok_or_else(|| TransformError::BadInput(format!("unknown format {:?} of {}", chunk.format, chunk.file_uri)))?;
+        let this = self.clone();
+        let range_start = chunk.range_start;
+        let file_uri = chunk.file_uri.clone();
+        let chunk_id = chunk.id.clone();
+        let (parts, rejects) = tokio::task::spawn_blocking(move || this.transform_blocking(&chunk_id, format, &data, range_start))
+            .await
+            .map_err(TransformError::internal)?
+            .map_err(|e| match e {
+                TransformError::BadInput(m) => TransformError::BadInput(format!("{file_uri}: {m}")),
+                other => other,
+            })?;
+        let rejects: Vec<Reject> =
+            rejects.into_iter().map(|r| Reject { position: r.position, reason: format!("{}: {}", chunk.file_uri, r.reason) }).collect();
+        if !rejects.is_empty() {
+            self.write_rejects(&lease.chunk_id, &rejects)?;
+            tracing::warn!(chunk = %lease.chunk_id, file = %chunk.file_uri, rejects = rejects.len(), "bad records set aside");
+        }
+        self.ledger.record_parts(&lease, &parts, &rejects).await?;
+        Ok(Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum() })
+    }
+
+    fn transform_blocking(&self, chunk: &str, format: Format, data: &[u8], first: i64) -> Result<(Vec<Part>, Vec<Reject>), TransformError> {
+        let t = &self.cfg.transform;
+        let need_schema = || {
+            self.declared.clone().ok_or_else(|| TransformError::Config(format!("table.columns must be declared for {} input", format.as_str())))
+        };
+        let decoded = match format {
+            Format::Jsonl => decode::jsonl(data, need_schema()?, first, t.batch_size, t.max_bad_records)?,
+            Format::Csv => decode::csv(data, need_schema()?, first, t.batch_size, t.max_bad_records)?,
+            Format::Avro => {
+                let d = decode::avro(data, t.batch_size)?;
+                match &self.declared {
+                    Some(s) => decode::Decoded {
+                        batches: d.batches.iter().map(|b| conform(b, s)).collect::<Result<_, _>>()?,
+                        schema: s.clone(),
+                        rejects: d.rejects,
+                    },
+                    None => d,
+                }
+            }
+        };
+        let dir = self.chunk_dir(chunk);
+        let mut writers: std::collections::BTreeMap<String, (PathBuf, ArrowWriter<std::fs::File>, i64)> = Default::default();
+        for batch in &decoded.batches {
+            let batch = self.plan.apply(batch)?;
+            for (partition, rows) in self.plan.partition(&batch)? {
+                if rows.num_rows() == 0 {
+                    continue;
+                }
+                if !writers.contains_key(&partition) {
+                    let pdir = if partition.is_empty() { dir.clone() } else { dir.join(&partition) };
+                    std::fs::create_dir_all(&pdir).map_err(|e| Error::io(pdir.display(), e))?;
+                    // Unique per process, so a zombie writing the same chunk never shares a temp file.
+                    let tmp = pdir.join(format!(".part-{chunk}.{}.tmp", std::process::id()));
+                    let f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
+                    let w = ArrowWriter::try_new(f, rows.schema(), Some(self.props.clone())).map_err(TransformError::internal)?;
+                    writers.insert(partition.clone(), (tmp, w, 0));
+                }
+                let (_, w, n) = writers.get_mut(&partition).expect("inserted");
+                w.write(&rows).map_err(TransformError::internal)?;
+                *n += rows.num_rows() as i64;
+            }
+        }
+        let name = format!("part-{chunk}.parquet");
+        let mut parts = Vec::with_capacity(writers.len());
+        for (partition, (tmp, w, records)) in writers {
+            let f = w.into_inner().map_err(TransformError::internal)?;
+            f.sync_all().map_err(|e| Error::io(tmp.display(), e))?;
+            let fin = tmp.with_file_name(&name);
+            std::fs::rename(&tmp, &fin).map_err(|e| Error::io(fin.display(), e))?;
+            let (bytes, content_hash) = hash_file(&fin)?;
+            parts.push(Part { chunk_id: chunk.to_string(), partition, name: name.clone(), records, bytes: bytes as i64, content_hash });
+        }
+        Ok((parts, decoded.rejects))
+    }
+
+    fn write_rejects(&self, chunk: &str, rejects: &[Reject]) -> Result<(), TransformError> {
+        let p = self.cfg.spool.dir.join("rejects").join(&self.cfg.table.name).join(format!("{chunk}.jsonl"));
+        let mut text = String::new();
+        for r in rejects {
+            text.push_str(&serde_json::json!({"chunk": chunk, "position": r.position, "reason": r.reason}).to_string());
+            text.push('\n');
+        }
+        ferry_common::storage::write_atomic(&p, text.as_bytes())?;
+        Ok(())
+    }
+
+    /// Spool directory of a chunk, for copy and cleanup.
+    pub fn spool_dir(spool: &Path, table: &str, chunk: &str) -> PathBuf {
+        spool.join(table).join(chunk)
+    }
+}
+
+/// Puts Avro-decoded columns into the declared table columns: by name, cast to the declared
+/// type; a declared nullable column the file lacks is all nulls.
+fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, TransformError> {
+    let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    for f in schema.fields() {
+        match b.schema().index_of(f.name()) {
+            Ok(i) => cols.push(
+                arrow::compute::cast(b.column(i), f.data_type())
+                    .map_err(|e| TransformError::BadInput(format!("column {:?}: {e}", f.name())))?,
+            ),
+            Err(_) if f.is_nullable() => cols.push(new_null_array(f.data_type(), b.num_rows())),
+            Err(_) => return Err(TransformError::BadInput(format!("the Avro schema has no required column {:?}", f.name()))),
+        }
+    }
+    RecordBatch::try_new(schema.clone(), cols).map_err(|e| TransformError::BadInput(e.to_string()))
+}

@@ -254,6 +254,8 @@ pub struct Chunk {
     pub file_uri: String,
     pub format: String,
     pub seq: i64,
+    /// Index of the chunk's first record in its file (for positions in error messages).
+    pub range_start: i64,
     pub records: Option<i64>,
     pub bytes: i64,
     pub content_hash: String,
@@ -652,7 +654,7 @@ impl Ledger {
         self.call("chunk", || async move {
             on_backend!(self, |pool, begin| {
                 let r = sqlx::query(
-                    "SELECT c.id, c.file_id, f.uri, f.format, c.seq, c.records, c.bytes,
+                    "SELECT c.id, c.file_id, f.uri, f.format, c.seq, c.range_start, c.records, c.bytes,
                             c.content_hash, c.location
                      FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.id = $1",
                 )
@@ -666,6 +668,7 @@ impl Ledger {
                     file_uri: r.try_get("uri").map_err(db("chunk"))?,
                     format: r.try_get("format").map_err(db("chunk"))?,
                     seq: r.try_get("seq").map_err(db("chunk"))?,
+                    range_start: r.try_get("range_start").map_err(db("chunk"))?,
                     records: r.try_get("records").map_err(db("chunk"))?,
                     bytes: r.try_get("bytes").map_err(db("chunk"))?,
                     content_hash: r.try_get("content_hash").map_err(db("chunk"))?,

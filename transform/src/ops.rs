@@ -1,0 +1,254 @@
+//! The declarative transform from `[transform]`: rename, cast, derive, filter, select, applied
+//! in that order to every batch, and the split of rows by Hive partition value.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, Float64Array, StringArray, UInt32Array};
+use arrow::compute::kernels::cmp;
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use ferry_common::config::TransformSection;
+
+use crate::TransformError;
+use crate::decode::arrow_type;
+
+#[derive(Debug, Clone)]
+enum Filter {
+    IsNull(String, bool),
+    Cmp { col: String, op: String, lit: Literal },
+}
+
+#[derive(Debug, Clone)]
+enum Literal {
+    Str(String),
+    Num(f64),
+}
+
+/// The compiled `[transform]` section.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    rename: BTreeMap<String, String>,
+    cast: BTreeMap<String, DataType>,
+    derive: Vec<(String, String, String)>, // (new column, function, source column)
+    filters: Vec<Filter>,
+    select: Vec<String>,
+    partition_by: Vec<String>,
+}
+
+fn config_err(key: &str, msg: String) -> TransformError {
+    TransformError::Config(format!("transform.{key}: {msg}"))
+}
+
+impl Plan {
+    pub fn new(t: &TransformSection, partition_by: &[String]) -> Result<Plan, TransformError> {
+        let mut derive = Vec::new();
+        for (name, expr) in &t.derive {
+            let expr = expr.trim();
+            let (func, arg) = match expr.split_once('(') {
+                Some((f, rest)) => (f.trim().to_string(), rest.trim_end_matches(')').trim().to_string()),
+                None => ("col".to_string(), expr.to_string()),
+            };
+            if !["date", "hour", "col"].contains(&func.as_str()) {
+                return Err(config_err(&format!("derive.{name}"), format!("unknown function {func:?} (date, hour)")));
+            }
+            derive.push((name.clone(), func, arg));
+        }
+        let mut filters = Vec::new();
+        for (i, f) in t.filter.iter().enumerate() {
+            filters.push(parse_filter(f).ok_or_else(|| {
+                config_err(&format!("filter[{i}]"), format!("cannot parse {f:?}; write e.g. `kind != \"debug\"`, `score > 0.5`, `score is not null`"))
+            })?);
+        }
+        Ok(Plan {
+            rename: t.rename.clone(),
+            cast: t.cast.iter().map(|(k, v)| (k.clone(), arrow_type(v))).collect(),
+            derive,
+            filters,
+            select: t.select.clone(),
+            partition_by: partition_by.to_vec(),
+        })
+    }
+
+    pub fn apply(&self, batch: &RecordBatch) -> Result<RecordBatch, TransformError> {
+        let mut fields: Vec<Field> = Vec::new();
+        let mut cols: Vec<ArrayRef> = Vec::new();
+        for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+            let name = self.rename.get(f.name()).cloned().unwrap_or_else(|| f.name().clone());
+            let (col, dt) = match self.cast.get(&name) {
+                Some(dt) => (
+                    arrow::compute::cast(c, dt).map_err(|e| TransformError::BadInput(format!("cast of {name} to {dt}: {e}")))?,
+                    dt.clone(),
+                ),
+                None => (c.clone(), f.data_type().clone()),
+            };
+            fields.push(Field::new(name, dt, true));
+            cols.push(col);
+        }
+        for (name, func, arg) in &self.derive {
+            let i = fields
+                .iter()
+                .position(|f| f.name() == arg)
+                .ok_or_else(|| config_err(&format!("derive.{name}"), format!("no column {arg:?}")))?;
+            let src = &cols[i];
+            let col: ArrayRef = match func.as_str() {
+                "date" => arrow::compute::cast(src, &DataType::Date32),
+                "hour" => arrow::compute::kernels::temporal::date_part(src, arrow::compute::kernels::temporal::DatePart::Hour),
+                _ => Ok(src.clone()),
+            }
+            .map_err(|e| TransformError::BadInput(format!("derive {name} = {func}({arg}): {e}")))?;
+            fields.push(Field::new(name, col.data_type().clone(), true));
+            cols.push(col);
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let mut batch = RecordBatch::try_new(schema, cols).map_err(TransformError::internal)?;
+        if !self.filters.is_empty() {
+            let mut mask: Option<BooleanArray> = None;
+            for f in &self.filters {
+                let m = eval(&batch, f)?;
+                mask = Some(match mask {
+                    Some(a) => arrow::compute::and_kleene(&a, &m).map_err(TransformError::internal)?,
+                    None => m,
+                });
+            }
+            // Rows whose filter is null (a comparison with a null) do not pass.
+            let mask = arrow::compute::prep_null_mask_filter(&mask.expect("filters"));
+            batch = arrow::compute::filter_record_batch(&batch, &mask).map_err(TransformError::internal)?;
+        }
+        if !self.select.is_empty() {
+            let mut keep = self.select.clone();
+            for p in &self.partition_by {
+                if !keep.contains(p) {
+                    keep.push(p.clone());
+                }
+            }
+            let idx = keep
+                .iter()
+                .map(|c| batch.schema().index_of(c).map_err(|_| TransformError::Config(format!("transform.select: no column {c:?}"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            batch = batch.project(&idx).map_err(TransformError::internal)?;
+        }
+        Ok(batch)
+    }
+
+    /// Splits a batch by partition value: (Hive path like `dt=2026-11-30`, rows without the
+    /// partition columns, which the path carries).
+    pub fn partition(&self, batch: &RecordBatch) -> Result<Vec<(String, RecordBatch)>, TransformError> {
+        if self.partition_by.is_empty() {
+            return Ok(vec![(String::new(), batch.clone())]);
+        }
+        let schema = batch.schema();
+        let mut keys: Vec<StringArray> = Vec::new();
+        for p in &self.partition_by {
+            let i = schema.index_of(p).map_err(|_| TransformError::Config(format!("table.partition_by: no column {p:?} (derive it?)")))?;
+            let s = arrow::compute::cast(batch.column(i), &DataType::Utf8).map_err(TransformError::internal)?;
+            keys.push(s.as_any().downcast_ref::<StringArray>().expect("utf8").clone());
+        }
+        let mut groups: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for row in 0..batch.num_rows() {
+            let path = self
+                .partition_by
+                .iter()
+                .zip(&keys)
+                .map(|(p, k)| {
+                    let v = if k.is_null(row) { "__HIVE_DEFAULT_PARTITION__".to_string() } else { escape(k.value(row)) };
+                    format!("{p}={v}")
+                })
+                .collect::<Vec<_>>()
+                .join("/");
+            groups.entry(path).or_default().push(row as u32);
+        }
+        let data_cols: Vec<usize> =
+            (0..schema.fields().len()).filter(|&i| !self.partition_by.contains(schema.field(i).name())).collect();
+        let data = batch.project(&data_cols).map_err(TransformError::internal)?;
+        let mut out = Vec::with_capacity(groups.len());
+        for (path, rows) in groups {
+            let part = if rows.len() == data.num_rows() {
+                data.clone()
+            } else {
+                let idx = UInt32Array::from(rows);
+                let cols = data
+                    .columns()
+                    .iter()
+                    .map(|c| arrow::compute::take(c, &idx, None))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(TransformError::internal)?;
+                RecordBatch::try_new(data.schema(), cols).map_err(TransformError::internal)?
+            };
+            out.push((path, part));
+        }
+        Ok(out)
+    }
+}
+
+/// Hive escapes path characters in partition values.
+fn escape(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '/' | '=' | '%' | '\\' | '#' | '?' | ':' | '"' | '\'' | '\n' | '\r' => s.push_str(&format!("%{:02X}", c as u32)),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+fn parse_filter(f: &str) -> Option<Filter> {
+    let f = f.trim();
+    let lower = f.to_ascii_lowercase();
+    if let Some(col) = lower.strip_suffix(" is not null") {
+        return Some(Filter::IsNull(f[..col.len()].trim().to_string(), false));
+    }
+    if let Some(col) = lower.strip_suffix(" is null") {
+        return Some(Filter::IsNull(f[..col.len()].trim().to_string(), true));
+    }
+    for op in ["==", "!=", ">=", "<=", ">", "<", "="] {
+        if let Some((col, lit)) = f.split_once(op) {
+            let lit = lit.trim();
+            let lit = if let Some(s) = lit.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+                Literal::Str(s.to_string())
+            } else {
+                Literal::Num(lit.parse().ok()?)
+            };
+            let op = if op == "=" { "==" } else { op };
+            return Some(Filter::Cmp { col: col.trim().to_string(), op: op.to_string(), lit });
+        }
+    }
+    None
+}
+
+fn eval(batch: &RecordBatch, f: &Filter) -> Result<BooleanArray, TransformError> {
+    let col = |name: &str| {
+        batch
+            .schema()
+            .index_of(name)
+            .map(|i| batch.column(i).clone())
+            .map_err(|_| TransformError::Config(format!("transform.filter: no column {name:?}")))
+    };
+    match f {
+        Filter::IsNull(c, true) => arrow::compute::is_null(&col(c)?).map_err(TransformError::internal),
+        Filter::IsNull(c, false) => arrow::compute::is_not_null(&col(c)?).map_err(TransformError::internal),
+        Filter::Cmp { col: c, op, lit } => {
+            let a = col(c)?;
+            let (a, b): (ArrayRef, Box<dyn arrow::array::Datum>) = match lit {
+                Literal::Str(s) => (
+                    arrow::compute::cast(&a, &DataType::Utf8).map_err(TransformError::internal)?,
+                    Box::new(StringArray::new_scalar(s.as_str())),
+                ),
+                Literal::Num(n) => (
+                    arrow::compute::cast(&a, &DataType::Float64).map_err(TransformError::internal)?,
+                    Box::new(Float64Array::new_scalar(*n)),
+                ),
+            };
+            let r = match op.as_str() {
+                "==" => cmp::eq(&a, b.as_ref()),
+                "!=" => cmp::neq(&a, b.as_ref()),
+                ">" => cmp::gt(&a, b.as_ref()),
+                ">=" => cmp::gt_eq(&a, b.as_ref()),
+                "<" => cmp::lt(&a, b.as_ref()),
+                _ => cmp::lt_eq(&a, b.as_ref()),
+            };
+            r.map_err(TransformError::internal)
+        }
+    }
+}
