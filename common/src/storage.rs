@@ -212,6 +212,21 @@ impl Store {
         }
     }
 
+    /// Removes temp files (`.<name>.tmp`, left by a writer that crashed) below `dir` whose
+    /// mtime is before `cutoff_ms`. Returns how many went.
+    pub async fn remove_stale_temps(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
+        let mut n = 0;
+        for e in self.list(dir).await? {
+            let base = e.rel.rsplit('/').next().unwrap_or(&e.rel);
+            if base.starts_with('.') && base.ends_with(".tmp") && e.mtime_ms < cutoff_ms {
+                tracing::info!(file = %e.rel, "removing an abandoned temp file");
+                self.delete(&e.rel).await?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Hashes a stored file (to check a landed or published file after an ambiguous failure).
     pub async fn hash(&self, rel: &str) -> Result<(u64, String)> {
         match self {
@@ -304,7 +319,11 @@ pub fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {
     let dir = p.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
     let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // Unique per writer (process, then a counter), so concurrent writers of one name never
+    // share a temp file; the last rename wins whole.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}-{seq}.tmp", std::process::id()));
     let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
     f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::io(tmp.display(), e))?;
     std::fs::rename(&tmp, p).map_err(|e| Error::io(p.display(), e))?;

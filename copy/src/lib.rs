@@ -127,13 +127,15 @@ impl Copy {
                 std::fs::remove_dir_all(&d).map_err(|e| Error::io(d.display(), e))?;
             }
         }
-        let cutoff = self.ledger.now_ms() - 2 * self.ledger.options().lease.as_millis() as i64;
+        let cutoff = self.ledger.stale_before_ms();
         for e in self.dest.list("_ferry/tmp").await? {
             if e.mtime_ms < cutoff {
                 tracing::info!(file = %e.rel, "removing an abandoned temp file");
                 self.dest.delete(&e.rel).await?;
             }
         }
+        let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
+        spool.remove_stale_temps(&self.cfg.table.name, cutoff).await?;
         Ok(())
     }
 

@@ -52,12 +52,21 @@ pub struct Load {
     cfg: Config,
     ledger: Ledger,
     dest: Store,
+    /// Serializes DDL rewrites in this process, so an older partition list never lands last.
+    ddl: tokio::sync::Mutex<()>,
 }
 
 impl Load {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Load, LoadError> {
         let dest = Store::from_url(&cfg.destination.url)?;
-        Ok(Load { cfg, ledger, dest })
+        Ok(Load { cfg, ledger, dest, ddl: tokio::sync::Mutex::new(()) })
+    }
+
+    /// Removes manifest and DDL temp files left by a load that crashed.
+    pub async fn gc(&self) -> Result<(), LoadError> {
+        let dir = format!("{}/_ferry", self.cfg.table.name);
+        self.dest.remove_stale_temps(&dir, self.ledger.stale_before_ms()).await?;
+        Ok(())
     }
 
     fn table_path(&self, p: &Part) -> String {
@@ -115,6 +124,7 @@ impl Load {
     /// published partition, for Hive, Spark or Trino; DuckDB and pyarrow read the Hive layout
     /// directly.
     pub async fn write_ddl(&self) -> Result<(), LoadError> {
+        let _one_at_a_time = self.ddl.lock().await;
         let table = &self.cfg.table.name;
         let location = self.dest.url(table);
         let partitions = self.ledger.table_partitions().await?;

@@ -31,6 +31,7 @@ async fn run(args: Args) -> ferry_common::Result<i32> {
     let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
     let concurrency = args.stage.concurrency.unwrap_or(cfg.load.concurrency);
     let l = Arc::new(Load::new(cfg, ledger.clone()).map_err(|e| ferry_common::Error::Other(e.to_string()))?);
+    l.gc().await.map_err(|e| ferry_common::Error::Other(e.to_string()))?;
     let opts = RunOptions {
         stage: Stage::Load,
         concurrency,

@@ -85,6 +85,13 @@ impl Transform {
         Ok(Transform { cfg, ledger, staging, plan, declared, props })
     }
 
+    /// Removes spool temp files left by a transform that crashed.
+    pub async fn gc(&self) -> Result<(), TransformError> {
+        let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
+        spool.remove_stale_temps(&self.cfg.table.name, self.ledger.stale_before_ms()).await?;
+        Ok(())
+    }
+
     fn chunk_dir(&self, chunk: &str) -> PathBuf {
         self.cfg.spool.dir.join(&self.cfg.table.name).join(chunk)
     }

@@ -34,6 +34,7 @@ async fn run(args: Args) -> ferry_common::Result<i32> {
         file: args.stage.config.display().to_string(),
         message: e.to_string(),
     })?);
+    t.gc().await.map_err(|e| ferry_common::Error::Other(e.to_string()))?;
     let opts = RunOptions {
         stage: Stage::Transform,
         concurrency,

@@ -470,6 +470,12 @@ impl Ledger {
         self.clock.now_ms()
     }
 
+    /// Files older than this were left by a writer whose lease has surely expired: anything
+    /// temporary from before it is abandoned.
+    pub fn stale_before_ms(&self) -> i64 {
+        self.now_ms() - 2 * self.opts.lease.as_millis() as i64
+    }
+
     /// Applies pending migrations. Safe when several processes start at once: Postgres takes
     /// an advisory lock, SQLite a file lock next to the database.
     pub async fn migrate(&self) -> Result<()> {

@@ -1,0 +1,213 @@
+//! Harness for the end-to-end tests: a pipeline in a temp directory (source, staging, spool,
+//! destination, SQLite ledger, config file), the real binaries, and an independent reader
+//! (Python: fastavro, json, csv for the inputs; pyarrow for the published table).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The directory holding the workspace's binaries (`cargo build --workspace --bins` first;
+/// the test command does).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let p = dir.join(name);
+    assert!(p.exists(), "{} is not built: run `cargo build --workspace --bins` (scripts/test.sh does)", p.display());
+    p
+}
+
+pub struct Pipeline {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+}
+
+pub const STAGES: [&str; 4] = ["ferry-extract", "ferry-transform", "ferry-copy", "ferry-load"];
+
+impl Pipeline {
+    /// `extra` is appended to the config (later keys of a section must not repeat earlier ones).
+    pub fn new(chunk_size: &str, lease: &str, settle: &str) -> Pipeline {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("in")).unwrap();
+        let config = d.join("ferry.toml");
+        let text = format!(
+            r#"[ledger]
+url = "sqlite://{d}/ledger.db"
+lease = "{lease}"
+backoff_min = "100ms"
+backoff_max = "1s"
+
+[source]
+url = "{d}/in"
+settle = "{settle}"
+
+[staging]
+url = "file://{d}/staging"
+
+[spool]
+dir = "{d}/spool"
+
+[destination]
+url = "{d}/wh"
+
+[table]
+name = "events"
+partition_by = ["dt"]
+columns = [
+  {{ name = "event_id", type = "string", nullable = false }},
+  {{ name = "ts", type = "timestamp", nullable = false }},
+  {{ name = "host", type = "string", nullable = false }},
+  {{ name = "kind", type = "string", nullable = false }},
+  {{ name = "user_id", type = "long", nullable = false }},
+  {{ name = "payload", type = "string", nullable = false }},
+  {{ name = "score", type = "double" }},
+]
+
+[extract]
+chunk_size = "{chunk_size}"
+
+[transform]
+derive = {{ dt = "date(ts)" }}
+max_bad_records = 5
+"#,
+            d = d.display()
+        );
+        std::fs::write(&config, text).unwrap();
+        Pipeline { dir, config }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn ledger_url(&self) -> String {
+        format!("sqlite://{}/ledger.db", self.dir.path().display())
+    }
+
+    pub fn command(&self, name: &str) -> Command {
+        let mut c = Command::new(bin(name));
+        c.env("FERRY_CONFIG", &self.config).env_remove("FERRY_LEDGER").env("RUST_LOG", "warn");
+        c
+    }
+
+    /// Runs one stage with --once and returns its output.
+    pub fn stage(&self, name: &str) -> Output {
+        self.command(name).arg("--once").output().unwrap()
+    }
+
+    /// `ferry gen` into `dir` (relative to the pipeline).
+    pub fn generate(&self, dir: &str, format: &str, codec: &str, files: u32, records: u32, seed: u64) {
+        let out = Command::new(bin("ferry"))
+            .args(["gen", "--format", format, "--codec", codec, "--files", &files.to_string()])
+            .args(["--records", &records.to_string(), "--seed", &seed.to_string(), "--block-records", "200"])
+            .arg("--out")
+            .arg(self.path(dir))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "gen: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Runs every stage with --once, in order, until the ledger has nothing pending (retries
+    /// and expired leases of killed runs included) or `rounds` passes are used up.
+    pub fn drain(&self, rounds: usize) -> Vec<Output> {
+        let mut last = Vec::new();
+        for _ in 0..rounds {
+            last = STAGES.iter().map(|s| self.stage(s)).collect();
+            if self.sql("SELECT COUNT(*) FROM tasks WHERE state IN ('available','running','retryable')") == "0"
+                && self.sql("SELECT COUNT(*) FROM source_files WHERE state = 'registered'") == "0"
+            {
+                return last;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        last
+    }
+
+    /// One value from the ledger, through the sqlite3 command line (an independent reader).
+    pub fn sql(&self, q: &str) -> String {
+        let out = Command::new("python3")
+            .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(sys.argv[2]).fetchone(); print('' if r is None else r[0])"])
+            .arg(self.path("ledger.db"))
+            .arg(q)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{q}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Digest of the published table read by pyarrow: rows, distinct ids, and a hash of all
+    /// rows in a canonical form.
+    pub fn table_digest(&self) -> serde_json::Value {
+        python(DIGEST, &["table", self.path("wh/events").to_str().unwrap()])
+    }
+}
+
+/// Digest of input files (`fmt` = avro, jsonl or csv) read by Python's own readers.
+pub fn input_digest(fmt: &str, dir: &Path) -> serde_json::Value {
+    python(DIGEST, &[fmt, dir.to_str().unwrap()])
+}
+
+fn python(script: &str, args: &[&str]) -> serde_json::Value {
+    let out = Command::new("python3").arg("-c").arg(script).args(args).output().unwrap();
+    assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const DIGEST: &str = r#"
+import sys, json, csv, glob, hashlib, datetime
+kind, d = sys.argv[1], sys.argv[2]
+def ms(v):
+    if isinstance(v, datetime.datetime):
+        return int(v.timestamp() * 1000)
+    if isinstance(v, str):
+        return int(datetime.datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp() * 1000)
+    return int(v)
+rows = []
+def add(r):
+    s = r["score"]
+    s = None if s in (None, "") else float(s)
+    rows.append((r["event_id"], ms(r["ts"]), r["host"], r["kind"], int(r["user_id"]), r["payload"], s))
+if kind == "table":
+    import pyarrow.dataset as ds
+    t = ds.dataset(d, format="parquet", partitioning="hive").to_table()
+    for r in t.to_pylist():
+        add(r)
+    days = sorted({str(r["dt"]) for r in t.select(["dt", "ts"]).to_pylist()})
+    bad_dt = sum(1 for r in t.select(["dt", "ts"]).to_pylist() if str(r["dt"]) != r["ts"].astimezone(datetime.timezone.utc).date().isoformat())
+else:
+    days, bad_dt = [], 0
+    for p in sorted(glob.glob(d + "/*." + kind)):
+        if kind == "avro":
+            import fastavro
+            with open(p, "rb") as f:
+                for r in fastavro.reader(f): add(r)
+        elif kind == "jsonl":
+            with open(p) as f:
+                for l in f: add(json.loads(l))
+        else:
+            with open(p, newline="") as f:
+                for r in csv.DictReader(f): add(r)
+rows.sort(key=lambda r: r[0])
+h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+print(json.dumps({"rows": len(rows), "distinct": len({r[0] for r in rows}), "digest": h, "days": days, "bad_dt": bad_dt}))
+"#;
+
+/// Every file below `dir` whose name looks like a temp file.
+pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p.ends_with("_ferry/tmp") {
+                    out.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+                }
+                stack.push(p);
+            } else if p.to_string_lossy().ends_with(".tmp") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
