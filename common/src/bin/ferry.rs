@@ -110,6 +110,16 @@ async fn run(cli: Cli) -> ferry_common::Result<i32> {
             for r in &st.backlog {
                 println!("  {:<10} {:<12} {:>8} {:>14}", r.stage, r.state, r.tasks, r.bytes);
             }
+            let parts = ledger.table_partitions().await?;
+            if !parts.is_empty() {
+                println!("published:");
+                for p in &parts {
+                    println!("  {}/{:<24} {:>5} files {:>10} rows", p.table, p.partition, p.files, p.records);
+                }
+            }
+            for (kind, what, reason) in ledger.quarantined().await? {
+                println!("quarantined {kind} {what}: {}", reason.unwrap_or_default());
+            }
             println!("stuck leases: {}", st.stuck_leases);
             println!("redone attempts: {} ({} bytes)", st.redone_attempts, st.redone_bytes);
             let quarantined: i64 = st.backlog.iter().filter(|r| r.state == "quarantined").map(|r| r.tasks).sum();
