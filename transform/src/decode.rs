@@ -147,21 +147,24 @@ impl Col {
     }
 }
 
+/// Where decoded batches go, one at a time, so a chunk is never whole in memory as Arrow.
+pub type Sink<'a> = dyn FnMut(RecordBatch) -> Result<(), TransformError> + 'a;
+
 /// Builds batches of the table schema from parsed records, collecting rejects.
-struct Rows {
+struct Rows<'a> {
     schema: SchemaRef,
     cols: Vec<Col>,
     len: usize,
     batch_size: usize,
-    batches: Vec<RecordBatch>,
+    sink: &'a mut Sink<'a>,
     rejects: Vec<Reject>,
     max_bad: u64,
 }
 
-impl Rows {
-    fn new(schema: SchemaRef, batch_size: usize, max_bad: u64) -> Rows {
+impl<'a> Rows<'a> {
+    fn new(schema: SchemaRef, batch_size: usize, max_bad: u64, sink: &'a mut Sink<'a>) -> Rows<'a> {
         let cols = schema.fields().iter().map(|f| Col::new(f.data_type())).collect();
-        Rows { schema, cols, len: 0, batch_size, batches: vec![], rejects: vec![], max_bad }
+        Rows { schema, cols, len: 0, batch_size, sink, rejects: vec![], max_bad }
     }
 
     /// Adds a record whose cells are in schema order, or rejects it whole.
@@ -203,21 +206,15 @@ impl Rows {
             return Ok(());
         }
         let arrays = self.cols.iter_mut().map(|c| c.finish()).collect();
-        self.batches.push(RecordBatch::try_new(self.schema.clone(), arrays).map_err(TransformError::internal)?);
+        let batch = RecordBatch::try_new(self.schema.clone(), arrays).map_err(TransformError::internal)?;
         self.len = 0;
-        Ok(())
+        (self.sink)(batch)
     }
 
-    fn finish(mut self) -> Result<Decoded, TransformError> {
+    fn finish(mut self) -> Result<Vec<Reject>, TransformError> {
         self.flush()?;
-        Ok(Decoded { schema: self.schema, batches: self.batches, rejects: self.rejects })
+        Ok(self.rejects)
     }
-}
-
-pub struct Decoded {
-    pub schema: SchemaRef,
-    pub batches: Vec<RecordBatch>,
-    pub rejects: Vec<Reject>,
 }
 
 fn json_cell(v: Option<&serde_json::Value>) -> Cell {
@@ -234,8 +231,15 @@ fn json_cell(v: Option<&serde_json::Value>) -> Cell {
 }
 
 /// JSON lines; `first_line` is the chunk's first line in the source file (0-based).
-pub fn jsonl(data: &[u8], schema: SchemaRef, first_line: i64, batch_size: usize, max_bad: u64) -> Result<Decoded, TransformError> {
-    let mut rows = Rows::new(schema.clone(), batch_size, max_bad);
+pub fn jsonl<'a>(
+    data: &[u8],
+    schema: SchemaRef,
+    first_line: i64,
+    batch_size: usize,
+    max_bad: u64,
+    sink: &'a mut Sink<'a>,
+) -> Result<Vec<Reject>, TransformError> {
+    let mut rows = Rows::new(schema.clone(), batch_size, max_bad, sink);
     for (i, line) in data.split(|&b| b == b'\n').enumerate() {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.iter().all(u8::is_ascii_whitespace) {
@@ -254,8 +258,15 @@ pub fn jsonl(data: &[u8], schema: SchemaRef, first_line: i64, batch_size: usize,
 }
 
 /// CSV with a header row; `first_record` is the chunk's first data record (0-based).
-pub fn csv(data: &[u8], schema: SchemaRef, first_record: i64, batch_size: usize, max_bad: u64) -> Result<Decoded, TransformError> {
-    let mut rows = Rows::new(schema.clone(), batch_size, max_bad);
+pub fn csv<'a>(
+    data: &[u8],
+    schema: SchemaRef,
+    first_record: i64,
+    batch_size: usize,
+    max_bad: u64,
+    sink: &'a mut Sink<'a>,
+) -> Result<Vec<Reject>, TransformError> {
+    let mut rows = Rows::new(schema.clone(), batch_size, max_bad, sink);
     let mut r = csv::ReaderBuilder::new().flexible(true).from_reader(data);
     let header = r.headers().map_err(|e| TransformError::BadInput(format!("CSV header: {e}")))?.clone();
     let mut index = Vec::with_capacity(schema.fields().len());
@@ -296,17 +307,15 @@ pub fn csv(data: &[u8], schema: SchemaRef, first_record: i64, batch_size: usize,
     rows.finish()
 }
 
-/// An Avro object container file (one chunk). Decoding errors mean a corrupt block: the whole
-/// chunk is bad input.
-pub fn avro(data: &[u8], batch_size: usize) -> Result<Decoded, TransformError> {
+/// An Avro object container file (one chunk), streamed block by block. Decoding errors mean a
+/// corrupt block: the whole chunk is bad input.
+pub fn avro(data: impl std::io::BufRead, batch_size: usize, sink: &mut Sink<'_>) -> Result<(), TransformError> {
     let reader = arrow_avro::reader::ReaderBuilder::new()
         .with_batch_size(batch_size)
-        .build(std::io::Cursor::new(data))
+        .build(data)
         .map_err(|e| TransformError::BadInput(format!("Avro header: {e}")))?;
-    let schema = reader.schema();
-    let mut batches = Vec::new();
     for b in reader {
-        batches.push(b.map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?);
+        sink(b.map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?)?;
     }
-    Ok(Decoded { schema, batches, rejects: vec![] })
+    Ok(())
 }

@@ -144,20 +144,33 @@ impl Plan {
             let s = arrow::compute::cast(batch.column(i), &DataType::Utf8).map_err(TransformError::internal)?;
             keys.push(s.as_any().downcast_ref::<StringArray>().expect("utf8").clone());
         }
-        let mut groups: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        // Group rows by their partition values without building a string per row: most
+        // batches hold one or two values, so paths are formatted once per group.
+        let mut groups: BTreeMap<Vec<Option<&str>>, Vec<u32>> = BTreeMap::new();
+        let mut key: Vec<Option<&str>> = Vec::with_capacity(keys.len());
         for row in 0..batch.num_rows() {
-            let path = self
-                .partition_by
-                .iter()
-                .zip(&keys)
-                .map(|(p, k)| {
-                    let v = if k.is_null(row) { "__HIVE_DEFAULT_PARTITION__".to_string() } else { escape(k.value(row)) };
-                    format!("{p}={v}")
-                })
-                .collect::<Vec<_>>()
-                .join("/");
-            groups.entry(path).or_default().push(row as u32);
+            key.clear();
+            key.extend(keys.iter().map(|k| (!k.is_null(row)).then(|| k.value(row))));
+            match groups.get_mut(&key) {
+                Some(rows) => rows.push(row as u32),
+                None => {
+                    groups.insert(key.clone(), vec![row as u32]);
+                }
+            }
         }
+        let groups: Vec<(String, Vec<u32>)> = groups
+            .into_iter()
+            .map(|(values, rows)| {
+                let path = self
+                    .partition_by
+                    .iter()
+                    .zip(values)
+                    .map(|(p, v)| format!("{p}={}", v.map(escape).unwrap_or_else(|| "__HIVE_DEFAULT_PARTITION__".into())))
+                    .collect::<Vec<_>>()
+                    .join("/");
+                (path, rows)
+            })
+            .collect();
         let data_cols: Vec<usize> =
             (0..schema.fields().len()).filter(|&i| !self.partition_by.contains(schema.field(i).name())).collect();
         let data = batch.project(&data_cols).map_err(TransformError::internal)?;
