@@ -19,7 +19,7 @@ use arrow::record_batch::RecordBatch;
 use ferry_common::config::{Config, Format};
 use ferry_common::error::{Classified, Error, ErrorClass};
 use ferry_common::ledger::{Chunk, Lease, Ledger, Part, Reject, Work};
-use ferry_common::storage::{Store, hash_file};
+use ferry_common::storage::Store;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -125,15 +125,19 @@ impl Transform {
     }
 
     fn transform_blocking(&self, chunk: &Chunk, rel: &str, format: Format) -> Result<(Vec<Part>, Vec<Reject>), TransformError> {
-        // Hash check first, streaming: the staged bytes must be the ones extract recorded.
-        let mut h = blake3::Hasher::new();
-        std::io::copy(&mut self.staging.open_blocking(rel)?, &mut h).map_err(|e| Error::io(&chunk.location, e))?;
-        if h.finalize().to_hex().as_str() != chunk.content_hash {
-            return Err(TransformError::BadInput(format!(
-                "staged chunk {} ({}) does not match the hash recorded at extract",
-                chunk.id, chunk.location
-            )));
-        }
+        // The staged bytes must be the ones extract recorded. They are hashed as they are
+        // decoded (one read, not two) and checked before any part is recorded.
+        let hasher = std::sync::Arc::new(std::sync::Mutex::new(blake3::Hasher::new()));
+        let verify = |h: &std::sync::Arc<std::sync::Mutex<blake3::Hasher>>| -> Result<(), TransformError> {
+            let got = h.lock().unwrap_or_else(|e| e.into_inner()).finalize().to_hex().to_string();
+            if got != chunk.content_hash {
+                return Err(TransformError::BadInput(format!(
+                    "staged chunk {} ({}) does not match the hash recorded at extract",
+                    chunk.id, chunk.location
+                )));
+            }
+            Ok(())
+        };
         let t = &self.cfg.transform;
         let need_schema = || {
             self.declared.clone().ok_or_else(|| TransformError::Config(format!("table.columns must be declared for {} input", format.as_str())))
@@ -141,6 +145,8 @@ impl Transform {
         let read_all = || -> Result<Vec<u8>, TransformError> {
             let mut v = Vec::with_capacity(chunk.bytes as usize);
             std::io::Read::read_to_end(&mut self.staging.open_blocking(rel)?, &mut v).map_err(|e| Error::io(&chunk.location, e))?;
+            hasher.lock().unwrap_or_else(|e| e.into_inner()).update(&v);
+            verify(&hasher)?;
             Ok(v)
         };
         let mut out = PartWriters::new(self, &chunk.id);
@@ -156,8 +162,14 @@ impl Transform {
                 Format::Jsonl => decode::jsonl(&read_all()?, need_schema()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
                 Format::Csv => decode::csv(&read_all()?, need_schema()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
                 Format::Avro => {
-                    let r = std::io::BufReader::with_capacity(1 << 20, self.staging.open_blocking(rel)?);
-                    decode::avro(r, t.batch_size, &mut sink)?;
+                    let mut r = std::io::BufReader::with_capacity(
+                        1 << 20,
+                        HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() },
+                    );
+                    decode::avro(&mut r, t.batch_size, &mut sink)?;
+                    // Whatever the decoder did not need still counts for the hash.
+                    std::io::copy(&mut r, &mut std::io::sink()).map_err(|e| Error::io(&chunk.location, e))?;
+                    verify(&hasher)?;
                     vec![]
                 }
             }
@@ -182,12 +194,45 @@ impl Transform {
     }
 }
 
+/// Hashes what passes through it (the staged chunk, read once).
+struct HashingReader<R> {
+    inner: R,
+    hasher: std::sync::Arc<std::sync::Mutex<blake3::Hasher>>,
+}
+
+impl<R: std::io::Read> std::io::Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.lock().unwrap_or_else(|e| e.into_inner()).update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Hashes and counts what a Parquet writer writes, so the output is not read back to hash it.
+struct HashingWriter {
+    inner: std::io::BufWriter<std::fs::File>,
+    hasher: blake3::Hasher,
+    bytes: u64,
+}
+
+impl std::io::Write for HashingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The Parquet files of one chunk, one per partition value, written as batches arrive.
 struct PartWriters<'a> {
     t: &'a Transform,
     chunk: String,
     props: Option<WriterProperties>,
-    open: std::collections::BTreeMap<String, (PathBuf, ArrowWriter<std::fs::File>, i64)>,
+    open: std::collections::BTreeMap<String, (PathBuf, ArrowWriter<HashingWriter>, i64)>,
 }
 
 impl<'a> PartWriters<'a> {
@@ -208,6 +253,7 @@ impl<'a> PartWriters<'a> {
                 // Unique per process, so a zombie writing the same chunk never shares a temp file.
                 let tmp = pdir.join(format!(".part-{}.{}.tmp", self.chunk, std::process::id()));
                 let f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
+                let f = HashingWriter { inner: std::io::BufWriter::with_capacity(1 << 20, f), hasher: blake3::Hasher::new(), bytes: 0 };
                 let w = ArrowWriter::try_new(f, rows.schema(), Some(props)).map_err(TransformError::internal)?;
                 self.open.insert(partition.clone(), (tmp, w, 0));
             }
@@ -223,11 +269,13 @@ impl<'a> PartWriters<'a> {
         let name = format!("part-{}.parquet", self.chunk);
         let mut parts = Vec::with_capacity(self.open.len());
         for (partition, (tmp, w, records)) in self.open {
-            let f = w.into_inner().map_err(TransformError::internal)?;
+            let hw = w.into_inner().map_err(TransformError::internal)?;
+            let (bytes, content_hash) = (hw.bytes, hw.hasher.finalize().to_hex().to_string());
+            let f = hw.inner.into_inner().map_err(|e| Error::io(tmp.display(), e.into_error()))?;
+            // Durable before the ledger says so: copy trusts the recorded hash of this file.
             f.sync_all().map_err(|e| Error::io(tmp.display(), e))?;
             let fin = tmp.with_file_name(&name);
             std::fs::rename(&tmp, &fin).map_err(|e| Error::io(fin.display(), e))?;
-            let (bytes, content_hash) = hash_file(&fin)?;
             parts.push(Part { chunk_id: self.chunk.clone(), partition, name: name.clone(), records, bytes: bytes as i64, content_hash });
         }
         Ok(parts)
