@@ -205,9 +205,12 @@ impl Extract {
     }
 }
 
-/// `--once` runs one pass; `--watch` passes every `poll` until SIGTERM / SIGINT.
+/// `--once` runs one pass; `--watch` passes every `poll` until SIGTERM / SIGINT (a pass under
+/// way finishes first: every step of it is idempotent, but stopping between files is tidier).
 pub async fn run(x: &Extract, once: bool, poll: Duration) -> Result<Pass> {
     let mut total = Pass::default();
+    let stop = ferry_common::runner::shutdown_signal();
+    tokio::pin!(stop);
     loop {
         let p = x.pass().await?;
         total.chunked += p.chunked;
@@ -222,7 +225,7 @@ pub async fn run(x: &Extract, once: bool, poll: Duration) -> Result<Pass> {
         }
         tokio::select! {
             _ = tokio::time::sleep(poll) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(total),
+            _ = &mut stop => return Ok(total),
         }
     }
 }
