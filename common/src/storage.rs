@@ -370,3 +370,50 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<Entry>) -> Result<()> {
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| Error::Other(format!("storage task failed: {e}")))?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn watchdog_ends_a_stalled_transfer() {
+        let p = Progress::default();
+        let stalled = std::future::pending::<Result<()>>();
+        let e = watched("copy x", Duration::from_secs(600), Duration::from_secs(30), p.clone(), stalled).await.unwrap_err();
+        assert!(matches!(e, Error::Stalled { .. }) && e.to_string().contains("no progress for 30s"), "{e}");
+        assert!(e.is_transient());
+        assert!(p.cancelled(), "the transfer is told to stop");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadline_ends_a_slow_but_moving_transfer() {
+        let p = Progress::default();
+        let trickle = {
+            let p = p.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    p.add(1);
+                }
+                #[allow(unreachable_code)]
+                Ok(())
+            }
+        };
+        let e = watched::<()>("copy y", Duration::from_secs(60), Duration::from_secs(30), p, trickle).await.unwrap_err();
+        assert!(e.to_string().contains("deadline"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn rename_noreplace_never_overwrites() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::from_url(&d.path().display().to_string()).unwrap();
+        s.put_atomic("a", b"one".to_vec()).await.unwrap();
+        s.put_atomic("b", b"two".to_vec()).await.unwrap();
+        assert!(!s.rename_noreplace("a", "b").await.unwrap());
+        assert_eq!(s.read("b").await.unwrap(), b"two");
+        assert!(s.rename_noreplace("a", "c/d").await.unwrap());
+        assert_eq!(s.read("c/d").await.unwrap(), b"one");
+        assert!(s.head("a").await.unwrap().is_none());
+        assert!(Store::from_url("gopher://x").unwrap_err().to_string().contains("gopher"));
+    }
+}

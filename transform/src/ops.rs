@@ -265,3 +265,68 @@ fn eval(batch: &RecordBatch, f: &Filter) -> Result<BooleanArray, TransformError>
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Float64Array, Int64Array, TimestampMillisecondArray};
+
+    fn batch() -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("kind", DataType::Utf8, true),
+            Field::new("user_id", DataType::Int64, true),
+            Field::new("score", DataType::Float64, true),
+            Field::new("ts", DataType::Timestamp(arrow::datatypes::TimeUnit::Millisecond, Some("+00:00".into())), true),
+        ]));
+        let day = 86_400_000;
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(vec!["click", "debug", "view", "click"])),
+                Arc::new(Int64Array::from(vec![1, 2, 3, 4])),
+                Arc::new(Float64Array::from(vec![Some(0.9), Some(0.1), None, Some(0.7)])),
+                Arc::new(TimestampMillisecondArray::from(vec![0, 1, day + 5, day + 3_600_000 * 2]).with_timezone("+00:00")),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn rename_cast_derive_filter_select_then_partition() {
+        let mut t = TransformSection::default();
+        t.rename.insert("user_id".into(), "uid".into());
+        t.cast.insert("uid".into(), "string".into());
+        t.derive.insert("dt".into(), "date(ts)".into());
+        t.derive.insert("hr".into(), "hour(ts)".into());
+        t.filter = vec!["kind != \"debug\"".into(), "score is not null".into(), "score > 0.5".into()];
+        t.select = vec!["uid".into(), "kind".into(), "hr".into()];
+        let plan = Plan::new(&t, &["dt".to_string()]).unwrap();
+        let out = plan.apply(&batch()).unwrap();
+        assert_eq!(out.num_rows(), 2, "debug, null score and low score rows are filtered out");
+        let names: Vec<_> = out.schema().fields().iter().map(|f| f.name().clone()).collect();
+        assert_eq!(names, ["uid", "kind", "hr", "dt"], "select keeps partition columns last");
+        assert_eq!(out.column(0).data_type(), &DataType::Utf8, "cast to string");
+        let hr = out.column(2).as_any().downcast_ref::<arrow::array::Int32Array>().unwrap();
+        assert_eq!(hr.values().to_vec(), vec![0, 2]);
+        let parts = plan.partition(&out).unwrap();
+        let paths: Vec<_> = parts.iter().map(|(p, b)| (p.as_str(), b.num_rows(), b.num_columns())).collect();
+        assert_eq!(paths, [("dt=1970-01-01", 1, 3), ("dt=1970-01-02", 1, 3)], "partition column moves to the path");
+    }
+
+    #[test]
+    fn bad_transform_config_is_named() {
+        let mut t = TransformSection::default();
+        t.filter = vec!["score >>> banana".into()];
+        let e = Plan::new(&t, &[]).unwrap_err().to_string();
+        assert!(e.contains("transform.filter[0]"), "{e}");
+        let mut t = TransformSection::default();
+        t.derive.insert("dt".into(), "month(ts)".into());
+        let e = Plan::new(&t, &[]).unwrap_err().to_string();
+        assert!(e.contains("transform.derive.dt") && e.contains("month"), "{e}");
+    }
+
+    #[test]
+    fn partition_values_are_escaped() {
+        assert_eq!(escape("a/b=c"), "a%2Fb%3Dc");
+    }
+}
