@@ -94,6 +94,13 @@ pub struct StageArgs {
     pub grace: std::time::Duration,
 }
 
+impl StageArgs {
+    /// A stage that cannot start with this configuration (a bad URL, an unusable transform).
+    pub fn config_error(&self, e: impl std::fmt::Display) -> crate::Error {
+        crate::Error::Config { file: self.config.display().to_string(), message: e.to_string() }
+    }
+}
+
 /// What every stage binary does first: load the config (flags and env win), connect to the
 /// ledger and migrate it.
 pub async fn open_stage(

@@ -75,21 +75,38 @@ enum Ended {
     Released,
 }
 
-/// Called after a chunk's completion is committed: the place to delete what only the
-/// finished stage needed (the spool file copy shipped), which must outlive the commit.
-pub type AfterCommit = Arc<dyn Fn(&Lease) + Send + Sync>;
-
-/// Runs a stage until `--once` finds nothing left, or until a shutdown signal.
-pub async fn run<E, F>(ledger: &Ledger, opts: &RunOptions, work: F) -> Result<Summary>
+/// What a chunk stage's binary does after setting itself up: run under the flags of
+/// [`crate::cli::StageArgs`] and turn the summary into the process exit code.
+pub async fn serve<E, F>(
+    ledger: &Ledger,
+    args: &crate::cli::StageArgs,
+    stage: Stage,
+    concurrency: usize,
+    work: F,
+    after: AfterCommit,
+) -> Result<i32>
 where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
 {
-    run_with(ledger, opts, work, Arc::new(|_: &Lease| {})).await
+    let opts = RunOptions {
+        stage,
+        concurrency: args.concurrency.unwrap_or(concurrency),
+        once: args.once,
+        poll: args.poll,
+        grace: args.grace,
+        worker: crate::ledger::worker_name(stage.as_str()),
+    };
+    Ok(run(ledger, &opts, work, after).await?.exit_code())
 }
 
-/// [`run`], with a hook after each committed completion.
-pub async fn run_with<E, F>(ledger: &Ledger, opts: &RunOptions, work: F, after: AfterCommit) -> Result<Summary>
+/// Called after a chunk's completion is committed: the place to delete what only the
+/// finished stage needed (the spool file copy shipped), which must outlive the commit.
+pub type AfterCommit = Arc<dyn Fn(&Lease) + Send + Sync>;
+
+/// Runs a stage until `--once` finds nothing left, or until a shutdown signal; `after` runs
+/// after each committed completion.
+pub async fn run<E, F>(ledger: &Ledger, opts: &RunOptions, work: F, after: AfterCommit) -> Result<Summary>
 where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_common::ledger::{Stage, worker_name};
-use ferry_common::runner::{self, RunOptions};
+use ferry_common::ledger::Stage;
+use ferry_common::runner;
 use ferry_copy::Copy;
 
 /// Move each transformed chunk from the local spool to the destination (cluster A): upload to
@@ -29,25 +29,17 @@ async fn main() {
 
 async fn run(args: Args) -> ferry_common::Result<i32> {
     let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
-    let concurrency = args.stage.concurrency.unwrap_or(cfg.copy.concurrency);
-    let c = Arc::new(Copy::new(cfg, ledger.clone()).map_err(|e| ferry_common::Error::Other(e.to_string()))?);
+    let concurrency = cfg.copy.concurrency;
+    let c = Arc::new(Copy::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
     c.gc().await.map_err(|e| ferry_common::Error::Other(e.to_string()))?;
-    let opts = RunOptions {
-        stage: Stage::Copy,
-        concurrency,
-        once: args.stage.once,
-        poll: args.stage.poll,
-        grace: args.stage.grace,
-        worker: worker_name("copy"),
-    };
-    let work = c.clone();
-    let after = c.clone();
-    let summary = runner::run_with(
+    let (work, after) = (c.clone(), c);
+    runner::serve(
         &ledger,
-        &opts,
+        &args.stage,
+        Stage::Copy,
+        concurrency,
         move |lease| Box::pin(work.clone().chunk(lease)),
         Arc::new(move |lease| after.remove_spool(lease)),
     )
-    .await?;
-    Ok(summary.exit_code())
+    .await
 }

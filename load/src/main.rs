@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_common::ledger::{Stage, worker_name};
-use ferry_common::runner::{self, RunOptions};
+use ferry_common::ledger::{Lease, Stage};
+use ferry_common::runner;
 use ferry_load::Load;
 
 /// Publish each landed chunk into the Hive-partitioned table as
@@ -29,17 +29,9 @@ async fn main() {
 
 async fn run(args: Args) -> ferry_common::Result<i32> {
     let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
-    let concurrency = args.stage.concurrency.unwrap_or(cfg.load.concurrency);
-    let l = Arc::new(Load::new(cfg, ledger.clone()).map_err(|e| ferry_common::Error::Other(e.to_string()))?);
-    l.gc().await.map_err(|e| ferry_common::Error::Other(e.to_string()))?;
-    let opts = RunOptions {
-        stage: Stage::Load,
-        concurrency,
-        once: args.stage.once,
-        poll: args.stage.poll,
-        grace: args.stage.grace,
-        worker: worker_name("load"),
-    };
-    let summary = runner::run(&ledger, &opts, move |lease| Box::pin(l.clone().chunk(lease))).await?;
-    Ok(summary.exit_code())
+    let concurrency = cfg.load.concurrency;
+    let s = Arc::new(Load::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
+    s.gc().await.map_err(|e| ferry_common::Error::Other(e.to_string()))?;
+    let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
+    runner::serve(&ledger, &args.stage, Stage::Load, concurrency, work, Arc::new(|_: &Lease| {})).await
 }

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_common::ledger::{Stage, worker_name};
-use ferry_common::runner::{self, RunOptions};
+use ferry_common::ledger::{Lease, Stage};
+use ferry_common::runner;
 use ferry_transform::Transform;
 
 /// Decode staged chunks (Avro, JSON lines, CSV) into the table's columns, apply the
@@ -29,20 +29,9 @@ async fn main() {
 
 async fn run(args: Args) -> ferry_common::Result<i32> {
     let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
-    let concurrency = args.stage.concurrency.unwrap_or(cfg.transform.concurrency);
-    let t = Arc::new(Transform::new(cfg, ledger.clone()).map_err(|e| ferry_common::Error::Config {
-        file: args.stage.config.display().to_string(),
-        message: e.to_string(),
-    })?);
-    t.gc().await.map_err(|e| ferry_common::Error::Other(e.to_string()))?;
-    let opts = RunOptions {
-        stage: Stage::Transform,
-        concurrency,
-        once: args.stage.once,
-        poll: args.stage.poll,
-        grace: args.stage.grace,
-        worker: worker_name("transform"),
-    };
-    let summary = runner::run(&ledger, &opts, move |lease| Box::pin(t.clone().chunk(lease))).await?;
-    Ok(summary.exit_code())
+    let concurrency = cfg.transform.concurrency;
+    let s = Arc::new(Transform::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
+    s.gc().await.map_err(|e| ferry_common::Error::Other(e.to_string()))?;
+    let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
+    runner::serve(&ledger, &args.stage, Stage::Transform, concurrency, work, Arc::new(|_: &Lease| {})).await
 }
