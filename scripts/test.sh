@@ -5,8 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
-trap ferry_stop_postgres EXIT
+. scripts/minidfs.sh
+. scripts/s3.sh
+trap 'ferry_stop_s3; ferry_stop_postgres' EXIT
 ferry_start_postgres
 ferry_python_deps
+# HDFS: our MiniDFS program (Hadoop from Maven Central); each test starts its own clusters.
+ferry_build_minidfs
+# S3: versitygw (Go module proxy) over TLS with a CA made here; exports FERRY_TEST_S3_*.
+ferry_start_s3
 cargo build --workspace --bins
 cargo test --workspace -- --test-threads="${FERRY_TEST_THREADS:-4}" "$@"

@@ -204,6 +204,9 @@ pub struct SourceSection {
     /// Where `archive` moves files.
     #[serde(default)]
     pub archive_url: Option<String>,
+    /// Deadlines and backend settings for `url` (and `archive_url`).
+    #[serde(default)]
+    pub store: StoreOptions,
 }
 
 fn default_glob() -> String {
@@ -219,7 +222,113 @@ fn default_settle() -> HumanDuration {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSection {
+    /// `file:///dir`, `/dir`, `hdfs://nameservice/dir`, `viewfs://cluster/dir`, `s3://bucket/prefix`.
     pub url: String,
+    #[serde(default)]
+    pub store: StoreOptions,
+}
+
+/// How Ferry talks to one store. Every call has a deadline; none can hang.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreOptions {
+    /// Deadline of one metadata call (list, stat, create, complete, rename, delete, HEAD).
+    /// hdfs-native gives NameNode calls no timeout of their own.
+    pub call_timeout: HumanDuration,
+    /// A read that delivers no bytes for this long is abandoned (no-progress watchdog).
+    pub read_stall: HumanDuration,
+    pub hdfs: HdfsOptions,
+    pub s3: S3Options,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            call_timeout: HumanDuration(Duration::from_secs(30)),
+            read_stall: HumanDuration(Duration::from_secs(60)),
+            hdfs: HdfsOptions::default(),
+            s3: S3Options::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct HdfsOptions {
+    /// Directory with core-site.xml / hdfs-site.xml (HA nameservices, viewfs mounts).
+    /// Default: `$HADOOP_CONF_DIR`, then `$HADOOP_HOME/etc/hadoop`.
+    pub conf_dir: Option<String>,
+    /// Effective user (default: `HADOOP_USER_NAME`, then the login user).
+    pub user: Option<String>,
+    /// Kerberos: principal, keytab and credential cache, passed to hdfs-native.
+    pub kerberos_principal: Option<String>,
+    pub kerberos_keytab: Option<String>,
+    pub kerberos_cache: Option<String>,
+    /// Extra Hadoop settings (`"dfs.client.socket-timeout" = "30000"`), over the conf dir's.
+    pub config: BTreeMap<String, String>,
+    /// Replication of files Ferry writes (default: the cluster's).
+    pub replication: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct S3Options {
+    /// `https://host:port` of an S3-compatible server; default AWS for `region`.
+    pub endpoint: Option<String>,
+    /// Default: `AWS_REGION` / `AWS_DEFAULT_REGION`, then us-east-1.
+    pub region: Option<String>,
+    /// Credentials: these keys, else `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/
+    /// `AWS_SESSION_TOKEN`, else `profile` in ~/.aws/credentials (`AWS_PROFILE`), else the
+    /// instance metadata service.
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    pub session_token: Option<String>,
+    pub profile: Option<String>,
+    /// Path-style requests (`endpoint/bucket/key`), which most self-hosted servers need.
+    pub path_style: bool,
+    /// PEM file of extra CA certificates to trust (a private CA in front of the endpoint).
+    pub ca_bundle: Option<PathBuf>,
+    /// Allow `http://` endpoints (tests, sidecars). Off: credentials never travel in clear.
+    pub allow_http: bool,
+    /// TCP connect plus TLS handshake. Seed 000 hung forever in a handshake; this bounds it.
+    pub connect_timeout: HumanDuration,
+    /// One HTTP request from start to end. Uploads go in parts of `part_size`, so this is
+    /// sized to a part, not to a whole chunk: 60 s at 8 MiB is a floor of ~140 KB/s.
+    pub request_timeout: HumanDuration,
+    /// No bytes read for this long ends the request (object_store's `read_timeout`).
+    pub read_timeout: HumanDuration,
+    /// object_store's own retries of retryable requests (5xx, 429, connect errors and
+    /// timeouts of idempotent requests), and their time budget. Ferry adds no second loop:
+    /// what fails after these goes back to the ledger as a failed chunk attempt.
+    pub max_retries: usize,
+    pub retry_timeout: HumanDuration,
+    /// Files larger than this go multipart, in parts of `part_size`.
+    pub part_size: ByteSize,
+    /// Parts in flight per upload.
+    pub part_concurrency: usize,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        S3Options {
+            endpoint: None,
+            region: None,
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
+            profile: None,
+            path_style: false,
+            ca_bundle: None,
+            allow_http: false,
+            connect_timeout: HumanDuration(Duration::from_secs(5)),
+            request_timeout: HumanDuration(Duration::from_secs(60)),
+            read_timeout: HumanDuration(Duration::from_secs(20)),
+            max_retries: 3,
+            retry_timeout: HumanDuration(Duration::from_secs(60)),
+            part_size: ByteSize(8 << 20),
+            part_concurrency: 4,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -66,6 +66,30 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An HDFS call that failed (the NameNode or a DataNode answered with an error, or the
+    /// connection broke).
+    #[error("HDFS {op} {path}: {}", brief(source))]
+    Hdfs {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: hdfs_native::HdfsError,
+    },
+
+    /// An object-store (S3) call that failed after object_store's own retries.
+    #[error("S3 {op} {path}: {source}")]
+    ObjectStore {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// A storage call whose outcome is unknown (a timeout or reset after the request went
+    /// out). The caller must look before it redoes anything.
+    #[error("{what}: outcome unknown ({reason})")]
+    Ambiguous { what: String, reason: String },
+
     /// A transfer that missed its deadline or stopped making progress.
     #[error("{what}: {reason}")]
     Stalled { what: String, reason: String },
@@ -84,7 +108,9 @@ impl Error {
     /// The single retry-or-not decision for everything in this crate.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::LedgerTimeout { .. } | Error::Stalled { .. } => ErrorClass::Transient,
+            Error::LedgerTimeout { .. } | Error::Stalled { .. } | Error::Ambiguous { .. } => ErrorClass::Transient,
+            Error::Hdfs { source, .. } => hdfs_error_class(source),
+            Error::ObjectStore { source, .. } => object_store_error_class(source),
             Error::LedgerBatch { class, .. } => *class,
             Error::Database { source, .. } => db_error_class(source),
             Error::Io { source, .. } => io_error_class(source),
@@ -98,6 +124,84 @@ impl Error {
 
     pub fn is_transient(&self) -> bool {
         self.class() == ErrorClass::Transient
+    }
+
+    /// The file or object is not there, whichever backend said so.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            Error::Hdfs { source, .. } => match source {
+                hdfs_native::HdfsError::FileNotFound(_) => true,
+                hdfs_native::HdfsError::RPCError(class, _) => class.ends_with("FileNotFoundException"),
+                _ => false,
+            },
+            Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
+            _ => false,
+        }
+    }
+
+    /// The target already exists (a no-overwrite rename or conditional create lost).
+    pub fn is_already_exists(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::AlreadyExists,
+            Error::Hdfs { source, .. } => match source {
+                hdfs_native::HdfsError::AlreadyExists(_) => true,
+                hdfs_native::HdfsError::RPCError(class, _) => class.ends_with("FileAlreadyExistsException"),
+                _ => false,
+            },
+            Error::ObjectStore { source, .. } => {
+                matches!(source, object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. })
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The first line of an error: a NameNode's RemoteException carries its whole Java stack.
+fn brief(e: &dyn std::fmt::Display) -> String {
+    let s = e.to_string();
+    s.lines().next().unwrap_or_default().to_string()
+}
+
+/// HDFS: broken connections and server-side trouble retry; a missing file, a bad path, a
+/// permission or a checksum that keeps failing after hdfs-native's own replica retries do not.
+pub fn hdfs_error_class(e: &hdfs_native::HdfsError) -> ErrorClass {
+    use hdfs_native::HdfsError::*;
+    match e {
+        IOError(io) => io_error_class(io),
+        DataTransferError(_) | ChecksumError | BlocksNotFound(_) | OperationFailed(_) => ErrorClass::Transient,
+        // A RemoteException: retry the ones that say "try again later" (safe mode, standby,
+        // lease held by a writer being recovered, a replica not yet complete).
+        RPCError(class, msg) => {
+            let again = [
+                "SafeModeException",
+                "StandbyException",
+                "RetriableException",
+                "RecoveryInProgressException",
+                "AlreadyBeingCreatedException",
+                "NotReplicatedYetException",
+                "LeaseExpiredException",
+            ];
+            if again.iter().any(|k| class.ends_with(k) || msg.contains(k)) {
+                ErrorClass::Transient
+            } else {
+                ErrorClass::Permanent
+            }
+        }
+        FatalRPCError(..) | InvalidRPCResponse(_) | InternalError(_) => ErrorClass::Transient,
+        _ => ErrorClass::Permanent,
+    }
+}
+
+/// S3: what reaches us has already used object_store's retry budget (5xx, 429, connect
+/// errors, idempotent timeouts), so only errors a later attempt of the chunk can get past retry.
+pub fn object_store_error_class(e: &object_store::Error) -> ErrorClass {
+    use object_store::Error::*;
+    match e {
+        NotFound { .. } | InvalidPath { .. } | NotSupported { .. } | NotImplemented { .. } | PermissionDenied { .. }
+        | Unauthenticated { .. } | UnknownConfigurationKey { .. } => ErrorClass::Permanent,
+        // Generic covers transport failures and exhausted retries: the network may come back.
+        _ => ErrorClass::Transient,
     }
 }
 

@@ -61,7 +61,7 @@ pub fn landed_path(table: &str, p: &Part) -> String {
 
 impl Copy {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Copy, CopyError> {
-        let dest = Store::from_url(&cfg.destination.url)?;
+        let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
         Ok(Copy { cfg, ledger, dest })
     }
 
@@ -72,13 +72,15 @@ impl Copy {
     pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, CopyError> {
         let parts = self.ledger.parts(&lease.chunk_id).await?;
         let mut work = Work::default();
+        // Its own connections: a hung one holds back this chunk only.
+        let dest = self.dest.isolated()?;
         for (i, p) in parts.iter().enumerate() {
             let landed = landed_path(&self.cfg.table.name, p);
-            if let Some(h) = self.dest.head(&landed).await? {
-                if h.size as i64 == p.bytes && self.dest.hash(&landed).await?.1 == p.content_hash {
+            if let Some(h) = dest.head(&landed).await? {
+                if h.size as i64 == p.bytes && dest.hash(&landed).await?.1 == p.content_hash {
                     continue; // an earlier attempt landed it
                 }
-                self.dest.delete(&landed).await?;
+                dest.delete(&landed).await?;
             }
             let src = self.spool_dir(&p.chunk_id).join(p.rel_path());
             if !src.exists() {
@@ -87,17 +89,17 @@ impl Copy {
             let tmp = format!("_ferry/tmp/{}.{}.{i}", lease.chunk_id, lease.attempt);
             let progress = Progress::default();
             let c = &self.cfg.copy;
-            let what = format!("copy of {} to {}", src.display(), self.dest.url(&tmp));
-            let res = watched(&what, c.deadline.0, c.stall_timeout.0, progress.clone(), self.dest.upload(&src, &tmp, progress)).await;
+            let what = format!("copy of {} to {}", src.display(), dest.url(&tmp));
+            let res = watched(&what, c.deadline.0, c.stall_timeout.0, progress.clone(), dest.upload(&src, &tmp, progress)).await;
             let (n, hash) = match res {
                 Ok(v) => v,
                 Err(e) => {
-                    let _ = self.dest.delete(&tmp).await;
+                    let _ = dest.delete(&tmp).await;
                     return Err(e.into());
                 }
             };
             if n as i64 != p.bytes || hash != p.content_hash {
-                self.dest.delete(&tmp).await?;
+                dest.delete(&tmp).await?;
                 return Err(CopyError::Verify(format!(
                     "{}: sent {n} bytes with hash {hash}, transform recorded {} bytes with hash {}",
                     src.display(),
@@ -105,10 +107,10 @@ impl Copy {
                     p.content_hash
                 )));
             }
-            if !self.dest.rename_noreplace(&tmp, &landed).await? {
+            if !dest.rename_noreplace(&tmp, &landed).await? {
                 // Another attempt landed it first; keep theirs if it is right.
-                self.dest.delete(&tmp).await?;
-                if self.dest.hash(&landed).await?.1 != p.content_hash {
+                dest.delete(&tmp).await?;
+                if dest.hash(&landed).await?.1 != p.content_hash {
                     return Err(CopyError::Verify(format!("{landed} exists with other content")));
                 }
             }
@@ -128,12 +130,7 @@ impl Copy {
             }
         }
         let cutoff = self.ledger.stale_before_ms();
-        for e in self.dest.list("_ferry/tmp").await? {
-            if e.mtime_ms < cutoff {
-                tracing::info!(file = %e.rel, "removing an abandoned temp file");
-                self.dest.delete(&e.rel).await?;
-            }
-        }
+        self.dest.gc("_ferry/tmp", cutoff).await?;
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
         spool.remove_stale_temps(&self.cfg.table.name, cutoff).await?;
         Ok(())

@@ -31,7 +31,11 @@ async fn run(args: Args) -> ferry_common::Result<i32> {
     let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
     let concurrency = cfg.copy.concurrency;
     let c = Arc::new(Copy::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
-    c.gc().await.map_err(|e| ferry_common::Error::Other(e.to_string()))?;
+    // Best effort: a store that is down right now must not stop the stage; the next start
+    // collects what this one could not.
+    if let Err(e) = c.gc().await {
+        tracing::warn!(error = %e, "cleanup of abandoned temp files failed; continuing");
+    }
     let (work, after) = (c.clone(), c);
     runner::serve(
         &ledger,

@@ -38,8 +38,8 @@ pub struct Extract {
 
 impl Extract {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Extract> {
-        let source = Store::from_url(&cfg.source.url)?;
-        let staging = Store::from_url(&cfg.staging.url)?;
+        let source = Store::open(&cfg.source.url, &cfg.source.store)?;
+        let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
         let glob = globset::GlobBuilder::new(&cfg.source.glob)
             .literal_separator(false)
             .build()
@@ -196,7 +196,7 @@ impl Extract {
             Disposition::Keep => Ok(()),
             Disposition::Delete => self.source.delete(&e.rel).await,
             Disposition::Archive => {
-                let archive = Store::from_url(self.cfg.source.archive_url.as_deref().unwrap_or_default())?;
+                let archive = Store::open(self.cfg.source.archive_url.as_deref().unwrap_or_default(), &self.cfg.source.store)?;
                 let bytes = self.source.read(&e.rel).await?;
                 archive.put_atomic(&e.rel, bytes).await?;
                 self.source.delete(&e.rel).await

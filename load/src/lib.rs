@@ -58,7 +58,7 @@ pub struct Load {
 
 impl Load {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Load, LoadError> {
-        let dest = Store::from_url(&cfg.destination.url)?;
+        let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
         Ok(Load { cfg, ledger, dest, ddl: tokio::sync::Mutex::new(()) })
     }
 
@@ -83,7 +83,7 @@ impl Load {
             let target = self.table_path(p);
             if !self.dest.rename_noreplace(&landed, &target).await.or_else(|e| match e {
                 // No landed file: fine if the table already has it (a retry after the rename).
-                Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                e if e.is_not_found() => Ok(false),
                 e => Err(e),
             })? {
                 match self.dest.head(&target).await? {

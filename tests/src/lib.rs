@@ -7,6 +7,9 @@ use std::process::{Command, Output};
 
 /// The directory holding the workspace's binaries (`cargo build --workspace --bins` first;
 /// the test command does).
+pub mod proxy;
+pub mod clusters;
+
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
@@ -18,6 +21,8 @@ pub fn bin(name: &str) -> PathBuf {
 pub struct Pipeline {
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
+    /// Extra environment per binary (e.g. copy's destination URL through a fault proxy).
+    env: std::sync::Mutex<Vec<(String, String, String)>>,
 }
 
 pub const STAGES: [&str; 4] = ["ferry-extract", "ferry-transform", "ferry-copy", "ferry-load"];
@@ -25,8 +30,16 @@ pub const STAGES: [&str; 4] = ["ferry-extract", "ferry-transform", "ferry-copy",
 impl Pipeline {
     /// `extra` is appended to the config (later keys of a section must not repeat earlier ones).
     pub fn new(chunk_size: &str, lease: &str, settle: &str) -> Pipeline {
+        Pipeline::with_stores(chunk_size, lease, settle, None, None)
+    }
+
+    /// Like [`Pipeline::new`], with whole `[staging]` / `[destination]` sections (URL and
+    /// `[*.store]` options) instead of local directories.
+    pub fn with_stores(chunk_size: &str, lease: &str, settle: &str, staging: Option<String>, destination: Option<String>) -> Pipeline {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
+        let staging = staging.unwrap_or_else(|| format!("[staging]\nurl = \"file://{}/staging\"\n", d.display()));
+        let destination = destination.unwrap_or_else(|| format!("[destination]\nurl = \"{}/wh\"\n", d.display()));
         std::fs::create_dir_all(d.join("in")).unwrap();
         let config = d.join("ferry.toml");
         let text = format!(
@@ -40,14 +53,11 @@ backoff_max = "1s"
 url = "{d}/in"
 settle = "{settle}"
 
-[staging]
-url = "file://{d}/staging"
-
+{staging}
 [spool]
 dir = "{d}/spool"
 
-[destination]
-url = "{d}/wh"
+{destination}
 
 [table]
 name = "events"
@@ -72,7 +82,12 @@ max_bad_records = 5
             d = d.display()
         );
         std::fs::write(&config, text).unwrap();
-        Pipeline { dir, config }
+        Pipeline { dir, config, env: Default::default() }
+    }
+
+    /// Sets `key=value` in the environment of every run of `binary`.
+    pub fn stage_env(&self, binary: &str, key: &str, value: &str) {
+        self.env.lock().unwrap().push((binary.into(), key.into(), value.into()));
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -86,6 +101,11 @@ max_bad_records = 5
     pub fn command(&self, name: &str) -> Command {
         let mut c = Command::new(bin(name));
         c.env("FERRY_CONFIG", &self.config).env_remove("FERRY_LEDGER").env("RUST_LOG", "warn");
+        for (b, k, v) in self.env.lock().unwrap().iter() {
+            if b == name {
+                c.env(k, v);
+            }
+        }
         c
     }
 
@@ -137,8 +157,13 @@ max_bad_records = 5
     /// Digest of the published table read by pyarrow: rows, distinct ids, and a hash of all
     /// rows in a canonical form.
     pub fn table_digest(&self) -> serde_json::Value {
-        python(DIGEST, &["table", self.path("wh/events").to_str().unwrap()])
+        table_digest(&self.path("wh/events"))
     }
+}
+
+/// Digest of a published table in a local directory (Hive layout, `_ferry/` ignored).
+pub fn table_digest(dir: &Path) -> serde_json::Value {
+    python(DIGEST, &["table", dir.to_str().unwrap()])
 }
 
 /// Digest of input files (`fmt` = avro, jsonl or csv) read by Python's own readers.

@@ -67,7 +67,7 @@ pub struct Transform {
 
 impl Transform {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Transform, TransformError> {
-        let staging = Store::from_url(&cfg.staging.url)?;
+        let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
         let plan = ops::Plan::new(&cfg.transform, &cfg.table.partition_by)?;
         let declared = (!cfg.table.columns.is_empty()).then(|| decode::table_schema(&cfg.table.columns));
         let t = &cfg.transform;

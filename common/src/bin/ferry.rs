@@ -51,6 +51,17 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         block_records: usize,
     },
+    /// Remove what crashed writers left behind: temp files in staging, the destination's
+    /// `_ferry/tmp` and the table (HDFS files possibly still under construction), spool temp
+    /// files, and abandoned S3 multipart uploads. Only what is older than two leases (or
+    /// `--older-than`) goes, so running writers are never disturbed.
+    Gc {
+        #[arg(long, env = "FERRY_CONFIG")]
+        config: std::path::PathBuf,
+        /// Age instead of two leases, e.g. "1h".
+        #[arg(long)]
+        older_than: Option<humantime::Duration>,
+    },
     /// Send quarantined tasks back to `available` with a fresh attempt budget.
     Requeue {
         /// Only tasks of this stage (transform, copy, load).
@@ -128,6 +139,24 @@ async fn run(cli: Cli) -> ferry_common::Result<i32> {
             }
         }
         Cmd::CheckConfig { .. } | Cmd::Gen { .. } => unreachable!("handled before connecting"),
+        Cmd::Gc { config, older_than } => {
+            use ferry_common::storage::Store;
+            let cfg = ferry_common::config::Config::load(&config)?;
+            let cutoff = match older_than {
+                Some(d) => chrono::Utc::now().timestamp_millis() - std::time::Duration::from(d).as_millis() as i64,
+                // Two of the configured leases: any writer still holding one has renewed it since.
+                None => chrono::Utc::now().timestamp_millis() - 2 * cfg.ledger.lease.0.as_millis() as i64,
+            };
+            let table = &cfg.table.name;
+            let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
+            let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
+            let spool = Store::from_url(&cfg.spool.dir.to_string_lossy())?;
+            let mut n = staging.remove_stale_temps(table, cutoff).await?;
+            n += dest.gc("_ferry/tmp", cutoff).await?;
+            n += dest.remove_stale_temps(table, cutoff).await?;
+            n += spool.remove_stale_temps(table, cutoff).await?;
+            println!("removed {n} abandoned file(s) or upload(s)");
+        }
         Cmd::Requeue { stage, chunk } => {
             let n = ledger.requeue(&RequeueFilter { stage, chunk_id: chunk }).await?;
             println!("requeued {n} task(s)");

@@ -1,20 +1,29 @@
 //! One storage abstraction for source, staging and destination, chosen by URL scheme.
 //!
-//! `file://` URLs and plain paths are local directories (a NAS mount looks the same).
-//! `hdfs://` and `s3://` come in their own issues; callers never branch on the backend, so
-//! adding them means a new variant here and nothing in the stages.
+//! `file://` URLs and plain paths are local directories (a NAS mount looks the same);
+//! `hdfs://` and `viewfs://` go through hdfs-native ([`hdfs`]); `s3://` through object_store
+//! ([`s3`]). Callers never branch on the backend.
 //!
-//! Every method takes paths relative to the store's root, with `/` separators.
+//! Every method takes paths relative to the store's root, with `/` separators, and every
+//! method ends: network calls run under `call_timeout`, streams under a no-progress watchdog.
+//! Each backend's module opens with its publish protocol: what `upload` followed by
+//! `rename_noreplace` means there, and what an ambiguous failure leaves behind.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::config::StoreOptions;
 use crate::error::{Error, Result};
+
+pub mod hdfs;
+pub mod s3;
 
 #[derive(Debug, Clone)]
 pub enum Store {
     Local(LocalStore),
+    Hdfs(std::sync::Arc<hdfs::HdfsStore>),
+    S3(std::sync::Arc<s3::S3Store>),
 }
 
 #[derive(Debug, Clone)]
@@ -31,14 +40,24 @@ pub struct Entry {
 }
 
 impl Store {
-    /// `file:///abs/dir`, `/abs/dir` or `rel/dir`. Other schemes are named in the error.
+    /// A store with default options (see [`Store::open`]).
     pub fn from_url(url: &str) -> Result<Store> {
+        Store::open(url, &StoreOptions::default())
+    }
+
+    /// `file:///abs/dir`, `/abs/dir`, `rel/dir`, `hdfs://nn-or-nameservice/dir`,
+    /// `viewfs://cluster/dir` or `s3://bucket/prefix`. Other schemes are named in the error.
+    pub fn open(url: &str, opts: &StoreOptions) -> Result<Store> {
         let path = if let Some(p) = url.strip_prefix("file://") {
             p
+        } else if url.starts_with("hdfs://") || url.starts_with("viewfs://") {
+            return Ok(Store::Hdfs(std::sync::Arc::new(hdfs::HdfsStore::new(url, opts)?)));
+        } else if url.starts_with("s3://") || url.starts_with("s3a://") {
+            return Ok(Store::S3(std::sync::Arc::new(s3::S3Store::new(url, opts)?)));
         } else if let Some((scheme, _)) = url.split_once("://") {
             return Err(Error::Config {
                 file: url.to_string(),
-                message: format!("storage scheme {scheme}:// is not supported yet (file:// and plain paths are)"),
+                message: format!("storage scheme {scheme}:// is not supported (file://, plain paths, hdfs://, viewfs://, s3://)"),
             });
         } else {
             url
@@ -49,10 +68,39 @@ impl Store {
         Ok(Store::Local(LocalStore { root: PathBuf::from(path) }))
     }
 
+    /// The same store on its own connections, for one chunk's work: a connection that hangs
+    /// or breaks then holds back that chunk only, never the others (hdfs-native multiplexes
+    /// every call of a client over one NameNode connection).
+    pub fn isolated(&self) -> Result<Store> {
+        Ok(match self {
+            Store::Hdfs(h) => Store::Hdfs(std::sync::Arc::new(h.isolated()?)),
+            other => other.clone(),
+        })
+    }
+
+    /// Removes what crashed writers left behind below `dir`: temp files older than
+    /// `cutoff_ms` and, on S3, multipart uploads started before it. Returns how many went.
+    pub async fn gc(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
+        let mut n = 0;
+        for e in self.list(dir).await? {
+            if e.mtime_ms < cutoff_ms {
+                tracing::info!(file = %self.url(&e.rel), "removing an abandoned temp file");
+                self.delete(&e.rel).await?;
+                n += 1;
+            }
+        }
+        if let Store::S3(s) = self {
+            n += s.abort_uploads(dir, cutoff_ms).await?;
+        }
+        Ok(n)
+    }
+
     /// The URL of a path in this store, as recorded in the ledger.
     pub fn url(&self, rel: &str) -> String {
         match self {
             Store::Local(l) => format!("file://{}", l.abs(rel).display()),
+            Store::Hdfs(h) => h.url(rel),
+            Store::S3(s) => s.url(rel),
         }
     }
 
@@ -63,6 +111,8 @@ impl Store {
                 let p = url.strip_prefix("file://").unwrap_or(url);
                 Path::new(p).strip_prefix(&l.root).ok().map(|r| r.to_string_lossy().into_owned())
             }
+            Store::Hdfs(h) => h.rel_of(url),
+            Store::S3(s) => s.rel_of(url),
         }
     }
 
@@ -81,6 +131,8 @@ impl Store {
                 })
                 .await
             }
+            Store::Hdfs(h) => h.list(dir).await,
+            Store::S3(s) => s.list(dir).await,
         }
     }
 
@@ -96,6 +148,8 @@ impl Store {
                 })
                 .await
             }
+            Store::Hdfs(h) => h.head(rel).await,
+            Store::S3(s) => s.head(rel).await,
         }
     }
 
@@ -105,6 +159,8 @@ impl Store {
                 let p = l.abs(rel);
                 blocking(move || std::fs::read(&p).map_err(|e| Error::io(p.display(), e))).await
             }
+            Store::Hdfs(h) => h.read(rel).await,
+            Store::S3(s) => s.read(rel).await,
         }
     }
 
@@ -116,6 +172,8 @@ impl Store {
                 let f = std::fs::File::open(&p).map_err(|e| Error::io(p.display(), e))?;
                 Ok(Box::new(f))
             }
+            Store::Hdfs(h) => h.open_blocking(rel),
+            Store::S3(s) => s.open_blocking(rel),
         }
     }
 
@@ -127,6 +185,8 @@ impl Store {
                 let p = l.abs(rel);
                 blocking(move || write_atomic(&p, &bytes)).await
             }
+            Store::Hdfs(h) => h.put_atomic(rel, bytes).await,
+            Store::S3(s) => s.put_atomic(rel, bytes).await,
         }
     }
 
@@ -134,6 +194,8 @@ impl Store {
     pub fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
         match self {
             Store::Local(l) => write_atomic(&l.abs(rel), bytes),
+            Store::Hdfs(h) => h.put_atomic_blocking(rel, bytes),
+            Store::S3(s) => s.put_atomic_blocking(rel, bytes),
         }
     }
 
@@ -159,6 +221,8 @@ impl Store {
                 })
                 .await
             }
+            Store::Hdfs(h) => h.rename_noreplace(from, to).await,
+            Store::S3(s) => s.rename_noreplace(from, to).await,
         }
     }
 
@@ -173,6 +237,8 @@ impl Store {
                 })
                 .await
             }
+            Store::Hdfs(h) => h.delete(rel).await,
+            Store::S3(s) => s.delete(rel).await,
         }
     }
 
@@ -209,6 +275,8 @@ impl Store {
                 })
                 .await
             }
+            Store::Hdfs(h) => h.upload(local, rel, progress).await,
+            Store::S3(s) => s.upload(local, rel, progress).await,
         }
     }
 
@@ -234,6 +302,8 @@ impl Store {
                 let p = l.abs(rel);
                 blocking(move || hash_file(&p)).await
             }
+            Store::Hdfs(h) => h.hash(rel).await,
+            Store::S3(s) => s.hash(rel).await,
         }
     }
 }
@@ -304,6 +374,53 @@ pub async fn watched<T>(
         progress.cancel();
     }
     res
+}
+
+/// A blocking [`Read`] over an async byte stream, for callers on a blocking thread (the
+/// splitter, the decoders). Every wait for the next piece runs under `stall`, so a server that
+/// stops sending ends the read instead of hanging it.
+pub(crate) struct StreamReader {
+    stream: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+    buf: bytes::Bytes,
+    handle: tokio::runtime::Handle,
+    stall: Duration,
+    what: String,
+}
+
+impl StreamReader {
+    pub(crate) fn new(
+        what: String,
+        stall: Duration,
+        stream: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+    ) -> Result<StreamReader> {
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Other(format!("{what}: blocking read outside the runtime")))?;
+        Ok(StreamReader { stream, buf: bytes::Bytes::new(), handle, stall, what })
+    }
+}
+
+impl Read for StreamReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        use futures::StreamExt;
+        while self.buf.is_empty() {
+            let next = self.handle.block_on(tokio::time::timeout(self.stall, self.stream.next()));
+            match next {
+                Err(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("{}: no bytes for {:?}", self.what, self.stall),
+                    ));
+                }
+                Ok(None) => return Ok(0),
+                Ok(Some(Err(e))) => return Err(std::io::Error::other(e.to_string())),
+                Ok(Some(Ok(b))) => self.buf = b,
+            }
+        }
+        let n = out.len().min(self.buf.len());
+        out[..n].copy_from_slice(&self.buf[..n]);
+        bytes::Buf::advance(&mut self.buf, n);
+        Ok(n)
+    }
 }
 
 pub fn hash_file(p: &Path) -> Result<(u64, String)> {

@@ -1,0 +1,417 @@
+//! HDFS (`hdfs://`, `viewfs://`) through hdfs-native.
+//!
+//! # Publish protocol
+//!
+//! ```text
+//!  create  <dest>/_ferry/tmp/<chunk>.<attempt>.<i>   (overwrite = false; attempt-unique)
+//!  write   blocks, under the caller's deadline and no-progress watchdog
+//!  close   = NameNode complete()                      <- seed 001: a reset here is ambiguous
+//!  check   length == bytes sent
+//!  rename2 tmp -> landed name, overwrite = false      (atomic on the NameNode)
+//! ```
+//!
+//! hdfs-native gives NameNode calls no deadline and hands an ambiguous `complete()` back to
+//! the caller (the file may be closed or still under construction). So every call here runs
+//! under `call_timeout`, and after `close` fails or times out we do not guess:
+//!
+//! 1. `recover_lease(tmp)` (from a different client than the writer's) until the NameNode
+//!    says the file is closed: this fences our own writer and finalizes the last block;
+//! 2. compare its length with what we sent, then read it back and compare the hash;
+//! 3. equal: the chunk is written, carry on to the rename. Different or not closable in time:
+//!    an error, and the ledger retries this one chunk (to a new attempt-unique temp name).
+//!
+//! An ambiguous `rename` is settled by looking at both names (the temp name is ours alone, so
+//! "temp gone, target there" means our rename went through). A crash at any step leaves at most
+//! a temp file, possibly under construction; the stage's gc (and `ferry gc`) deletes temp files
+//! older than two leases, which also ends their leases.
+//!
+//! Each chunk gets its own client ([`HdfsStore::isolated`]): hdfs-native multiplexes all calls
+//! of one client over one NameNode connection, so a connection that hangs would otherwise stall
+//! every chunk. A call that misses its deadline also retires the client it used.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use hdfs_native::{Client, ClientBuilder, HdfsError, WriteOptions};
+
+use super::{Entry, Progress, StreamReader};
+use crate::config::StoreOptions;
+use crate::error::{Error, Result};
+
+#[derive(Debug)]
+pub struct HdfsStore {
+    /// `hdfs://authority` (a NameNode address or a nameservice).
+    base: String,
+    /// The store's root path, without a trailing slash ("" for `/`).
+    root: String,
+    opts: StoreOptions,
+    client: Mutex<Arc<Client>>,
+}
+
+impl HdfsStore {
+    pub fn new(url: &str, opts: &StoreOptions) -> Result<HdfsStore> {
+        let parsed = url::Url::parse(url).map_err(|e| Error::Config { file: url.into(), message: format!("invalid HDFS URL: {e}") })?;
+        let base = format!("{}://{}", parsed.scheme(), parsed.authority());
+        let root = parsed.path().trim_end_matches('/').to_string();
+        let client = build(&base, opts)?;
+        Ok(HdfsStore { base, root, opts: opts.clone(), client: Mutex::new(Arc::new(client)) })
+    }
+
+    /// The same store on a new client (its own NameNode connection).
+    pub fn isolated(&self) -> Result<HdfsStore> {
+        Ok(HdfsStore {
+            base: self.base.clone(),
+            root: self.root.clone(),
+            opts: self.opts.clone(),
+            client: Mutex::new(Arc::new(build(&self.base, &self.opts)?)),
+        })
+    }
+
+    pub fn url(&self, rel: &str) -> String {
+        format!("{}{}", self.base, self.path(rel))
+    }
+
+    pub fn rel_of(&self, url: &str) -> Option<String> {
+        let p = url.strip_prefix(&self.base)?;
+        let r = p.strip_prefix(&self.root)?;
+        Some(r.trim_start_matches('/').to_string())
+    }
+
+    fn path(&self, rel: &str) -> String {
+        let rel = rel.trim_start_matches('/');
+        if rel.is_empty() { if self.root.is_empty() { "/".into() } else { self.root.clone() } } else { format!("{}/{rel}", self.root) }
+    }
+
+    fn client(&self) -> Arc<Client> {
+        self.client.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces `used` (if it is still the current client) after it missed a deadline or lost
+    /// its connection: a hung connection is never reused.
+    fn retire(&self, used: &Arc<Client>) {
+        let mut g = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if Arc::ptr_eq(&g, used) {
+            match build(&self.base, &self.opts) {
+                Ok(c) => *g = Arc::new(c),
+                Err(e) => tracing::warn!(error = %e, "cannot build a new HDFS client; keeping the old one"),
+            }
+        }
+    }
+
+    /// One NameNode call under `call_timeout`.
+    async fn call<T, F, Fut>(&self, op: &'static str, path: &str, f: F) -> Result<T>
+    where
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, HdfsError>>,
+    {
+        let c = self.client();
+        let deadline = self.opts.call_timeout.0;
+        match tokio::time::timeout(deadline, f(c.clone())).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if matches!(e, HdfsError::IOError(_) | HdfsError::FatalRPCError(..) | HdfsError::InvalidRPCResponse(_)) {
+                    self.retire(&c);
+                }
+                Err(Error::Hdfs { op, path: self.url_of_path(path), source: e })
+            }
+            Err(_) => {
+                self.retire(&c);
+                Err(Error::Stalled {
+                    what: format!("HDFS {op} {}", self.url_of_path(path)),
+                    reason: format!("no answer within {deadline:?} (store.call_timeout)"),
+                })
+            }
+        }
+    }
+
+    fn url_of_path(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn entry(&self, st: &hdfs_native::client::FileStatus) -> Entry {
+        let prefix = format!("{}/", self.root);
+        let rel = st.path.strip_prefix(&prefix).unwrap_or(st.path.trim_start_matches('/')).to_string();
+        Entry { rel, size: st.length as u64, mtime_ms: st.modification_time as i64 }
+    }
+
+    pub async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        let path = self.path(dir);
+        let p = path.clone();
+        match self.call("list", &path, |c| async move { c.list_status(&p, true).await }).await {
+            Ok(sts) => {
+                let mut out: Vec<Entry> = sts.iter().filter(|s| !s.isdir).map(|s| self.entry(s)).collect();
+                out.sort_by(|a, b| a.rel.cmp(&b.rel));
+                Ok(out)
+            }
+            Err(e) if e.is_not_found() => Ok(vec![]),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
+        let path = self.path(rel);
+        let p = path.clone();
+        match self.call("stat", &path, |c| async move { c.get_file_info(&p).await }).await {
+            Ok(st) if st.isdir => Ok(None),
+            Ok(st) => Ok(Some(Entry { rel: rel.to_string(), size: st.length as u64, mtime_ms: st.modification_time as i64 })),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A stream of the file's bytes; the caller bounds the wait for each piece.
+    async fn stream(&self, rel: &str) -> Result<(usize, futures::stream::BoxStream<'static, Result<Bytes>>)> {
+        let path = self.path(rel);
+        let p = path.clone();
+        let reader = self.call("open", &path, |c| async move { c.read(&p).await }).await?;
+        let len = reader.file_length();
+        let url = self.url_of_path(&path);
+        let s = reader
+            .read_range_stream(0, len)
+            .map(move |r| r.map_err(|e| Error::Hdfs { op: "read", path: url.clone(), source: e }))
+            .boxed();
+        Ok((len, s))
+    }
+
+    pub async fn read(&self, rel: &str) -> Result<Vec<u8>> {
+        let (len, mut s) = self.stream(rel).await?;
+        let mut out = Vec::with_capacity(len);
+        let stall = self.opts.read_stall.0;
+        loop {
+            match tokio::time::timeout(stall, s.next()).await {
+                Err(_) => return Err(Error::Stalled { what: format!("read of {}", self.url(rel)), reason: format!("no bytes for {stall:?}") }),
+                Ok(None) => return Ok(out),
+                Ok(Some(b)) => out.extend_from_slice(&b?),
+            }
+        }
+    }
+
+    pub fn open_blocking(&self, rel: &str) -> Result<Box<dyn std::io::Read + Send>> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::Other("HDFS read outside the runtime".into()))?;
+        let (_, s) = handle.block_on(self.stream(rel))?;
+        Ok(Box::new(StreamReader::new(format!("read of {}", self.url(rel)), self.opts.read_stall.0, s)?))
+    }
+
+    pub async fn hash(&self, rel: &str) -> Result<(u64, String)> {
+        let (_, mut s) = self.stream(rel).await?;
+        let mut h = blake3::Hasher::new();
+        let mut n = 0u64;
+        let stall = self.opts.read_stall.0;
+        loop {
+            match tokio::time::timeout(stall, s.next()).await {
+                Err(_) => return Err(Error::Stalled { what: format!("read of {}", self.url(rel)), reason: format!("no bytes for {stall:?}") }),
+                Ok(None) => return Ok((n, h.finalize().to_hex().to_string())),
+                Ok(Some(b)) => {
+                    let b = b?;
+                    n += b.len() as u64;
+                    h.update(&b);
+                }
+            }
+        }
+    }
+
+    /// Writes a whole file from `pieces` to `rel` (which must not exist), following the
+    /// protocol at the top of this module up to, not including, the rename.
+    async fn write_new(
+        &self,
+        rel: &str,
+        mut next: impl FnMut() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Bytes>>> + Send>>,
+        progress: &Progress,
+    ) -> Result<(u64, String)> {
+        let path = self.path(rel);
+        let mut wo = WriteOptions::default().overwrite(false).create_parent(true);
+        if let Some(r) = self.opts.hdfs.replication {
+            wo = wo.replication(r);
+        }
+        let p = path.clone();
+        let mut w = self.call("create", &path, |c| async move { c.create(&p, wo).await }).await?;
+        let mut h = blake3::Hasher::new();
+        let mut n = 0u64;
+        while let Some(b) = next().await? {
+            if progress.cancelled() {
+                return Err(Error::Other(format!("write to {} cancelled", self.url(rel))));
+            }
+            h.update(&b);
+            let len = b.len() as u64;
+            n += len;
+            // The caller's watchdog bounds this: a DataNode that stops reading shows up as
+            // bytes that stop moving.
+            w.write_bytes(b).await.map_err(|e| Error::Hdfs { op: "write", path: self.url(rel), source: e })?;
+            progress.add(len);
+        }
+        let hash = h.finalize().to_hex().to_string();
+        let deadline = self.opts.call_timeout.0;
+        let closed = match tokio::time::timeout(deadline, w.close()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("close failed: {e}")),
+            Err(_) => Err(format!("close (complete) got no answer within {deadline:?}")),
+        };
+        drop(w);
+        if let Err(reason) = closed {
+            tracing::warn!(file = %self.url(rel), %reason, "ambiguous close; recovering the lease to see what the NameNode kept");
+            self.settle_ambiguous_close(rel, n, &hash, &reason).await?;
+        }
+        match self.head(rel).await? {
+            Some(e) if e.size == n => Ok((n, hash)),
+            Some(e) => Err(Error::Ambiguous { what: format!("write of {}", self.url(rel)), reason: format!("{} bytes on the NameNode, {n} sent", e.size) }),
+            None => Err(Error::Ambiguous { what: format!("write of {}", self.url(rel)), reason: "file vanished after close".into() }),
+        }
+    }
+
+    /// After an ambiguous `complete()`: fence the writer, wait until the file is closed, and
+    /// accept it only if it holds exactly the bytes we sent.
+    async fn settle_ambiguous_close(&self, rel: &str, n: u64, hash: &str, reason: &str) -> Result<()> {
+        let what = format!("write of {}", self.url(rel));
+        // A client of its own: the writer's client may be the one whose connection broke.
+        let fresh = self.isolated()?;
+        let path = self.path(rel);
+        let give_up = tokio::time::Instant::now() + self.opts.call_timeout.0 * 2;
+        loop {
+            let p = path.clone();
+            match fresh.call("recover_lease", &path, |c| async move { c.recover_lease(&p).await }).await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) if e.is_not_found() => {
+                    return Err(Error::Ambiguous { what, reason: format!("{reason}; the temp file is gone") });
+                }
+                Err(e) => tracing::debug!(error = %e, "recover_lease failed; trying again"),
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(Error::Ambiguous { what, reason: format!("{reason}; the lease was not recovered in time") });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let (m, h) = fresh.hash(rel).await?;
+        if m == n && h == hash {
+            tracing::warn!(file = %self.url(rel), bytes = n, "ambiguous close settled: the NameNode kept every byte");
+            Ok(())
+        } else {
+            Err(Error::Ambiguous { what, reason: format!("{reason}; after lease recovery it holds {m} bytes (hash {h}), {n} were sent") })
+        }
+    }
+
+    pub async fn upload(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
+        let f = tokio::fs::File::open(local).await.map_err(|e| Error::io(local.display(), e))?;
+        let f = Arc::new(tokio::sync::Mutex::new(f));
+        let src = local.display().to_string();
+        let next = move || {
+            let (f, src) = (f.clone(), src.clone());
+            Box::pin(async move {
+                use tokio::io::AsyncReadExt;
+                let mut buf = vec![0u8; 4 << 20];
+                let mut g = f.lock().await;
+                let mut filled = 0;
+                while filled < buf.len() {
+                    let k = g.read(&mut buf[filled..]).await.map_err(|e| Error::io(&src, e))?;
+                    if k == 0 {
+                        break;
+                    }
+                    filled += k;
+                }
+                buf.truncate(filled);
+                Ok(if filled == 0 { None } else { Some(Bytes::from(buf)) })
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Bytes>>> + Send>>
+        };
+        self.write_new(rel, next, &progress).await
+    }
+
+    pub async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = if dir.is_empty() { format!(".{name}.{}-{seq}.tmp", std::process::id()) } else { format!("{dir}/.{name}.{}-{seq}.tmp", std::process::id()) };
+        let progress = Progress::default();
+        // Bounded like any transfer: a deadline that grows with the size (1 MiB/s floor) and
+        // the no-progress watchdog.
+        let deadline = self.opts.call_timeout.0 * 2 + Duration::from_secs(bytes.len() as u64 >> 20);
+        let mut once = Some(Bytes::from(bytes));
+        let next = move || {
+            let b = once.take();
+            Box::pin(async move { Ok(b) }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Bytes>>> + Send>>
+        };
+        let res = super::watched(&format!("write of {}", self.url(rel)), deadline, self.opts.read_stall.0, progress.clone(), self.write_new(&tmp, next, &progress)).await;
+        if let Err(e) = res {
+            let _ = self.delete(&tmp).await;
+            return Err(e);
+        }
+        let (t, p) = (self.path(&tmp), self.path(rel));
+        let target = p.clone();
+        match self.call("rename", &target, |c| async move { c.rename(&t, &p, true).await }).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Settle an ambiguous rename by looking: temp gone means it went through.
+                if self.head(&tmp).await?.is_none() && self.head(rel).await?.is_some() {
+                    return Ok(());
+                }
+                let _ = self.delete(&tmp).await;
+                Err(e)
+            }
+        }
+    }
+
+    pub fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::Other("HDFS write outside the runtime".into()))?;
+        handle.block_on(self.put_atomic(rel, bytes.to_vec()))
+    }
+
+    pub async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
+        let (f, t) = (self.path(from), self.path(to));
+        if let Some((parent, _)) = t.rsplit_once('/') {
+            if !parent.is_empty() {
+                let d = parent.to_string();
+                self.call("mkdirs", parent, |c| async move { c.mkdirs(&d, 0o755, true).await }).await?;
+            }
+        }
+        let (f2, t2) = (f.clone(), t.clone());
+        match self.call("rename", &f, |c| async move { c.rename(&f2, &t2, false).await }).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_already_exists() => Ok(false),
+            Err(e) if e.is_not_found() => Err(e),
+            Err(e) => {
+                // Ambiguous (timeout or reset after the request went out): look at both names.
+                match (self.head(from).await?, self.head(to).await?) {
+                    (None, Some(_)) => Ok(true),
+                    (Some(_), Some(_)) => Ok(false),
+                    _ => Err(e),
+                }
+            }
+        }
+    }
+
+    pub async fn delete(&self, rel: &str) -> Result<()> {
+        let path = self.path(rel);
+        let p = path.clone();
+        match self.call("delete", &path, |c| async move { c.delete(&p, false).await }).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn build(base: &str, opts: &StoreOptions) -> Result<Client> {
+    let h = &opts.hdfs;
+    let mut b = ClientBuilder::new().with_url(base);
+    if let Some(d) = &h.conf_dir {
+        b = b.with_config_dir(d.clone());
+    }
+    if !h.config.is_empty() {
+        b = b.with_config(h.config.clone());
+    }
+    if let Some(u) = &h.user {
+        b = b.with_user(u.clone());
+    }
+    if let Some(p) = &h.kerberos_principal {
+        b = b.with_kerberos_principal(p.clone());
+    }
+    if let Some(k) = &h.kerberos_keytab {
+        b = b.with_kerberos_keytab(k.clone());
+    }
+    if let Some(c) = &h.kerberos_cache {
+        b = b.with_kerberos_cache(c.clone());
+    }
+    b.build().map_err(|e| Error::Config { file: base.to_string(), message: format!("cannot set up the HDFS client: {e}") })
+}

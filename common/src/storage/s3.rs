@@ -1,0 +1,522 @@
+//! S3 (`s3://bucket/prefix`) through object_store.
+//!
+//! # Publish protocol
+//!
+//! S3 has no rename, so "rename without overwrite" is a HEAD of the target, a server-side
+//! copy, and a delete of the source. That is safe only because of two invariants Ferry keeps:
+//!
+//! - **Keys are deterministic and their bytes are fixed.** A landed or published key is named
+//!   by its chunk and partition, and the ledger records the blake3 of the bytes that belong
+//!   there. Two writers of one key can only write identical bytes, so a lost race rewrites
+//!   the same object and nothing is doubled.
+//! - **Every object carries its blake3** in `x-amz-meta-blake3`, set when it is uploaded
+//!   (S3's ETag is not a content hash for multipart uploads). A HEAD therefore compares size
+//!   and checksum without downloading anything.
+//!
+//! ```text
+//!  upload  <dest>/_ferry/tmp/<chunk>.<attempt>.<i>     attempt-unique (hedges get their own)
+//!          <= part_size: one PUT with If-None-Match: *  (conditional create)
+//!          >  part_size: multipart, recorded under _ferry/uploads/ until completed or aborted
+//!  verify  size + blake3 (hashed while sending) == what transform recorded
+//!  publish HEAD landed; absent -> server-side COPY tmp -> landed, DELETE tmp
+//! ```
+//!
+//! After an ambiguous failure (a timeout or reset on the conditional PUT, which object_store
+//! does not retry; or a 412 that may be our own lost success) we HEAD the key and accept it
+//! only if size and blake3 match; otherwise the chunk is retried under a new temp key. A
+//! multipart upload that fails is aborted; one cut off by a watchdog is aborted from a
+//! background task; one orphaned by a crash is aborted by gc (`ferry gc`, or a stage's start)
+//! from its `_ferry/uploads/` record once older than two leases. A bucket lifecycle rule
+//! (AbortIncompleteMultipartUpload) is the backstop for a crash between the two requests.
+//!
+//! Retries: object_store retries what is safe to retry (5xx, 429, connect errors, timeouts
+//! of idempotent requests) within `max_retries` / `retry_timeout`. Ferry adds no second loop
+//! around it; what still fails goes back to the ledger as one failed chunk attempt.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::multipart::MultipartStore;
+use object_store::path::Path as Key;
+use object_store::{
+    Attribute, Attributes, BackoffConfig, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode,
+    PutMultipartOptions, PutOptions, PutPayload, RetryConfig,
+};
+
+use super::{Entry, Progress, StreamReader};
+use crate::config::StoreOptions;
+use crate::error::{Error, Result};
+
+const HASH_META: &str = "blake3";
+
+#[derive(Debug)]
+pub struct S3Store {
+    store: Arc<AmazonS3>,
+    bucket: String,
+    /// Key prefix of the store's root, without slashes at either end ("" for the bucket).
+    prefix: String,
+    opts: StoreOptions,
+}
+
+impl S3Store {
+    pub fn new(url: &str, opts: &StoreOptions) -> Result<S3Store> {
+        let cfg_err = |message: String| Error::Config { file: url.to_string(), message };
+        let rest = url.split_once("://").map(|(_, r)| r).unwrap_or_default();
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(cfg_err("an S3 URL needs a bucket: s3://bucket/prefix".into()));
+        }
+        let s3 = &opts.s3;
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if let Some(e) = &s3.endpoint {
+            b = b.with_endpoint(e.clone());
+        }
+        let region = s3
+            .region
+            .clone()
+            .or_else(|| std::env::var("AWS_REGION").ok())
+            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+            .unwrap_or_else(|| "us-east-1".into());
+        b = b.with_region(region);
+        match (&s3.access_key_id, &s3.secret_access_key) {
+            (Some(k), Some(s)) => {
+                b = b.with_access_key_id(k.clone()).with_secret_access_key(s.clone());
+                if let Some(t) = &s3.session_token {
+                    b = b.with_token(t.clone());
+                }
+            }
+            (None, None) if std::env::var("AWS_ACCESS_KEY_ID").is_err() => {
+                let profile = s3.profile.clone().or_else(|| std::env::var("AWS_PROFILE").ok());
+                if let Some((k, s, t)) = profile_credentials(profile.as_deref()).map_err(&cfg_err)? {
+                    b = b.with_access_key_id(k).with_secret_access_key(s);
+                    if let Some(t) = t {
+                        b = b.with_token(t);
+                    }
+                }
+            }
+            (None, None) => {}
+            _ => return Err(cfg_err("store.s3: set both access_key_id and secret_access_key, or neither".into())),
+        }
+        let mut co = ClientOptions::new()
+            .with_connect_timeout(s3.connect_timeout.0)
+            .with_timeout(s3.request_timeout.0)
+            .with_read_timeout(s3.read_timeout.0)
+            .with_allow_http(s3.allow_http);
+        if let Some(ca) = &s3.ca_bundle {
+            let pem = std::fs::read(ca).map_err(|e| cfg_err(format!("store.s3.ca_bundle {}: {e}", ca.display())))?;
+            let certs = object_store::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| cfg_err(format!("store.s3.ca_bundle {}: {e}", ca.display())))?;
+            for c in certs {
+                co = co.with_root_certificate(c);
+            }
+        }
+        b = b
+            .with_client_options(co)
+            .with_virtual_hosted_style_request(!s3.path_style)
+            .with_allow_http(s3.allow_http)
+            .with_retry(RetryConfig {
+                backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(15), base: 2.0 },
+                max_retries: s3.max_retries,
+                retry_timeout: s3.retry_timeout.0,
+            });
+        let store = b.build().map_err(|e| cfg_err(format!("cannot set up the S3 client: {e}")))?;
+        Ok(S3Store {
+            store: Arc::new(store),
+            bucket: bucket.to_string(),
+            prefix: prefix.trim_matches('/').to_string(),
+            opts: opts.clone(),
+        })
+    }
+
+    pub fn url(&self, rel: &str) -> String {
+        format!("s3://{}/{}", self.bucket, self.key_str(rel))
+    }
+
+    pub fn rel_of(&self, url: &str) -> Option<String> {
+        let k = url.strip_prefix(&format!("s3://{}/", self.bucket))?;
+        if self.prefix.is_empty() {
+            Some(k.to_string())
+        } else {
+            k.strip_prefix(&format!("{}/", self.prefix)).map(str::to_string)
+        }
+    }
+
+    fn key_str(&self, rel: &str) -> String {
+        let rel = rel.trim_matches('/');
+        match (self.prefix.is_empty(), rel.is_empty()) {
+            (true, _) => rel.to_string(),
+            (false, true) => self.prefix.clone(),
+            (false, false) => format!("{}/{rel}", self.prefix),
+        }
+    }
+
+    fn key(&self, rel: &str) -> Key {
+        Key::from(self.key_str(rel))
+    }
+
+    /// A belt over object_store's own limits: no call outlives its retry budget plus one
+    /// request, whatever happens inside.
+    fn budget(&self) -> Duration {
+        let s3 = &self.opts.s3;
+        s3.retry_timeout.0 + s3.request_timeout.0 + s3.connect_timeout.0
+    }
+
+    async fn call<T>(&self, op: &'static str, rel: &str, fut: impl std::future::Future<Output = object_store::Result<T>>) -> Result<T> {
+        match tokio::time::timeout(self.budget(), fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Error::ObjectStore { op, path: self.url(rel), source: e }),
+            Err(_) => Err(Error::Stalled { what: format!("S3 {op} {}", self.url(rel)), reason: format!("not done within {:?}", self.budget()) }),
+        }
+    }
+
+    pub async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        let prefix = self.key(dir);
+        let mut s = self.store.list(Some(&prefix));
+        let root = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
+        let mut out = Vec::new();
+        loop {
+            // Each page of a listing is one request; bound the wait for each.
+            let next = tokio::time::timeout(self.budget(), s.next()).await.map_err(|_| Error::Stalled {
+                what: format!("S3 list {}", self.url(dir)),
+                reason: format!("no page within {:?}", self.budget()),
+            })?;
+            match next {
+                None => break,
+                Some(Err(e)) => return Err(Error::ObjectStore { op: "list", path: self.url(dir), source: e }),
+                Some(Ok(m)) => {
+                    let k = m.location.as_ref();
+                    let rel = k.strip_prefix(&root).unwrap_or(k).to_string();
+                    out.push(Entry { rel, size: m.size, mtime_ms: m.last_modified.timestamp_millis() });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.rel.cmp(&b.rel));
+        Ok(out)
+    }
+
+    pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
+        match self.call("HEAD", rel, self.store.head(&self.key(rel))).await {
+            Ok(m) => Ok(Some(Entry { rel: rel.to_string(), size: m.size, mtime_ms: m.last_modified.timestamp_millis() })),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn stream(&self, rel: &str) -> Result<futures::stream::BoxStream<'static, Result<Bytes>>> {
+        let r = self.call("GET", rel, self.store.get(&self.key(rel))).await?;
+        let url = self.url(rel);
+        Ok(r.into_stream().map(move |b| b.map_err(|e| Error::ObjectStore { op: "GET", path: url.clone(), source: e })).boxed())
+    }
+
+    pub async fn read(&self, rel: &str) -> Result<Vec<u8>> {
+        let mut s = self.stream(rel).await?;
+        let mut out = Vec::new();
+        while let Some(b) = self.next_piece(rel, &mut s).await? {
+            out.extend_from_slice(&b);
+        }
+        Ok(out)
+    }
+
+    async fn next_piece(&self, rel: &str, s: &mut futures::stream::BoxStream<'static, Result<Bytes>>) -> Result<Option<Bytes>> {
+        let stall = self.opts.read_stall.0;
+        match tokio::time::timeout(stall, s.next()).await {
+            Err(_) => Err(Error::Stalled { what: format!("read of {}", self.url(rel)), reason: format!("no bytes for {stall:?}") }),
+            Ok(None) => Ok(None),
+            Ok(Some(b)) => b.map(Some),
+        }
+    }
+
+    pub fn open_blocking(&self, rel: &str) -> Result<Box<dyn std::io::Read + Send>> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::Other("S3 read outside the runtime".into()))?;
+        let s = handle.block_on(self.stream(rel))?;
+        Ok(Box::new(StreamReader::new(format!("read of {}", self.url(rel)), self.opts.read_stall.0, s)?))
+    }
+
+    /// Size and blake3 of an object: from its metadata when Ferry wrote it (one HEAD-sized
+    /// request), else by reading it.
+    pub async fn hash(&self, rel: &str) -> Result<(u64, String)> {
+        let head = GetOptions { head: true, ..Default::default() };
+        let r = self.call("HEAD", rel, self.store.get_opts(&self.key(rel), head)).await?;
+        if let Some(h) = r.attributes.get(&Attribute::Metadata(HASH_META.into())) {
+            return Ok((r.meta.size, h.as_ref().to_string()));
+        }
+        let mut s = self.stream(rel).await?;
+        let mut h = blake3::Hasher::new();
+        let mut n = 0u64;
+        while let Some(b) = self.next_piece(rel, &mut s).await? {
+            n += b.len() as u64;
+            h.update(&b);
+        }
+        Ok((n, h.finalize().to_hex().to_string()))
+    }
+
+    pub async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        // A PUT is atomic on S3: readers see the old object or the whole new one.
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        let opts = PutOptions { attributes: hash_attr(&hash), ..Default::default() };
+        self.call("PUT", rel, self.store.put_opts(&self.key(rel), PutPayload::from(bytes), opts)).await?;
+        Ok(())
+    }
+
+    pub fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::Other("S3 write outside the runtime".into()))?;
+        handle.block_on(self.put_atomic(rel, bytes.to_vec()))
+    }
+
+    /// HEAD `to`; if absent, server-side copy and delete `from` (see the module's invariants).
+    pub async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
+        if self.head(to).await?.is_some() {
+            return Ok(false);
+        }
+        if self.head(from).await?.is_none() {
+            return Err(Error::ObjectStore {
+                op: "COPY",
+                path: self.url(from),
+                source: object_store::Error::NotFound { path: self.key_str(from), source: "no such key".into() },
+            });
+        }
+        self.call("COPY", to, self.store.copy(&self.key(from), &self.key(to))).await?;
+        self.delete(from).await?;
+        Ok(true)
+    }
+
+    pub async fn delete(&self, rel: &str) -> Result<()> {
+        match self.call("DELETE", rel, self.store.delete(&self.key(rel))).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            r => r,
+        }
+    }
+
+    pub async fn upload(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
+        let src = local.to_path_buf();
+        // The hash goes into the object's metadata, which a multipart upload must name at its
+        // start; the bytes are hashed again as they are sent and must agree.
+        let (size, hash) = tokio::task::spawn_blocking(move || super::hash_file(&src))
+            .await
+            .map_err(|e| Error::Other(format!("hash task failed: {e}")))??;
+        if size <= self.opts.s3.part_size.0 {
+            self.put_small(local, rel, size, &hash, &progress).await?;
+        } else {
+            self.put_multipart(local, rel, &hash, &progress).await?;
+        }
+        Ok((size, hash))
+    }
+
+    async fn put_small(&self, local: &Path, rel: &str, size: u64, hash: &str, progress: &Progress) -> Result<()> {
+        let bytes = tokio::fs::read(local).await.map_err(|e| Error::io(local.display(), e))?;
+        if blake3::hash(&bytes).to_hex().as_str() != hash {
+            return Err(Error::Other(format!("{} changed while being sent", local.display())));
+        }
+        let opts = PutOptions { mode: PutMode::Create, attributes: hash_attr(hash), ..Default::default() };
+        let res = self.call("PUT", rel, self.store.put_opts(&self.key(rel), PutPayload::from(bytes), opts)).await;
+        match res {
+            Ok(_) => {
+                progress.add(size);
+                Ok(())
+            }
+            Err(e) => {
+                // 412 may be our own lost success; a timeout or reset leaves the outcome
+                // unknown (object_store does not retry a conditional PUT). Look before redoing.
+                match self.hash(rel).await {
+                    Ok((n, h)) if n == size && h == hash => {
+                        tracing::info!(key = %self.url(rel), error = %e, "PUT failed but the object is there, whole");
+                        progress.add(size);
+                        Ok(())
+                    }
+                    _ if e.is_already_exists() => Err(Error::Ambiguous { what: format!("PUT {}", self.url(rel)), reason: "the key holds other bytes".into() }),
+                    _ => Err(e),
+                }
+            }
+        }
+    }
+
+    async fn put_multipart(&self, local: &Path, rel: &str, hash: &str, progress: &Progress) -> Result<()> {
+        let key = self.key(rel);
+        let opts = PutMultipartOptions { attributes: hash_attr(hash), ..Default::default() };
+        let id = self.call("CreateMultipartUpload", rel, self.store.create_multipart_opts(&key, opts)).await?;
+        let record = upload_record(rel, &id);
+        let guard = AbortOnDrop { store: self.store.clone(), key: key.clone(), id: id.clone(), armed: true };
+        let body = serde_json::json!({ "key": key.as_ref(), "rel": rel, "id": id }).to_string();
+        self.put_atomic(&record, body.into_bytes()).await?;
+        let res = self.send_parts(local, rel, &key, &id, hash, progress).await;
+        let mut guard = guard;
+        match res {
+            Ok(()) => {
+                guard.armed = false;
+                self.delete(&record).await?;
+                Ok(())
+            }
+            Err(e) => {
+                guard.armed = false;
+                let _ = tokio::time::timeout(self.budget(), self.store.abort_multipart(&key, &id)).await;
+                let _ = self.delete(&record).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn send_parts(&self, local: &Path, rel: &str, key: &Key, id: &String, hash: &str, progress: &Progress) -> Result<()> {
+        use tokio::io::AsyncReadExt;
+        let part = self.opts.s3.part_size.0 as usize;
+        let mut f = tokio::fs::File::open(local).await.map_err(|e| Error::io(local.display(), e))?;
+        let mut h = blake3::Hasher::new();
+        let mut inflight = futures::stream::FuturesOrdered::new();
+        let mut parts = Vec::new();
+        let mut idx = 0usize;
+        let mut eof = false;
+        loop {
+            while !eof && inflight.len() < self.opts.s3.part_concurrency.max(1) {
+                let mut buf = vec![0u8; part];
+                let mut filled = 0;
+                while filled < part {
+                    let k = f.read(&mut buf[filled..]).await.map_err(|e| Error::io(local.display(), e))?;
+                    if k == 0 {
+                        eof = true;
+                        break;
+                    }
+                    filled += k;
+                }
+                if filled == 0 {
+                    break;
+                }
+                buf.truncate(filled);
+                h.update(&buf);
+                let (store, key, id, n) = (self.store.clone(), key.clone(), id.clone(), filled as u64);
+                let i = idx;
+                idx += 1;
+                inflight.push_back(async move {
+                    let r = store.put_part(&key, &id, i, PutPayload::from(Bytes::from(buf))).await;
+                    (r, n)
+                });
+            }
+            let Some((r, n)) = inflight.next().await else { break };
+            let pid = r.map_err(|e| Error::ObjectStore { op: "UploadPart", path: self.url(rel), source: e })?;
+            parts.push(pid);
+            progress.add(n);
+            if progress.cancelled() {
+                return Err(Error::Other(format!("upload to {} cancelled", self.url(rel))));
+            }
+        }
+        if h.finalize().to_hex().as_str() != hash {
+            return Err(Error::Other(format!("{} changed while being sent", local.display())));
+        }
+        match self.call("CompleteMultipartUpload", rel, self.store.complete_multipart(key, id, parts)).await {
+            Ok(_) => Ok(()),
+            Err(e) => match self.hash(rel).await {
+                // A lost reply to a complete that went through.
+                Ok((_, h)) if h == hash => Ok(()),
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Aborts multipart uploads below `dir` recorded before `cutoff_ms` (a crashed uploader's).
+    pub async fn abort_uploads(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
+        let mut n = 0;
+        for e in self.list("_ferry/uploads").await? {
+            if e.mtime_ms >= cutoff_ms {
+                continue;
+            }
+            let body = match self.read(&e.rel).await {
+                Ok(b) => b,
+                Err(err) if err.is_not_found() => continue,
+                Err(err) => return Err(err),
+            };
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let (Some(rel), Some(id)) = (v["rel"].as_str(), v["id"].as_str()) else {
+                self.delete(&e.rel).await?;
+                continue;
+            };
+            if !rel.starts_with(dir.trim_matches('/')) {
+                continue;
+            }
+            tracing::info!(key = %self.url(rel), upload = id, "aborting an abandoned multipart upload");
+            match self.call("AbortMultipartUpload", rel, self.store.abort_multipart(&self.key(rel), &id.to_string())).await {
+                Ok(()) => {}
+                Err(err) if err.is_not_found() => {}
+                Err(err) => return Err(err),
+            }
+            self.delete(&e.rel).await?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+fn hash_attr(hash: &str) -> Attributes {
+    let mut a = Attributes::new();
+    a.insert(Attribute::Metadata(HASH_META.into()), hash.to_string().into());
+    a
+}
+
+fn upload_record(rel: &str, id: &str) -> String {
+    let tag = blake3::hash(format!("{rel}\n{id}").as_bytes()).to_hex();
+    format!("_ferry/uploads/{}.json", &tag[..32])
+}
+
+/// A multipart upload cut off by a watchdog (its future dropped) is aborted in the background.
+struct AbortOnDrop {
+    store: Arc<AmazonS3>,
+    key: Key,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (store, key, id) = (self.store.clone(), self.key.clone(), self.id.clone());
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(60), store.abort_multipart(&key, &id)).await;
+            });
+        }
+    }
+}
+
+/// Keys from `~/.aws/credentials` (or `AWS_SHARED_CREDENTIALS_FILE`) for `profile`
+/// (default "default"). None if there is no such file or profile.
+fn profile_credentials(profile: Option<&str>) -> std::result::Result<Option<(String, String, Option<String>)>, String> {
+    let file = match std::env::var("AWS_SHARED_CREDENTIALS_FILE") {
+        Ok(f) => std::path::PathBuf::from(f),
+        Err(_) => match std::env::var("HOME") {
+            Ok(h) => Path::new(&h).join(".aws/credentials"),
+            Err(_) => return Ok(None),
+        },
+    };
+    let Ok(text) = std::fs::read_to_string(&file) else {
+        return match profile {
+            Some(p) => Err(format!("store.s3.profile {p:?}: cannot read {}", file.display())),
+            None => Ok(None),
+        };
+    };
+    let want = profile.unwrap_or("default");
+    let (mut cur, mut k, mut s, mut t) = (String::new(), None, None, None);
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            cur = name.trim().to_string();
+        } else if cur == want {
+            if let Some((key, v)) = line.split_once('=') {
+                let v = Some(v.trim().to_string());
+                match key.trim() {
+                    "aws_access_key_id" => k = v,
+                    "aws_secret_access_key" => s = v,
+                    "aws_session_token" => t = v,
+                    _ => {}
+                }
+            }
+        }
+    }
+    match (k, s) {
+        (Some(k), Some(s)) => Ok(Some((k, s, t))),
+        _ if profile.is_some() => Err(format!("store.s3.profile {want:?}: no keys for it in {}", file.display())),
+        _ => Ok(None),
+    }
+}

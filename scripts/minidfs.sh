@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# A real HDFS for Ferry's tests and benchmarks: Hadoop's MiniDFSCluster (tests/minidfs), one
+# JVM per cluster (NameNode + DataNode), all on 127.0.0.1. Source it:
+#
+#   . scripts/minidfs.sh
+#   ferry_build_minidfs                 # mvn; first time downloads ~100 MB into ~/.m2
+#   ferry_start_minidfs A               # exports FERRY_TEST_HDFS_A=hdfs://127.0.0.1:PORT
+#   ferry_start_minidfs B               #   and FERRY_TEST_HDFS_A_CONF=<dir with core/hdfs-site.xml>
+#   ferry_fsshell -fs "$FERRY_TEST_HDFS_A" -put file /dir/
+#   HADOOP_CONF_DIR=$FERRY_TEST_HDFS_B_CONF ferry_fsshell -ls /
+#   ferry_stop_minidfs A                # or with no name: stops every cluster started here
+#
+# A cluster also stops by itself (within ~1 s) when the shell that sourced this file exits, even
+# by SIGKILL: its stdin then reaches EOF (see tests/minidfs/src/main/java/ferry/MiniDfs.java).
+# Works under `set -euo pipefail`. Functions return non-zero on failure.
+
+FERRY_MINIDFS_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/../tests/minidfs" && pwd)
+FERRY_MINIDFS_CLASSPATH_FILE=$FERRY_MINIDFS_HOME/target/classpath.txt
+# 2 cores, startup-bound: C1 only and serial GC start fastest; 512 MiB heap is plenty.
+FERRY_MINIDFS_JAVA_OPTS=${FERRY_MINIDFS_JAVA_OPTS:--Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.net.preferIPv4Stack=true}
+FERRY_FSSHELL_JAVA_OPTS=${FERRY_FSSHELL_JAVA_OPTS:--Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.net.preferIPv4Stack=true}
+FERRY_MINIDFS_TIMEOUT=${FERRY_MINIDFS_TIMEOUT:-120}
+FERRY_MINIDFS_NAMES=${FERRY_MINIDFS_NAMES:-}
+
+# True when target/classpath.txt is newer than the pom and the sources, and its jars exist.
+_ferry_minidfs_built() {
+  local home=$FERRY_MINIDFS_HOME cpf=$FERRY_MINIDFS_CLASSPATH_FILE
+  [ -s "$cpf" ] && [ -d "$home/target/classes/ferry" ] || return 1
+  [ -z "$(find "$home/pom.xml" "$home/src" -newer "$cpf" -print -quit)" ] || return 1
+  local IFS=: entry
+  for entry in $(cat "$cpf"); do
+    [ -e "$entry" ] || return 1
+  done
+}
+
+# Compiles tests/minidfs and writes target/classpath.txt (target/classes first, then every
+# dependency jar). Quick (no mvn run) when nothing changed.
+ferry_build_minidfs() {
+  _ferry_minidfs_built && return 0
+  if ! command -v mvn >/dev/null 2>&1 || ! command -v javac >/dev/null 2>&1; then
+    echo "installing maven and a JDK from Debian" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven default-jdk-headless) >&2 || return 1
+  fi
+  echo "building tests/minidfs with maven (first run downloads Hadoop into ~/.m2)" >&2
+  (cd "$FERRY_MINIDFS_HOME" && mvn -q -B compile) >&2 || { echo "minidfs: maven build failed" >&2; return 1; }
+  local deps="$FERRY_MINIDFS_HOME/target/deps-classpath.txt"
+  [ -s "$deps" ] || { echo "minidfs: $deps missing after the build" >&2; return 1; }
+  printf '%s:%s\n' "$FERRY_MINIDFS_HOME/target/classes" "$(cat "$deps")" > "$FERRY_MINIDFS_CLASSPATH_FILE.tmp"
+  mv "$FERRY_MINIDFS_CLASSPATH_FILE.tmp" "$FERRY_MINIDFS_CLASSPATH_FILE"
+}
+
+# ferry_start_minidfs NAME: starts cluster NAME (letters, digits, _) in the background, waits
+# for it, and exports FERRY_TEST_HDFS_<NAME> and FERRY_TEST_HDFS_<NAME>_CONF.
+# FERRY_MINIDFS_NN_PORT picks the NameNode port (default 0 = a free one).
+ferry_start_minidfs() {
+  local name=${1:?usage: ferry_start_minidfs NAME}
+  name=${name^^}
+  [[ $name =~ ^[A-Z0-9_]+$ ]] || { echo "minidfs: bad cluster name '$1'" >&2; return 1; }
+  local pidvar=FERRY_MINIDFS_${name}_PID
+  if [ -n "${!pidvar:-}" ] && kill -0 "${!pidvar}" 2>/dev/null; then
+    echo "minidfs: cluster $name already running (pid ${!pidvar})" >&2
+    return 1
+  fi
+  ferry_build_minidfs || return 1
+
+  local dir pid keeper
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/ferry-minidfs-$name.XXXXXX")
+  mkfifo "$dir/stdin"
+  # shellcheck disable=SC2086
+  ( exec java $FERRY_MINIDFS_JAVA_OPTS -cp "$(cat "$FERRY_MINIDFS_CLASSPATH_FILE")" ferry.MiniDfs \
+      --name "$name" --base-dir "$dir" --conf-dir "$dir/conf" --nn-port "${FERRY_MINIDFS_NN_PORT:-0}" \
+      <"$dir/stdin" >"$dir/stdout" 2>"$dir/log" ) &
+  pid=$!
+  # The JVM's stdin: a fifo whose only writer is this `tail`, which exits when the shell that
+  # sourced this file ($$) does, and the JVM then stops on EOF. (No shell fd is involved, so
+  # children of this shell, e.g. cargo, can't keep the cluster alive.)
+  ( exec tail --pid=$$ -f /dev/null >"$dir/stdin" 2>/dev/null </dev/null ) &
+  keeper=$!
+  export "FERRY_MINIDFS_${name}_PID=$pid" "FERRY_MINIDFS_${name}_KEEPER=$keeper" "FERRY_MINIDFS_${name}_DIR=$dir"
+  FERRY_MINIDFS_NAMES="$FERRY_MINIDFS_NAMES $name"
+
+  local start=$SECONDS uri=
+  while :; do
+    uri=$(sed -n 's/^READY //p' "$dir/stdout" 2>/dev/null || true)
+    [ -n "$uri" ] && break
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "minidfs: cluster $name exited during startup; its log ($dir/log):" >&2
+      cat "$dir/log" >&2
+      ferry_stop_minidfs "$name"
+      return 1
+    fi
+    if (( SECONDS - start >= FERRY_MINIDFS_TIMEOUT )); then
+      echo "minidfs: cluster $name not ready after ${FERRY_MINIDFS_TIMEOUT}s; its log ($dir/log):" >&2
+      cat "$dir/log" >&2
+      ferry_stop_minidfs "$name"
+      return 1
+    fi
+    sleep 0.1
+  done
+  export "FERRY_TEST_HDFS_${name}=$uri" "FERRY_TEST_HDFS_${name}_CONF=$dir/conf"
+  echo "minidfs $name at $uri in $(( SECONDS - start ))s (pid $pid, conf $dir/conf, log $dir/log)" >&2
+}
+
+# ferry_stop_minidfs [NAME]: stops cluster NAME (every cluster started here if no NAME) and
+# deletes its directory. Safe to call twice, or for a cluster never started (an EXIT trap).
+ferry_stop_minidfs() {
+  if [ $# -eq 0 ]; then
+    local n
+    for n in $FERRY_MINIDFS_NAMES; do ferry_stop_minidfs "$n"; done
+    return 0
+  fi
+  local name=${1^^}
+  local pidvar=FERRY_MINIDFS_${name}_PID dirvar=FERRY_MINIDFS_${name}_DIR keepervar=FERRY_MINIDFS_${name}_KEEPER
+  local pid=${!pidvar:-} dir=${!dirvar:-} keeper=${!keepervar:-}
+  if [ -n "$pid" ]; then
+    kill -TERM "$pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "minidfs: cluster $name did not stop in 30s; killing it" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+  fi
+  if [ -n "$keeper" ]; then
+    kill -TERM "$keeper" 2>/dev/null || true
+    wait "$keeper" 2>/dev/null || true
+  fi
+  [ -n "$dir" ] && rm -rf "$dir"
+  FERRY_MINIDFS_NAMES=$(echo " $FERRY_MINIDFS_NAMES " | sed "s/ $name / /; s/^ *//; s/ *$//")
+  unset "FERRY_MINIDFS_${name}_PID" "FERRY_MINIDFS_${name}_DIR" "FERRY_MINIDFS_${name}_KEEPER" \
+    "FERRY_TEST_HDFS_${name}" "FERRY_TEST_HDFS_${name}_CONF"
+}
+
+# ferry_fsshell ARGS...: Hadoop's `hdfs dfs` (FsShell), e.g. -fs "$FERRY_TEST_HDFS_A" -ls /.
+# With HADOOP_CONF_DIR set, that dir's core-site.xml / hdfs-site.xml are used (no -fs needed).
+ferry_fsshell() {
+  ferry_build_minidfs || return 1
+  local cp
+  cp=$(cat "$FERRY_MINIDFS_CLASSPATH_FILE")
+  [ -n "${HADOOP_CONF_DIR:-}" ] && cp="$HADOOP_CONF_DIR:$cp"
+  # shellcheck disable=SC2086
+  java $FERRY_FSSHELL_JAVA_OPTS -cp "$cp" org.apache.hadoop.fs.FsShell "$@"
+}

@@ -1,0 +1,265 @@
+/*
+ * A real HDFS for Ferry's tests: one Hadoop MiniDFSCluster (a NameNode and N DataNodes in this
+ * JVM), everything on 127.0.0.1.
+ *
+ * Build (writes tests/minidfs/target/classpath.txt = target/classes + every dependency jar):
+ *   . scripts/minidfs.sh && ferry_build_minidfs
+ *
+ * Run (what ferry_start_minidfs does; a Rust fixture can do the same directly):
+ *   java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+ *        -cp "$(cat tests/minidfs/target/classpath.txt)" ferry.MiniDfs \
+ *        --name A --base-dir /tmp/x/A --conf-dir /tmp/x/A/conf [--nn-port 0] [--datanodes 1] \
+ *        [--log-level WARN]
+ *
+ *   --name       label used in log lines only
+ *   --base-dir   where the cluster keeps its data (in <base-dir>/dfs, wiped on start and on stop)
+ *   --conf-dir   gets core-site.xml (fs.defaultFS) and hdfs-site.xml (dfs.replication=1 ...),
+ *                usable as HADOOP_CONF_DIR by clients
+ *   --nn-port    NameNode RPC port on 127.0.0.1; 0 (default) = a free one
+ *   --datanodes  number of DataNodes (default 1)
+ *   --log-level  Hadoop's log level, to stderr (default WARN)
+ *
+ * Protocol: once the cluster is up and out of safe mode, and the conf files are written, exactly
+ * one line goes to stdout:
+ *   READY hdfs://127.0.0.1:<port>
+ * Nothing else is ever written to stdout (all logging goes to stderr). The process then stays up
+ * until its stdin reaches EOF (so a parent that keeps the pipe open and dies takes the cluster
+ * with it), or it gets SIGTERM/SIGINT; either way the cluster is shut down cleanly and the data
+ * directory deleted. Exit code 0 after a clean shutdown, 1 if startup failed.
+ *
+ * So a fixture spawns it with stdin = a pipe it holds (never /dev/null: EOF at once means
+ * "stop"), stdout = a pipe, reads lines until "READY ", and on drop closes stdin (or kills it).
+ *
+ * The same classpath also runs Hadoop's shell, e.g.
+ *   java -cp "$(cat tests/minidfs/target/classpath.txt)" org.apache.hadoop.fs.FsShell \
+ *        -fs hdfs://127.0.0.1:PORT -put localfile /dest
+ */
+package ferry;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.hdfs.HdfsConfiguration;
+import org.apache.hadoop.hdfs.MiniDFSCluster;
+import org.apache.hadoop.util.ShutdownHookManager;
+
+public final class MiniDfs {
+  private static final String HOST = "127.0.0.1";
+
+  private static volatile MiniDFSCluster cluster;
+  private static final AtomicBoolean stopped = new AtomicBoolean();
+  private static final CountDownLatch stop = new CountDownLatch(1);
+  private static String name = "minidfs";
+
+  public static void main(String[] argv) throws Exception {
+    // stdout carries only the READY line: everything else (Hadoop, MiniDFSCluster) goes to stderr.
+    PrintStream out = new PrintStream(new java.io.FileOutputStream(java.io.FileDescriptor.out), true,
+        StandardCharsets.UTF_8);
+    System.setOut(System.err);
+
+    Map<String, String> args = parseArgs(argv);
+    name = args.getOrDefault("name", "minidfs");
+    String baseDirArg = args.get("base-dir");
+    String confDirArg = args.get("conf-dir");
+    if (baseDirArg == null || confDirArg == null) {
+      usage("--base-dir and --conf-dir are required");
+    }
+    int nnPort = Integer.parseInt(args.getOrDefault("nn-port", "0"));
+    int dataNodes = Integer.parseInt(args.getOrDefault("datanodes", "1"));
+    configureLogging(args.getOrDefault("log-level", "WARN"));
+
+    Path baseDir = Path.of(baseDirArg).toAbsolutePath();
+    Path confDir = Path.of(confDirArg).toAbsolutePath();
+    Path dfsDir = baseDir.resolve("dfs");
+    Path tmpDir = baseDir.resolve("tmp");
+    Files.createDirectories(baseDir);
+    Files.createDirectories(confDir);
+    Files.createDirectories(tmpDir);
+    // Some Hadoop test helpers fall back to these; keep them inside base-dir so that two clusters
+    // never share a directory.
+    System.setProperty("test.build.data", tmpDir.toString());
+    System.setProperty("hadoop.tmp.dir", tmpDir.toString());
+    System.setProperty("java.io.tmpdir", tmpDir.toString());
+
+    Map<String, String> hdfsSite = new LinkedHashMap<>();
+    hdfsSite.put("dfs.replication", "1");
+    hdfsSite.put("dfs.permissions.enabled", "false");
+    hdfsSite.put("dfs.webhdfs.enabled", "false");
+    // Clients connect to DataNodes by the IP they registered with (127.0.0.1).
+    hdfsSite.put("dfs.client.use.datanode.hostname", "false");
+    // One DataNode: no replacement exists, so don't try to find one when a pipeline fails.
+    hdfsSite.put("dfs.client.block.write.replace-datanode-on-failure.enable", "false");
+
+    Configuration conf = new HdfsConfiguration();
+    conf.set("hadoop.tmp.dir", tmpDir.toString());
+    conf.set("hadoop.security.authentication", "simple");
+    for (Map.Entry<String, String> e : hdfsSite.entrySet()) {
+      conf.set(e.getKey(), e.getValue());
+    }
+    // Everything on loopback (MiniDFSCluster already binds DataNodes to 127.0.0.1:0).
+    conf.set("dfs.namenode.http-address", HOST + ":0");
+    conf.set("dfs.namenode.https-address", HOST + ":0");
+    conf.set("dfs.namenode.secondary.http-address", HOST + ":0");
+    conf.set("dfs.datanode.hostname", HOST);
+    // Start fast: no safe-mode extension, quick heartbeats, immediate first block report.
+    conf.setInt("dfs.namenode.safemode.extension", 0);
+    conf.setInt("dfs.namenode.safemode.min.datanodes", 0);
+    conf.setLong("dfs.heartbeat.interval", 1);
+    conf.setLong("dfs.blockreport.initialDelay", 0);
+    conf.setInt("dfs.datanode.scan.period.hours", -1);
+    conf.setBoolean("dfs.namenode.audit.log.async", false);
+    // Small cluster, small JVM.
+    conf.setInt("dfs.namenode.handler.count", 10);
+    conf.setInt("dfs.namenode.service.handler.count", 4);
+    conf.setInt("dfs.datanode.handler.count", 4);
+    conf.set("dfs.datanode.du.reserved", "0");
+
+    long t0 = System.nanoTime();
+    try {
+      cluster = new MiniDFSCluster.Builder(conf, dfsDir.toFile())
+          .nameNodePort(nnPort)
+          .numDataNodes(dataNodes)
+          .storagesPerDatanode(1)
+          .format(true)
+          .manageNameDfsDirs(true)
+          .manageDataDfsDirs(true)
+          .waitSafeMode(true)
+          .checkExitOnShutdown(false)
+          .build();
+      cluster.waitActive();
+    } catch (Throwable t) {
+      System.err.println("[minidfs " + name + "] startup failed: " + t);
+      t.printStackTrace(System.err);
+      shutdown();
+      System.exit(1);
+    }
+    int port = cluster.getNameNodePort();
+    String uri = "hdfs://" + HOST + ":" + port;
+
+    Map<String, String> coreSite = new LinkedHashMap<>();
+    coreSite.put("fs.defaultFS", uri);
+    coreSite.put("hadoop.security.authentication", "simple");
+    hdfsSite.put("dfs.namenode.rpc-address", HOST + ":" + port);
+    writeSite(confDir.resolve("core-site.xml"), coreSite);
+    writeSite(confDir.resolve("hdfs-site.xml"), hdfsSite);
+
+    // Stop on SIGTERM/SIGINT (before Hadoop's own hooks close the FileSystem cache) ...
+    ShutdownHookManager.get().addShutdownHook(MiniDfs::shutdown, 1000);
+    // ... or when stdin reaches EOF.
+    Thread stdinWatcher = new Thread(() -> {
+      try {
+        InputStream in = System.in;
+        byte[] buf = new byte[256];
+        while (in.read(buf) >= 0) {
+          // ignore input
+        }
+      } catch (IOException ignored) {
+        // treat a broken stdin as EOF
+      }
+      System.err.println("[minidfs " + name + "] stdin closed, shutting down");
+      stop.countDown();
+    }, "minidfs-stdin");
+    stdinWatcher.setDaemon(true);
+    stdinWatcher.start();
+
+    System.err.printf("[minidfs %s] up at %s with %d datanode(s) in %.1f s (data in %s, conf in %s)%n",
+        name, uri, dataNodes, (System.nanoTime() - t0) / 1e9, dfsDir, confDir);
+    out.println("READY " + uri);
+    out.flush();
+
+    stop.await();
+    shutdown();
+    System.exit(0);
+  }
+
+  private static void shutdown() {
+    if (!stopped.compareAndSet(false, true)) {
+      return;
+    }
+    MiniDFSCluster c = cluster;
+    if (c != null) {
+      try {
+        c.shutdown(true); // also deletes <base-dir>/dfs
+        System.err.println("[minidfs " + name + "] stopped");
+      } catch (Throwable t) {
+        System.err.println("[minidfs " + name + "] shutdown: " + t);
+      }
+    }
+  }
+
+  private static void writeSite(Path file, Map<String, String> props) throws IOException {
+    StringBuilder sb = new StringBuilder();
+    sb.append("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<configuration>\n");
+    for (Map.Entry<String, String> e : props.entrySet()) {
+      sb.append("  <property><name>").append(e.getKey()).append("</name><value>")
+          .append(e.getValue()).append("</value></property>\n");
+    }
+    sb.append("</configuration>\n");
+    Path tmp = file.resolveSibling(file.getFileName() + ".tmp");
+    Files.writeString(tmp, sb.toString(), StandardCharsets.UTF_8);
+    Files.move(tmp, file, java.nio.file.StandardCopyOption.REPLACE_EXISTING,
+        java.nio.file.StandardCopyOption.ATOMIC_MOVE);
+  }
+
+  /** Hadoop logs through log4j 1 (reload4j); send it to stderr, whatever log4j.properties the
+   *  classpath has first (Hadoop's test jars carry ones that log INFO to stdout). */
+  private static void configureLogging(String level) {
+    Properties p = new Properties();
+    p.setProperty("log4j.rootLogger", level + ",stderr");
+    p.setProperty("log4j.appender.stderr", "org.apache.log4j.ConsoleAppender");
+    p.setProperty("log4j.appender.stderr.Target", "System.err");
+    p.setProperty("log4j.appender.stderr.layout", "org.apache.log4j.PatternLayout");
+    p.setProperty("log4j.appender.stderr.layout.ConversionPattern",
+        "%d{HH:mm:ss.SSS} %-5p [" + name + "] %c{2}: %m%n");
+    p.setProperty("log4j.logger.org.apache.hadoop.util.NativeCodeLoader", "ERROR");
+    p.setProperty("log4j.logger.org.apache.hadoop.metrics2", "ERROR");
+    org.apache.log4j.LogManager.resetConfiguration();
+    org.apache.log4j.PropertyConfigurator.configure(p);
+  }
+
+  private static Map<String, String> parseArgs(String[] argv) {
+    Map<String, String> m = new LinkedHashMap<>();
+    for (int i = 0; i < argv.length; i++) {
+      String a = argv[i];
+      if (!a.startsWith("--")) {
+        usage("unexpected argument " + a);
+      }
+      String key = a.substring(2);
+      String value;
+      int eq = key.indexOf('=');
+      if (eq >= 0) {
+        value = key.substring(eq + 1);
+        key = key.substring(0, eq);
+      } else {
+        if (i + 1 >= argv.length) {
+          usage("missing value for " + a);
+        }
+        value = argv[++i];
+      }
+      switch (key) {
+        case "name", "base-dir", "conf-dir", "nn-port", "datanodes", "log-level" -> m.put(key, value);
+        default -> usage("unknown option --" + key);
+      }
+    }
+    return m;
+  }
+
+  private static void usage(String why) {
+    System.err.println("minidfs: " + why);
+    System.err.println("usage: ferry.MiniDfs --name A --base-dir DIR --conf-dir DIR"
+        + " [--nn-port N (0 = free)] [--datanodes 1] [--log-level WARN]");
+    System.exit(2);
+  }
+
+  private MiniDfs() {}
+}

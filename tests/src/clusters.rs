@@ -1,0 +1,149 @@
+//! Real servers for the integration tests.
+//!
+//! - [`MiniDfs`]: a real HDFS (NameNode + DataNode) from `org.apache.hadoop:hadoop-minicluster`,
+//!   run by our small Java program in `tests/minidfs` (built by `scripts/minidfs.sh`, which the
+//!   test command calls). Started per test, stopped on drop.
+//! - [`S3Server`]: the S3-compatible server the test command starts behind TLS with a CA it
+//!   generates (`scripts/s3.sh`); tests read its address from `FERRY_TEST_S3_*`.
+//!
+//! Neither is optional: a missing server is a failed test, never a skipped one.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The Java classpath of the MiniDFS program (plus Hadoop's FsShell, for independent reads).
+pub fn hadoop_classpath() -> String {
+    let f = repo_root().join("tests/minidfs/target/classpath.txt");
+    let cp = std::fs::read_to_string(&f).unwrap_or_else(|e| {
+        panic!("{}: {e}; build the MiniDFS program first: `. scripts/minidfs.sh && ferry_build_minidfs` (scripts/test.sh does)", f.display())
+    });
+    cp.trim().to_string()
+}
+
+pub struct MiniDfs {
+    pub name: String,
+    /// `hdfs://127.0.0.1:<port>`
+    pub url: String,
+    pub addr: SocketAddr,
+    pub conf_dir: PathBuf,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl MiniDfs {
+    /// Starts cluster `name` and waits (up to 3 minutes) for its ready line.
+    pub fn start(name: &str) -> MiniDfs {
+        let dir = tempfile::tempdir().unwrap();
+        let conf_dir = dir.path().join("conf");
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        let log = std::fs::File::create(dir.path().join("minidfs.log")).unwrap();
+        let mut child = Command::new("java")
+            .args(["-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.net.preferIPv4Stack=true"])
+            .args(["-cp", &hadoop_classpath(), "ferry.MiniDfs", "--name", name])
+            .arg("--base-dir")
+            .arg(dir.path().join("data"))
+            .arg("--conf-dir")
+            .arg(&conf_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("java");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("READY ") {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        let url = match rx.recv_timeout(Duration::from_secs(180)) {
+            Ok(u) => u,
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(dir.path().join("minidfs.log")).unwrap_or_default();
+                let tail: String = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+                panic!("MiniDFS {name} did not become ready in 180 s; log tail:\n{tail}");
+            }
+        };
+        let addr: SocketAddr = url.trim_start_matches("hdfs://").parse().expect("host:port");
+        MiniDfs { name: name.to_string(), url, addr, conf_dir, child, _dir: dir }
+    }
+
+    /// Hadoop's own client (FsShell) against this cluster: an independent reader and writer.
+    pub fn fs(&self, args: &[&str]) -> std::process::Output {
+        let out = Command::new("java")
+            .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &hadoop_classpath()])
+            .args(["org.apache.hadoop.fs.FsShell", "-fs", &self.url])
+            .args(args)
+            .env("HADOOP_CONF_DIR", &self.conf_dir)
+            .output()
+            .expect("java");
+        assert!(out.status.success(), "hdfs dfs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    }
+}
+
+impl Drop for MiniDfs {
+    fn drop(&mut self) {
+        // Closing stdin asks it to stop; a kill makes sure.
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The S3-compatible server the test command started (scripts/s3.sh).
+pub struct S3Server {
+    pub endpoint: String,
+    pub addr: SocketAddr,
+    pub bucket: String,
+    pub ca: PathBuf,
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+impl S3Server {
+    pub fn from_env() -> S3Server {
+        let get = |k: &str| {
+            std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: start the S3 test server first (`. scripts/s3.sh && ferry_start_s3`; scripts/test.sh does)"))
+        };
+        let endpoint = get("FERRY_TEST_S3_ENDPOINT");
+        let hostport = endpoint.trim_start_matches("https://").trim_start_matches("http://").trim_end_matches('/');
+        let addr: SocketAddr = hostport.parse().unwrap_or_else(|_| panic!("FERRY_TEST_S3_ENDPOINT {endpoint}: want https://127.0.0.1:port"));
+        S3Server {
+            endpoint,
+            addr,
+            bucket: get("FERRY_TEST_S3_BUCKET"),
+            ca: PathBuf::from(get("FERRY_TEST_S3_CA")),
+            access_key: get("FERRY_TEST_S3_ACCESS_KEY"),
+            secret_key: get("FERRY_TEST_S3_SECRET_KEY"),
+        }
+    }
+
+    /// A `[... .store.s3]` TOML body for this server at `endpoint` (the server itself, or a
+    /// proxy in front of it).
+    pub fn store_toml(&self, endpoint: &str) -> String {
+        format!(
+            "endpoint = \"{endpoint}\"\nregion = \"us-east-1\"\npath_style = true\nca_bundle = \"{}\"\naccess_key_id = \"{}\"\nsecret_access_key = \"{}\"\n",
+            self.ca.display(),
+            self.access_key,
+            self.secret_key
+        )
+    }
+}

@@ -1,0 +1,151 @@
+//! Seed 001 as a test: extract (local dir -> HDFS cluster B), transform (B -> local spool),
+//! copy (spool -> HDFS cluster A through a fault proxy in front of A's NameNode), load (a
+//! table on A). Two real MiniDFS clusters; the proxy sends real RSTs, including right after
+//! `complete()` went out, and leaves some connections hanging without a word.
+
+use std::time::{Duration, Instant};
+
+use ferry_tests::clusters::MiniDfs;
+use ferry_tests::proxy::{FaultProxy, Faults};
+use ferry_tests::{Pipeline, STAGES, bin, input_digest, table_digest};
+
+fn hdfs_pipeline(a: &MiniDfs, b: &MiniDfs, proxy: &FaultProxy) -> Pipeline {
+    let staging = format!("[staging]\nurl = \"{}/staging\"\n[staging.store]\ncall_timeout = \"5s\"\n", b.url);
+    let dest = format!("[destination]\nurl = \"{}/wh\"\n[destination.store]\ncall_timeout = \"3s\"\nread_stall = \"10s\"\n", a.url);
+    let p = Pipeline::with_stores("64KiB", "3s", "0s", Some(staging), Some(dest));
+    let mut cfg = std::fs::read_to_string(&p.config).unwrap();
+    cfg.push_str("\n[copy]\ndeadline = \"60s\"\nstall_timeout = \"10s\"\nconcurrency = 4\n");
+    std::fs::write(&p.config, cfg).unwrap();
+    // Only copy talks to A's NameNode through the proxy (seed 001: the transport is the
+    // fragile part); load reaches A directly.
+    p.stage_env("ferry-copy", "FERRY_DESTINATION_URL", &format!("hdfs://{}/wh", proxy.addr));
+    for s in STAGES {
+        p.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", "30");
+    }
+    p
+}
+
+fn ok(o: &std::process::Output, what: &str) {
+    assert!(o.status.success(), "{what} exited {:?}: {}", o.status.code(), String::from_utf8_lossy(&o.stderr));
+}
+
+/// Reads the table back with Hadoop's own client (FsShell -get) and digests it with pyarrow.
+fn table_on(a: &MiniDfs, p: &Pipeline) -> serde_json::Value {
+    let local = p.path("readback");
+    a.fs(&["-get", "/wh/events", local.to_str().unwrap()]);
+    table_digest(&local)
+}
+
+fn n(p: &Pipeline, q: &str) -> i64 {
+    p.sql(q).parse().unwrap_or(0)
+}
+
+#[test]
+fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
+    let (a, b) = (MiniDfs::start("A"), MiniDfs::start("B"));
+    let proxy = FaultProxy::start(a.addr, 1001);
+    let p = hdfs_pipeline(&a, &b, &proxy);
+    p.generate("in", "avro", "deflate", 4, 2000, 11);
+    ok(&p.stage("ferry-extract"), "extract");
+    ok(&p.stage("ferry-transform"), "transform");
+    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
+    assert!(chunks >= 12, "want many chunks, got {chunks}");
+    // Staged chunks are on cluster B, seen by Hadoop's own client.
+    let ls = String::from_utf8_lossy(&b.fs(&["-ls", "-R", "/staging/events"]).stdout).to_string();
+    assert!(ls.matches(".avro").count() as i64 == chunks, "{ls}");
+
+    proxy.set(Faults {
+        // Seed 001: the reset lands right after `complete()` went out, the NameNode closes the
+        // file, and the client never hears back.
+        reset_on: Some((b"complete".to_vec(), 0.35)),
+        // And anywhere else in a NameNode conversation.
+        reset: 0.3,
+        reset_within: 1500,
+        ..Faults::default()
+    });
+    let t = Instant::now();
+    // Cron-style: every stage with --once, again and again, until the ledger is drained.
+    let mut settled = 0;
+    for _ in 0..40 {
+        for s in STAGES {
+            let o = p.stage(s);
+            settled += String::from_utf8_lossy(&o.stderr).matches("ambiguous close settled").count();
+        }
+        if n(&p, "SELECT COUNT(*) FROM tasks WHERE state IN ('available','running','retryable')") == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    proxy.clear();
+    let took = t.elapsed();
+
+    let want = input_digest("avro", &p.path("in"));
+    let got = table_on(&a, &p);
+    assert_eq!(got["rows"], want["rows"], "rows");
+    assert_eq!(got["distinct"], want["distinct"], "exactly once");
+    assert_eq!(got["digest"], want["digest"], "every field");
+    assert_eq!(n(&p, "SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0, "everything done, nothing quarantined");
+
+    let faults = proxy.injected();
+    let failed = n(&p, "SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'");
+    let redone = n(&p, "SELECT COUNT(DISTINCT chunk_id) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'");
+    let other = n(&p, "SELECT COUNT(*) FROM attempts WHERE stage <> 'copy' AND outcome <> 'done'");
+    let unsettled = n(&p, "SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND error LIKE '%outcome unknown%'");
+    let redone_bytes = n(&p, "SELECT COALESCE(SUM(bytes), 0) FROM parts WHERE chunk_id IN (SELECT chunk_id FROM attempts WHERE stage = 'copy' AND outcome <> 'done')");
+    eprintln!(
+        "seed 001: {chunks} chunks in {took:?}; proxy: {}; ambiguous complete() settled in place by lease recovery: {settled}; \
+         copy attempts failed and redone: {failed} on {redone} chunks ({redone_bytes} bytes; {unsettled} after an unsettled close); \
+         other stages failed: {other}",
+        proxy.summary()
+    );
+    let on_complete = proxy.counters().pattern_resets.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(on_complete >= 2, "resets on complete() were injected");
+    assert!(settled as u64 + failed as u64 >= 1, "the faults were noticed");
+    assert!(failed as u64 <= faults, "only chunks hit by a fault are retried: {failed} failed attempts > {faults} faults");
+    assert!(redone < chunks, "a reset redoes one chunk, not the job");
+    assert_eq!(other, 0, "extract, transform and load never saw a fault");
+
+    // Nothing left behind on A once temp files are old enough (two leases = 6 s).
+    std::thread::sleep(Duration::from_secs(7));
+    let gc = std::process::Command::new(bin("ferry"))
+        .args(["--ledger", &p.ledger_url(), "gc", "--config"])
+        .arg(&p.config)
+        .output()
+        .unwrap();
+    ok(&gc, "ferry gc");
+    let tmp = String::from_utf8_lossy(&a.fs(&["-ls", "-R", "/wh"]).stdout).to_string();
+    assert!(!tmp.contains("/wh/_ferry/tmp/"), "temp files left on A:\n{tmp}");
+    assert!(!tmp.contains(".tmp"), "temp files left on A:\n{tmp}");
+}
+
+#[test]
+fn a_namenode_that_never_answers_costs_a_deadline_not_the_job() {
+    let (a, b) = (MiniDfs::start("A"), MiniDfs::start("B"));
+    let proxy = FaultProxy::start(a.addr, 1002);
+    let p = hdfs_pipeline(&a, &b, &proxy);
+    p.generate("in", "jsonl", "null", 3, 1500, 12);
+    ok(&p.stage("ferry-extract"), "extract");
+    ok(&p.stage("ferry-transform"), "transform");
+    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
+    proxy.set(Faults { hang: 0.3, ..Faults::default() });
+    let t = Instant::now();
+    let out = p.command("ferry-copy").arg("--once").output().unwrap();
+    let first_pass = t.elapsed();
+    // One pass: the hung chunks fail at their 3 s call deadline; the others are copied.
+    let copied = n(&p, "SELECT COUNT(*) FROM tasks WHERE stage = 'load'");
+    let hung = n(&p, "SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND error LIKE '%no answer within%'");
+    eprintln!(
+        "hung NameNode: first copy pass {first_pass:?} (exit {:?}); {copied}/{chunks} chunks copied; {hung} attempts ended at the deadline; proxy: {}",
+        out.status.code(),
+        proxy.summary()
+    );
+    assert!(proxy.counters().hangs.load(std::sync::atomic::Ordering::SeqCst) >= 1, "hangs were injected");
+    assert!(hung >= 1, "a hung call ended at its deadline and was recorded");
+    assert!(copied >= 1 && copied < chunks + 1, "the other chunks kept flowing: {copied}");
+    assert!(first_pass < Duration::from_secs(90), "no call waited past its deadline: {first_pass:?}");
+    p.drain(40);
+    let want = input_digest("jsonl", &p.path("in"));
+    let got = table_on(&a, &p);
+    assert_eq!((got["rows"].clone(), got["distinct"].clone()), (want["rows"].clone(), want["distinct"].clone()));
+    assert_eq!(got["digest"], want["digest"]);
+}

@@ -1,0 +1,209 @@
+//! Storage conformance: the same checks against local dirs, a real HDFS (MiniDFS) and a real
+//! S3-compatible server behind TLS. Plus: no call waits past its deadline when the server
+//! accepts the connection and never answers.
+
+use std::time::{Duration, Instant};
+
+use ferry_common::config::{HumanDuration, StoreOptions};
+use ferry_common::storage::{Progress, Store, hash_file};
+use ferry_tests::clusters::{MiniDfs, S3Server};
+use ferry_tests::proxy::{FaultProxy, Faults};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn random_file(dir: &std::path::Path, name: &str, len: usize, seed: u8) -> std::path::PathBuf {
+    let p = dir.join(name);
+    let bytes: Vec<u8> = (0..len).map(|i| (i as u64 * 2654435761 % 251) as u8 ^ seed).collect();
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+async fn conformance(store: Store) {
+    let local = tempfile::tempdir().unwrap();
+
+    // put / head / read / list
+    assert!(store.head("a/missing").await.unwrap().is_none());
+    assert!(store.list("nothing/here").await.unwrap().is_empty());
+    store.put_atomic("a/one.txt", b"one".to_vec()).await.unwrap();
+    store.put_atomic("a/b/two.txt", b"two!".to_vec()).await.unwrap();
+    store.put_atomic("a/one.txt", b"uno".to_vec()).await.unwrap(); // replaces whole
+    assert_eq!(store.read("a/one.txt").await.unwrap(), b"uno");
+    assert_eq!(store.head("a/b/two.txt").await.unwrap().unwrap().size, 4);
+    let names: Vec<String> = store.list("a").await.unwrap().into_iter().map(|e| e.rel).collect();
+    assert_eq!(names, vec!["a/b/two.txt".to_string(), "a/one.txt".to_string()]);
+    let e = store.list("a").await.unwrap();
+    assert!(e.iter().all(|e| e.mtime_ms > 1_700_000_000_000), "mtimes are real: {e:?}");
+
+    // upload (hashing every byte) then publish by no-overwrite rename
+    for (name, len) in [("small", 300_000usize), ("large", 13 << 20)] {
+        let src = random_file(local.path(), name, len, 7);
+        let want = hash_file(&src).unwrap();
+        let tmp = format!("_ferry/tmp/{name}.1.0");
+        let progress = Progress::default();
+        let got = store.upload(&src, &tmp, progress.clone()).await.unwrap();
+        assert_eq!(got, want, "{name}: upload returns size and blake3 of what it sent");
+        assert_eq!(progress.bytes(), len as u64, "{name}: progress counts every byte");
+        assert_eq!(store.hash(&tmp).await.unwrap(), want, "{name}: stored bytes hash the same");
+        let landed = format!("_ferry/landed/t/{name}/dt=2026-11-30/part-{name}.parquet");
+        assert!(store.rename_noreplace(&tmp, &landed).await.unwrap());
+        assert!(store.head(&tmp).await.unwrap().is_none(), "{name}: temp name gone");
+        assert_eq!(store.hash(&landed).await.unwrap(), want);
+
+        // a second attempt of the same chunk: the target exists, nothing is overwritten
+        let tmp2 = format!("_ferry/tmp/{name}.2.0");
+        let other = random_file(local.path(), "other", 1000, 9);
+        store.upload(&other, &tmp2, Progress::default()).await.unwrap();
+        assert!(!store.rename_noreplace(&tmp2, &landed).await.unwrap(), "{name}: no overwrite");
+        assert_eq!(store.hash(&landed).await.unwrap(), want, "{name}: target unchanged");
+        store.delete(&tmp2).await.unwrap();
+
+        // blocking reads (the splitter and decoders use them)
+        let s = store.clone();
+        let l2 = landed.clone();
+        let bytes = tokio::task::spawn_blocking(move || {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut s.open_blocking(&l2).unwrap(), &mut v).unwrap();
+            v
+        })
+        .await
+        .unwrap();
+        assert_eq!(bytes, std::fs::read(&src).unwrap(), "{name}: open_blocking reads every byte");
+    }
+
+    // renaming a missing file says "not found"; deleting a missing file is fine
+    let e = store.rename_noreplace("_ferry/tmp/nope", "x/y").await.unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    store.delete("_ferry/tmp/nope").await.unwrap();
+
+    // blocking atomic put (extract stages chunks from a blocking thread)
+    let s = store.clone();
+    tokio::task::spawn_blocking(move || s.put_atomic_blocking("staged/c1.avro", b"chunk").unwrap()).await.unwrap();
+    assert_eq!(store.read("staged/c1.avro").await.unwrap(), b"chunk");
+
+    // gc removes abandoned temp files, and only those older than the cutoff
+    store.put_atomic("_ferry/tmp/crashed.3.0", b"partial".to_vec()).await.unwrap();
+    assert_eq!(store.gc("_ferry/tmp", 0).await.unwrap(), 0, "too young to collect");
+    let n = store.gc("_ferry/tmp", chrono_now_ms() + 60_000).await.unwrap();
+    assert!(n >= 1);
+    assert!(store.list("_ferry/tmp").await.unwrap().is_empty());
+}
+
+fn chrono_now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn local_dirs() {
+    let d = tempfile::tempdir().unwrap();
+    rt().block_on(conformance(Store::from_url(&d.path().display().to_string()).unwrap()));
+}
+
+#[test]
+fn hdfs() {
+    let nn = MiniDfs::start("A");
+    let opts = StoreOptions::default();
+    rt().block_on(async {
+        conformance(Store::open(&format!("{}/conformance", nn.url), &opts).unwrap()).await;
+    });
+    // Hadoop's own client sees what we published.
+    let out = nn.fs(&["-ls", "-R", "/conformance/_ferry/landed"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("part-large.parquet"));
+}
+
+fn s3_opts(s3: &S3Server, endpoint: &str) -> StoreOptions {
+    let mut o = StoreOptions::default();
+    o.s3.endpoint = Some(endpoint.to_string());
+    o.s3.region = Some("us-east-1".into());
+    o.s3.path_style = true;
+    o.s3.ca_bundle = Some(s3.ca.clone());
+    o.s3.access_key_id = Some(s3.access_key.clone());
+    o.s3.secret_access_key = Some(s3.secret_key.clone());
+    o.s3.part_size = ferry_common::config::ByteSize(5 << 20);
+    o
+}
+
+#[test]
+fn s3() {
+    let s3 = S3Server::from_env();
+    let prefix = format!("conformance-{}", chrono_now_ms());
+    let opts = s3_opts(&s3, &s3.endpoint);
+    rt().block_on(conformance(Store::open(&format!("s3://{}/{prefix}", s3.bucket), &opts).unwrap()));
+}
+
+#[test]
+fn s3_conditional_create_and_abandoned_multipart() {
+    // A chunk's landed key is created at most once; a multipart upload cut off mid-way is
+    // aborted, and its record is gone.
+    let s3 = S3Server::from_env();
+    let prefix = format!("mp-{}", chrono_now_ms());
+    let opts = s3_opts(&s3, &s3.endpoint);
+    rt().block_on(async {
+        let store = Store::open(&format!("s3://{}/{prefix}", s3.bucket), &opts).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let small = random_file(d.path(), "s", 1000, 1);
+        store.upload(&small, "k", Progress::default()).await.unwrap();
+        // the same bytes again: the conditional PUT fails, the HEAD shows it is ours, fine
+        store.upload(&small, "k", Progress::default()).await.unwrap();
+        // other bytes: refused, the object is unchanged
+        let other = random_file(d.path(), "o", 1000, 2);
+        assert!(store.upload(&other, "k", Progress::default()).await.is_err());
+        assert_eq!(store.hash("k").await.unwrap(), hash_file(&small).unwrap());
+
+        // a large upload cut off mid-way (its future dropped, as a watchdog does)
+        let big = random_file(d.path(), "big", 100 << 20, 3);
+        let p = Progress::default();
+        let (s2, b2, p2) = (store.clone(), big.clone(), p.clone());
+        let task = tokio::spawn(async move { s2.upload(&b2, "_ferry/tmp/big.1.0", p2).await });
+        while p.bytes() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(store.head("_ferry/tmp/big.1.0").await.unwrap().is_none(), "never completed");
+        assert_eq!(store.list("_ferry/uploads").await.unwrap().len(), 1, "the upload is on record");
+        // gc aborts what is on record (again: the dropped upload already aborted itself)
+        assert_eq!(store.gc("_ferry/tmp", chrono_now_ms() + 60_000).await.unwrap(), 1);
+        assert!(store.list("_ferry/uploads").await.unwrap().is_empty(), "upload records cleaned");
+    });
+}
+
+/// Seed 000 and seed 001 in miniature: the server accepts the TCP connection and then says
+/// nothing (no TLS handshake, no RPC reply). Every call ends at its deadline.
+#[test]
+fn hung_servers_never_hang_a_call() {
+    let nn = MiniDfs::start("H");
+    let s3 = S3Server::from_env();
+    let nn_proxy = FaultProxy::start(nn.addr, 1);
+    let s3_proxy = FaultProxy::start(s3.addr, 2);
+    for p in [&nn_proxy, &s3_proxy] {
+        p.set(Faults { hang: 1.0, ..Faults::default() });
+    }
+    let mut hopts = StoreOptions::default();
+    hopts.call_timeout = HumanDuration(Duration::from_secs(2));
+    let mut sopts = s3_opts(&s3, &format!("https://{}", s3_proxy.addr));
+    sopts.s3.connect_timeout = HumanDuration(Duration::from_secs(1));
+    sopts.s3.max_retries = 1;
+    sopts.s3.retry_timeout = HumanDuration(Duration::from_secs(5));
+    rt().block_on(async {
+        let h = Store::open(&format!("hdfs://{}/x", nn_proxy.addr), &hopts).unwrap();
+        let s = Store::open(&format!("s3://{}/x", s3.bucket), &sopts).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let f = random_file(d.path(), "f", 1 << 20, 4);
+        for (name, store) in [("hdfs", h), ("s3", s)] {
+            let t = Instant::now();
+            let e = store.head("a").await.unwrap_err();
+            assert!(t.elapsed() < Duration::from_secs(12), "{name} head took {:?}", t.elapsed());
+            assert!(e.is_transient(), "{name}: {e}");
+            let t = Instant::now();
+            let e = store.upload(&f, "_ferry/tmp/f.1.0", Progress::default()).await.unwrap_err();
+            assert!(t.elapsed() < Duration::from_secs(12), "{name} upload took {:?}", t.elapsed());
+            assert!(e.is_transient(), "{name}: {e}");
+            eprintln!("{name}: hung server -> {e}");
+        }
+    });
+    assert!(nn_proxy.counters().hangs.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    assert!(s3_proxy.counters().hangs.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+}
