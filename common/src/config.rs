@@ -431,6 +431,12 @@ pub struct CopySection {
     /// An attempt that moves no bytes for this long is abandoned (no-progress watchdog).
     pub stall_timeout: HumanDuration,
     pub concurrency: usize,
+    /// Hedged copies: when a part's upload runs longer than `hedge_multiple` times the recent
+    /// p95 for its size (and at least `hedge_min`), a second upload starts on new connections
+    /// to its own temp name; the first to land wins, the other is cancelled and removed.
+    /// 0 turns hedging off.
+    pub hedge_multiple: f64,
+    pub hedge_min: HumanDuration,
 }
 
 impl Default for CopySection {
@@ -439,6 +445,11 @@ impl Default for CopySection {
             deadline: HumanDuration(Duration::from_secs(600)),
             stall_timeout: HumanDuration(Duration::from_secs(30)),
             concurrency: 4,
+            // On by default: a hedge starts only for the slowest few percent of parts, so it
+            // costs little, and it turns "one connection hung until its deadline" into
+            // "one connection's worth of delay". See the copy stage's design note.
+            hedge_multiple: 3.0,
+            hedge_min: HumanDuration(Duration::from_secs(5)),
         }
     }
 }
@@ -507,6 +518,9 @@ impl Config {
             if v == 0 {
                 return Err(format!("{name}: must be at least 1"));
             }
+        }
+        if !(self.copy.hedge_multiple >= 0.0) {
+            return Err("copy.hedge_multiple: must be 0 (off) or positive".into());
         }
         if self.ledger.max_attempts < 1 {
             return Err("ledger.max_attempts: must be at least 1".into());

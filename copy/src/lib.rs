@@ -16,9 +16,22 @@
 //! A landed file that already has the recorded size and hash counts as copied, so a retry after
 //! a crash or a lost reply copies nothing twice. The spool files go only after the ledger
 //! commit (the runner's after-commit hook). A crash leaves at worst a temp file, which the
-//! next run removes once it is older than two leases.
+//! next run removes once it is older than two leases. What "rename" means on each backend, and
+//! how an ambiguous failure is settled there, is in `ferry_common::storage::{hdfs, s3}`.
+//!
+//! # Hedged copies
+//!
+//! A part whose upload runs longer than `copy.hedge_multiple` x the recent p95 for its size
+//! (never sooner than `copy.hedge_min`) gets a second upload on new connections, to its own
+//! temp name `<tmp>.h`. Both race to the no-overwrite rename; the first to land wins and the
+//! chunk commits in the ledger under the one lease (whose epoch fences any other worker), the
+//! other upload is cancelled and its temp file removed. A loser that still reaches the rename
+//! finds the landed file with the right hash and stops. On by default: hedges start only for
+//! the slow tail, and they turn a connection that hangs until its deadline (seed 000) into a
+//! delay of a few p95s. Spark's speculation lost data with direct committers; here only a
+//! landed file with the recorded hash ever counts, whichever attempt made it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_common::config::Config;
@@ -52,6 +65,36 @@ pub struct Copy {
     cfg: Config,
     ledger: Ledger,
     dest: Store,
+    recent: Recent,
+    hedges: std::sync::atomic::AtomicU64,
+}
+
+/// Seconds per byte of the last successful part copies, for the hedge delay.
+#[derive(Default)]
+struct Recent(std::sync::Mutex<std::collections::VecDeque<f64>>);
+
+impl Recent {
+    const KEEP: usize = 256;
+    /// Fewer samples than this and there is no p95 to trust yet (only `hedge_min` applies).
+    const MIN: usize = 8;
+
+    fn record(&self, secs_per_byte: f64) {
+        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() == Self::KEEP {
+            q.pop_front();
+        }
+        q.push_back(secs_per_byte);
+    }
+
+    fn p95(&self) -> Option<f64> {
+        let q = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() < Self::MIN {
+            return None;
+        }
+        let mut v: Vec<f64> = q.iter().copied().collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        Some(v[(v.len() * 95 / 100).min(v.len() - 1)])
+    }
 }
 
 /// Where copy lands a part, relative to the destination.
@@ -62,7 +105,7 @@ pub fn landed_path(table: &str, p: &Part) -> String {
 impl Copy {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Copy, CopyError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-        Ok(Copy { cfg, ledger, dest })
+        Ok(Copy { cfg, ledger, dest, recent: Recent::default(), hedges: Default::default() })
     }
 
     fn spool_dir(&self, chunk: &str) -> PathBuf {
@@ -87,37 +130,123 @@ impl Copy {
                 return Err(CopyError::Spool(format!("{} is missing; transform the chunk again (ferry requeue)", src.display())));
             }
             let tmp = format!("_ferry/tmp/{}.{}.{i}", lease.chunk_id, lease.attempt);
-            let progress = Progress::default();
-            let c = &self.cfg.copy;
-            let what = format!("copy of {} to {}", src.display(), dest.url(&tmp));
-            let res = watched(&what, c.deadline.0, c.stall_timeout.0, progress.clone(), dest.upload(&src, &tmp, progress)).await;
-            let (n, hash) = match res {
-                Ok(v) => v,
-                Err(e) => {
-                    let _ = dest.delete(&tmp).await;
-                    return Err(e.into());
-                }
-            };
-            if n as i64 != p.bytes || hash != p.content_hash {
-                dest.delete(&tmp).await?;
-                return Err(CopyError::Verify(format!(
-                    "{}: sent {n} bytes with hash {hash}, transform recorded {} bytes with hash {}",
-                    src.display(),
-                    p.bytes,
-                    p.content_hash
-                )));
-            }
-            if !dest.rename_noreplace(&tmp, &landed).await? {
-                // Another attempt landed it first; keep theirs if it is right.
-                dest.delete(&tmp).await?;
-                if dest.hash(&landed).await?.1 != p.content_hash {
-                    return Err(CopyError::Verify(format!("{landed} exists with other content")));
-                }
-            }
+            self.ship_hedged(&dest, &src, &tmp, &landed, p).await?;
             work.bytes += p.bytes;
             work.records += p.records;
         }
         Ok(work)
+    }
+
+    /// [`Copy::ship`], hedged: if it runs past the hedge delay for its size, a second one
+    /// starts on new connections to `<tmp>.h`; the first to land wins and the other is
+    /// cancelled, its temp file removed. Without hedging (or before the delay) it is one ship.
+    async fn ship_hedged(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part) -> Result<(), CopyError> {
+        let started = std::time::Instant::now();
+        let first = self.ship(dest, src, tmp, landed, p);
+        tokio::pin!(first);
+        let res = match self.hedge_delay(p.bytes as u64) {
+            None => first.await,
+            Some(delay) => {
+                tokio::select! {
+                    r = &mut first => r,
+                    _ = tokio::time::sleep(delay) => {
+                        let hedge_tmp = format!("{tmp}.h");
+                        let hedge_dest = dest.isolated()?;
+                        tracing::info!(chunk = %p.chunk_id, part = %p.rel_path(), after = ?delay, "copy is slow; starting a hedged upload");
+                        self.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let second = self.ship(&hedge_dest, src, &hedge_tmp, landed, p);
+                        tokio::pin!(second);
+                        // First success wins; a failure waits for the other one.
+                        let (r, loser) = tokio::select! {
+                            r = &mut first => match r {
+                                Ok(()) => (Ok(()), Some((hedge_dest.clone(), hedge_tmp.clone()))),
+                                Err(e) => {
+                                    tracing::info!(error = %e, "first upload failed; the hedge carries on");
+                                    ((&mut second).await, None)
+                                }
+                            },
+                            r = &mut second => match r {
+                                Ok(()) => {
+                                    tracing::info!(chunk = %p.chunk_id, "the hedged upload won");
+                                    (Ok(()), Some((dest.clone(), tmp.to_string())))
+                                }
+                                Err(e) => {
+                                    tracing::info!(error = %e, "hedged upload failed; waiting for the first");
+                                    ((&mut first).await, None)
+                                }
+                            },
+                        };
+                        if let Some((store, name)) = loser {
+                            // The loser's future is dropped with this scope (cancelled); its
+                            // temp file goes in the background, bounded by the store's deadlines.
+                            tokio::spawn(async move {
+                                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                                let _ = store.delete(&name).await;
+                            });
+                        }
+                        r
+                    }
+                }
+            }
+        };
+        if res.is_ok() {
+            self.recent.record(started.elapsed().as_secs_f64() / (p.bytes.max(1) as f64));
+        }
+        res
+    }
+
+    /// When a hedge for a part of `bytes` starts: `hedge_multiple` x the recent p95 seconds per
+    /// byte x `bytes` (a quarter of the deadline until 8 copies have been seen), at least
+    /// `hedge_min`; None when hedging is off.
+    fn hedge_delay(&self, bytes: u64) -> Option<std::time::Duration> {
+        let c = &self.cfg.copy;
+        if c.hedge_multiple <= 0.0 {
+            return None;
+        }
+        let est = match self.recent.p95() {
+            Some(p95) => std::time::Duration::from_secs_f64((p95 * bytes as f64 * c.hedge_multiple).min(86_400.0)),
+            // No history yet (a fresh process): only an attempt that is clearly stuck is hedged.
+            None => c.deadline.0 / 4,
+        };
+        Some(est.max(c.hedge_min.0))
+    }
+
+    /// One upload of a part to `tmp` under the deadline and the watchdog, verified against
+    /// what transform recorded, then renamed (without overwrite) to `landed`.
+    async fn ship(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part) -> Result<(), CopyError> {
+        let progress = Progress::default();
+        let c = &self.cfg.copy;
+        let what = format!("copy of {} to {}", src.display(), dest.url(tmp));
+        let res = watched(&what, c.deadline.0, c.stall_timeout.0, progress.clone(), dest.upload(src, tmp, progress)).await;
+        let (n, hash) = match res {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = dest.delete(tmp).await;
+                return Err(e.into());
+            }
+        };
+        if n as i64 != p.bytes || hash != p.content_hash {
+            dest.delete(tmp).await?;
+            return Err(CopyError::Verify(format!(
+                "{}: sent {n} bytes with hash {hash}, transform recorded {} bytes with hash {}",
+                src.display(),
+                p.bytes,
+                p.content_hash
+            )));
+        }
+        if !dest.rename_noreplace(tmp, landed).await? {
+            // Another attempt (or our hedge) landed it first; keep theirs if it is right.
+            dest.delete(tmp).await?;
+            if dest.hash(landed).await?.1 != p.content_hash {
+                return Err(CopyError::Verify(format!("{landed} exists with other content")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hedged uploads started by this process.
+    pub fn hedges(&self) -> u64 {
+        self.hedges.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Removes spool directories of chunks already copied (left by a crash between the

@@ -166,6 +166,12 @@ pub fn table_digest(dir: &Path) -> serde_json::Value {
     python(DIGEST, &["table", dir.to_str().unwrap()])
 }
 
+/// Digest of a published table on the S3 test server (`bucket/prefix/table`), read by pyarrow's
+/// own S3 client.
+pub fn s3_table_digest(path: &str) -> serde_json::Value {
+    python(DIGEST, &["s3table", path])
+}
+
 /// Digest of input files (`fmt` = avro, jsonl or csv) read by Python's own readers.
 pub fn input_digest(fmt: &str, dir: &Path) -> serde_json::Value {
     python(DIGEST, &[fmt, dir.to_str().unwrap()])
@@ -191,9 +197,16 @@ def add(r):
     s = r["score"]
     s = None if s in (None, "") else float(s)
     rows.append((r["event_id"], ms(r["ts"]), r["host"], r["kind"], int(r["user_id"]), r["payload"], s))
-if kind == "table":
+if kind in ("table", "s3table"):
     import pyarrow.dataset as ds
-    t = ds.dataset(d, format="parquet", partitioning="hive").to_table()
+    fsys = None
+    if kind == "s3table":
+        import os, pyarrow.fs as pfs
+        e = os.environ
+        fsys = pfs.S3FileSystem(access_key=e["FERRY_TEST_S3_ACCESS_KEY"], secret_key=e["FERRY_TEST_S3_SECRET_KEY"],
+            endpoint_override=e["FERRY_TEST_S3_ENDPOINT"].split("//")[1], scheme="https", region="us-east-1",
+            tls_ca_file_path=e["FERRY_TEST_S3_CA"])
+    t = ds.dataset(d, filesystem=fsys, format="parquet", partitioning="hive").to_table()
     for r in t.to_pylist():
         add(r)
     days = sorted({str(r["dt"]) for r in t.select(["dt", "ts"]).to_pylist()})

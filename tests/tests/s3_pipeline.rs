@@ -1,0 +1,166 @@
+//! Seed 000 as a test: events land continuously (a file every second, 20,000 records each) and
+//! flow through all four stages, run as services (`--watch`), to a table on a real S3 server
+//! behind TLS. A fault proxy in front of S3 sometimes accepts a connection and never completes
+//! the TLS handshake, sometimes trickles bytes, sometimes resets. No transfer waits past its
+//! deadline, the backlog stays bounded, and the table ends with every record exactly once.
+//!
+//! `FERRY_SEED000_SECS` sets how long events land (default 20 s in CI; the long variant is
+//! e.g. 180).
+
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_tests::clusters::S3Server;
+use ferry_tests::proxy::{FaultProxy, Faults};
+use ferry_tests::{Pipeline, STAGES, bin, input_digest, s3_table_digest};
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+fn n(p: &Pipeline, q: &str) -> i64 {
+    p.sql(q).parse().unwrap_or(0)
+}
+
+fn sigterm(c: &mut Child) {
+    let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+}
+
+#[test]
+fn seed_000_events_keep_flowing_through_hung_handshakes() {
+    let secs: u64 = std::env::var("FERRY_SEED000_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+    let rate = 20_000u32;
+    let s3 = S3Server::from_env();
+    let proxy = FaultProxy::start(s3.addr, 2000);
+    let prefix = format!("seed000-{}", now_ms());
+    let endpoint = format!("https://{}", proxy.addr);
+    let dest = format!(
+        "[destination]\nurl = \"s3://{}/{prefix}\"\n[destination.store]\ncall_timeout = \"5s\"\nread_stall = \"5s\"\n\
+         [destination.store.s3]\n{}connect_timeout = \"1s\"\nrequest_timeout = \"10s\"\nread_timeout = \"3s\"\n\
+         max_retries = 2\nretry_timeout = \"12s\"\npart_size = \"5MiB\"\n",
+        s3.bucket,
+        s3.store_toml(&endpoint)
+    );
+    let p = Pipeline::with_stores("2MiB", "5s", "0s", None, Some(dest));
+    let deadline_s = 30;
+    let mut cfg = std::fs::read_to_string(&p.config).unwrap();
+    cfg.push_str(&format!("\n[copy]\ndeadline = \"{deadline_s}s\"\nstall_timeout = \"4s\"\nconcurrency = 4\nhedge_min = \"2s\"\n"));
+    std::fs::write(&p.config, cfg).unwrap();
+    for s in STAGES {
+        p.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", "50");
+    }
+    // Make sure the ledger exists before four services and a monitor open it.
+    let m = Command::new(bin("ferry")).args(["--ledger", &p.ledger_url(), "migrate"]).output().unwrap();
+    assert!(m.status.success());
+
+    let mut services: Vec<Child> =
+        STAGES.iter().map(|s| p.command(s).args(["--watch", "--poll", "200ms"]).spawn().unwrap()).collect();
+    // Connections are pooled and long-lived, so the odds per new connection are high: most
+    // of them end in a reset somewhere in their first 4 MB, forcing reconnects, which meet
+    // the proxy again.
+    proxy.set(Faults { hang: 0.2, trickle: 0.1, reset: 0.5, reset_within: 4 << 20, ..Faults::default() });
+
+    // The monitor: the largest number of chunks not yet published, sampled twice a second.
+    let stop = Arc::new(AtomicBool::new(false));
+    let max_backlog = Arc::new(AtomicI64::new(0));
+    let ledger_db = p.path("ledger.db");
+    let monitor = {
+        let (stop, max_backlog) = (stop.clone(), max_backlog.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let out = Command::new("python3")
+                    .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1], timeout=5); print(c.execute(\"SELECT COUNT(*) FROM tasks WHERE state <> 'done'\").fetchone()[0])"])
+                    .arg(&ledger_db)
+                    .output();
+                if let Ok(o) = out {
+                    if let Ok(v) = String::from_utf8_lossy(&o.stdout).trim().parse::<i64>() {
+                        max_backlog.fetch_max(v, Ordering::SeqCst);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+
+    // Landing: a whole file every second (written aside, then renamed in).
+    let gen_dir = p.path("gen");
+    let start = Instant::now();
+    for k in 0..secs {
+        let tick = start + Duration::from_secs(k);
+        if let Some(w) = tick.checked_duration_since(Instant::now()) {
+            std::thread::sleep(w);
+        }
+        let o = Command::new(bin("ferry"))
+            .args(["gen", "--format", "avro", "--codec", "snappy", "--files", "1", "--records", &rate.to_string()])
+            .args(["--seed", &(1000 + k).to_string(), "--block-records", "500", "--out"])
+            .arg(&gen_dir)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "gen: {}", String::from_utf8_lossy(&o.stderr));
+        let name = format!("events-{}-0000.avro", 1000 + k);
+        std::fs::rename(gen_dir.join(&name), p.path("in").join(&name)).unwrap();
+    }
+    let landed_for = start.elapsed();
+
+    // Let the services drain what landed (the proxy keeps injecting faults meanwhile).
+    let drain_start = Instant::now();
+    loop {
+        let pending = n(&p, "SELECT COUNT(*) FROM tasks WHERE state <> 'done'")
+            + n(&p, "SELECT COUNT(*) FROM source_files WHERE state = 'registered'");
+        let files = n(&p, "SELECT COUNT(*) FROM source_files");
+        if pending == 0 && files == secs as i64 {
+            break;
+        }
+        assert!(drain_start.elapsed() < Duration::from_secs(240), "not drained after 240 s: {pending} pending, {files} files; proxy: {}", proxy.summary());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let drained_after = drain_start.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    monitor.join().unwrap();
+    for c in services.iter_mut() {
+        sigterm(c);
+    }
+    for (c, s) in services.iter_mut().zip(STAGES) {
+        let st = c.wait().unwrap();
+        assert!(st.success(), "{s} exited {st:?} after SIGTERM");
+    }
+    proxy.clear();
+
+    // Every record exactly once, read back by pyarrow's own S3 client.
+    let want = input_digest("avro", &p.path("in"));
+    let got = s3_table_digest(&format!("{}/{prefix}/events", s3.bucket));
+    assert_eq!(want["rows"], (secs * rate as u64) as i64);
+    assert_eq!(got["rows"], want["rows"], "rows");
+    assert_eq!(got["distinct"], want["distinct"], "exactly once");
+    assert_eq!(got["digest"], want["digest"], "every field");
+
+    // Landing-to-published latency per file.
+    let lat = p.sql(
+        "SELECT group_concat(l) FROM (SELECT MAX(p.published_at) - f.mtime_ms AS l FROM source_files f \
+         JOIN chunks c ON c.file_id = f.id JOIN published p ON p.chunk_id = c.id GROUP BY f.id ORDER BY l)",
+    );
+    let mut lat: Vec<i64> = lat.split(',').filter_map(|x| x.parse().ok()).collect();
+    lat.sort();
+    let pct = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
+    let redone = n(&p, "SELECT COUNT(DISTINCT chunk_id) FROM attempts WHERE outcome <> 'done'");
+    let failed = n(&p, "SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'");
+    let longest = n(&p, "SELECT MAX(ended_at - started_at) FROM attempts WHERE stage IN ('copy', 'load')");
+    let backlog = max_backlog.load(Ordering::SeqCst);
+    eprintln!(
+        "seed 000: {secs} files x {rate} records landed in {landed_for:?}, drained {drained_after:?} later; {chunks} chunks; \
+         landing->published latency p50 {} ms, p99 {} ms; largest backlog {backlog} chunks; \
+         {failed} failed attempts on {redone} chunks redone; longest copy/load attempt {longest} ms; proxy: {}",
+        pct(0.5),
+        pct(0.99),
+        proxy.summary()
+    );
+    assert!(proxy.counters().hangs.load(Ordering::SeqCst) >= 1, "hung handshakes were injected");
+    assert!(longest <= (deadline_s + 10) * 1000, "an attempt ran {longest} ms, past its {deadline_s} s deadline");
+    // Bounded: never more than ~15 s of landed chunks waiting (chunks arrive at ~chunks/secs per second).
+    let per_sec = (chunks as f64 / secs as f64).ceil() as i64;
+    assert!(backlog <= per_sec * 15 + 8, "backlog grew to {backlog} chunks ({per_sec} chunks land per second)");
+    assert_eq!(n(&p, "SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0);
+}
