@@ -306,6 +306,10 @@ pub struct S3Options {
     pub part_size: ByteSize,
     /// Parts in flight per upload.
     pub part_concurrency: usize,
+    /// Sign requests without hashing their bodies (`UNSIGNED-PAYLOAD`). On by default over
+    /// HTTPS: TLS already protects the bytes in flight and Ferry hashes every byte with blake3
+    /// anyway, so SigV4's SHA-256 of each body would only burn a core. Off for `http://`.
+    pub unsigned_payload: bool,
 }
 
 impl Default for S3Options {
@@ -327,6 +331,7 @@ impl Default for S3Options {
             retry_timeout: HumanDuration(Duration::from_secs(60)),
             part_size: ByteSize(8 << 20),
             part_concurrency: 4,
+            unsigned_payload: true,
         }
     }
 }

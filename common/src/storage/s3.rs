@@ -117,6 +117,7 @@ impl S3Store {
         b = b
             .with_client_options(co)
             .with_virtual_hosted_style_request(!s3.path_style)
+            .with_unsigned_payload(s3.unsigned_payload && !s3.endpoint.as_deref().is_some_and(|e| e.starts_with("http://")))
             .with_allow_http(s3.allow_http)
             .with_retry(RetryConfig {
                 backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(15), base: 2.0 },

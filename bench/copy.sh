@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): ferry-copy from a local spool to a real destination, next to the tool
+# a user would pick instead, and again under faults.
+#
+#   bench/copy.sh hdfs [EVENTS]   ferry-copy -> MiniDFS "A"  vs  hdfs dfs -put (Hadoop's FsShell);
+#                                 then a NameNode reset on 1 chunk in 20 (fault proxy)
+#   bench/copy.sh s3 [EVENTS]     ferry-copy -> versitygw over TLS  vs  rclone copy --checksum;
+#                                 then 1 new connection in 8 hung (accepted, never answered)
+#
+# Reports MB/s, peak RSS, and under faults: faults injected, chunks redone, redone bytes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BACKEND=${1:?hdfs or s3}; EVENTS=${2:-600000}
+. scripts/services.sh
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${FERRY_CACHE:-/work/cache}/target}
+cargo build --release --workspace --bins >&2
+BIN=$CARGO_TARGET_DIR/release
+DIR=$(mktemp -d /tmp/ferry-copy-bench.XXXXXX)
+trap 'ferry_stop_all' EXIT
+ferry_stop_all() { [ -n "${PROXY_PID:-}" ] && kill "$PROXY_PID" 2>/dev/null; ferry_stop_minidfs 2>/dev/null || true; ferry_stop_s3 2>/dev/null || true; rm -rf "$DIR"; }
+
+case $BACKEND in
+  hdfs) . scripts/minidfs.sh; ferry_build_minidfs; ferry_start_minidfs A; TARGET=${FERRY_TEST_HDFS_A#hdfs://} ;;
+  s3) . scripts/s3.sh; ferry_start_s3; TARGET=${FERRY_TEST_S3_ENDPOINT#https://} ;;
+  *) echo "backend: hdfs or s3" >&2; exit 2 ;;
+esac
+
+# A spool of real chunks: EVENTS sample events through extract + transform (64 MiB chunks).
+"$BIN/ferry" gen --format avro --codec null --out "$DIR/in" --files 6 --records $((EVENTS / 6)) --block-records 4000 >/dev/null
+cat > "$DIR/base.toml" <<EOF
+[ledger]
+url = "sqlite://$DIR/ledger.db"
+[source]
+url = "$DIR/in"
+settle = "0s"
+[staging]
+url = "$DIR/staging"
+[spool]
+dir = "$DIR/spool"
+[table]
+name = "events"
+partition_by = ["dt"]
+[transform]
+derive = { dt = "date(ts)" }
+EOF
+dest_section() { # dest_section ENDPOINT_HOSTPORT PREFIX
+  case $BACKEND in
+    hdfs) printf '[destination]\nurl = "hdfs://%s/%s"\n' "$1" "$2" ;;
+    s3) printf '[destination]\nurl = "s3://ferry/%s"\n[destination.store.s3]\nendpoint = "https://%s"\npath_style = true\nca_bundle = "%s"\n' \
+          "$2" "$1" "$FERRY_TEST_S3_CA" ;;
+  esac
+}
+{ cat "$DIR/base.toml"; dest_section "$TARGET" prep; } > "$DIR/ferry.toml"
+FERRY_CONFIG=$DIR/ferry.toml "$BIN/ferry-extract" --once >/dev/null 2>&1
+FERRY_CONFIG=$DIR/ferry.toml "$BIN/ferry-transform" --once >/dev/null 2>&1
+cp -al "$DIR/spool" "$DIR/spool.orig"; cp "$DIR/ledger.db" "$DIR/ledger.orig"
+BYTES=$(du -sb "$DIR/spool.orig/events" | cut -f1)
+FILES=$(find "$DIR/spool.orig/events" -name '*.parquet' | wc -l)
+CHUNKS=$(sqlite3 "$DIR/ledger.db" "SELECT COUNT(*) FROM chunks")
+echo "spool: $FILES Parquet files in $CHUNKS chunks, $BYTES bytes ($EVENTS events)"
+
+rate() { echo "scale=1; $BYTES / $1 / 1000000" | bc; }
+report() { # report NAME SECS KIB
+  printf '%-40s %7.2f s  %7s MB/s  peak %5d MiB\n' "$1" "$2" "$(rate "$2")" $(($3 / 1024))
+}
+
+# The tool a user would pick instead.
+case $BACKEND in
+  hdfs)
+    export -f ferry_fsshell ferry_build_minidfs _ferry_minidfs_built
+    export FERRY_MINIDFS_CLASSPATH_FILE FERRY_MINIDFS_HOME FERRY_FSSHELL_JAVA_OPTS
+    /usr/bin/time -f "%e %M" -o "$DIR/t.jvm" bash -c 'ferry_fsshell -fs "$0" -ls / >/dev/null 2>&1' "$FERRY_TEST_HDFS_A"
+    /usr/bin/time -f "%e %M" -o "$DIR/t.put" bash -c 'ferry_fsshell -fs "$0" -put "$1" /put-bench 2>/dev/null' \
+      "$FERRY_TEST_HDFS_A" "$DIR/spool.orig/events"
+    read -r s k < "$DIR/t.put"; report "hdfs dfs -put (incl. JVM start)" "$s" "$k"
+    read -r j _ < "$DIR/t.jvm"; report "hdfs dfs -put (minus ${j}s JVM start)" "$(echo "$s - $j" | bc)" "$k"
+    ;;
+  s3)
+    ferry_rclone_s3_env
+    /usr/bin/time -f "%e %M" -o "$DIR/t.rclone" rclone copy --checksum --transfers 4 "$DIR/spool.orig/events" ferrys3:ferry/rclone-bench 2>/dev/null
+    read -r s k < "$DIR/t.rclone"; report "rclone copy --checksum --transfers 4" "$s" "$k"
+    ;;
+esac
+
+run_copy() { # run_copy NAME PREFIX HOSTPORT
+  rm -rf "$DIR/spool"; cp -al "$DIR/spool.orig" "$DIR/spool"; cp "$DIR/ledger.orig" "$DIR/ledger.db"
+  { cat "$DIR/base.toml"; dest_section "$3" "$2"; printf '[copy]\nconcurrency = 4\n'; } > "$DIR/ferry.toml"
+  /usr/bin/time -f "%e %M" -o "$DIR/t.copy" env FERRY_CONFIG="$DIR/ferry.toml" "$BIN/ferry-copy" --once > "$DIR/copy.log" 2>&1 || { tail "$DIR/copy.log"; exit 1; }
+  read -r s k < "$DIR/t.copy"; report "$1" "$s" "$k"
+}
+run_copy "ferry-copy (blake3 on every byte)" clean "$TARGET"
+
+# The same under faults, through the proxy.
+case $BACKEND in
+  hdfs) FAULTS=(--reset 0.05 --reset-within 3000); WHAT="NameNode reset on 1 connection (= 1 chunk) in 20" ;;
+  s3) FAULTS=(--hang 0.125); WHAT="1 new connection in 8 hung (accepted, never answered)" ;;
+esac
+coproc PROXY { "$BIN/faultproxy" "$TARGET" "${FAULTS[@]}" --seed 7 --stats "$DIR/proxy.json"; }
+PROXY_PID=$PROXY_PID
+read -r _ PADDR <&"${PROXY[0]}"
+run_copy "ferry-copy, $WHAT" faults "$PADDR"
+sleep 0.3
+echo "  faults: $(cat "$DIR/proxy.json")"
+sqlite3 "$DIR/ledger.db" "SELECT '  chunks redone: ' || COUNT(DISTINCT a.chunk_id) || ', failed attempts: ' || COUNT(*) FROM attempts a WHERE a.stage = 'copy' AND a.outcome <> 'done'"
+sqlite3 "$DIR/ledger.db" "SELECT '  redone bytes: ' || COALESCE(SUM(bytes), 0) || ' (chunks average ' || (SELECT AVG(b) FROM (SELECT SUM(bytes) b FROM parts GROUP BY chunk_id)) || ' bytes)' FROM parts WHERE chunk_id IN (SELECT chunk_id FROM attempts WHERE stage = 'copy' AND outcome <> 'done')"
+grep -c "ambiguous close settled" "$DIR/copy.log" | sed 's/^/  ambiguous closes settled in place: /' || true
