@@ -42,7 +42,7 @@ ferry_build_minidfs() {
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven default-jdk-headless) >&2 || return 1
   fi
   echo "building tests/minidfs with maven (first run downloads Hadoop into ~/.m2)" >&2
-  (cd "$FERRY_MINIDFS_HOME" && mvn -q -B compile) >&2 || { echo "minidfs: maven build failed" >&2; return 1; }
+  (cd "$FERRY_MINIDFS_HOME" && mvn -q -B -Dstyle.color=never compile) >&2 || { echo "minidfs: maven build failed" >&2; return 1; }
   local deps="$FERRY_MINIDFS_HOME/target/deps-classpath.txt"
   [ -s "$deps" ] || { echo "minidfs: $deps missing after the build" >&2; return 1; }
   printf '%s:%s\n' "$FERRY_MINIDFS_HOME/target/classes" "$(cat "$deps")" > "$FERRY_MINIDFS_CLASSPATH_FILE.tmp"
@@ -51,7 +51,13 @@ ferry_build_minidfs() {
 
 # ferry_start_minidfs NAME: starts cluster NAME (letters, digits, _) in the background, waits
 # for it, and exports FERRY_TEST_HDFS_<NAME> and FERRY_TEST_HDFS_<NAME>_CONF.
-# FERRY_MINIDFS_NN_PORT picks the NameNode port (default 0 = a free one).
+# FERRY_MINIDFS_NN_PORT picks the NameNode port (default 0 = a free one); FERRY_MINIDFS_ARGS adds
+# arguments to ferry.MiniDfs, e.g. "--datanodes 2" or "--conf key=value" (a Hadoop setting).
+# Note: a Hadoop client's complete() usually reaches the NameNode before the DataNode's block
+# report does, and the Java client then retries after 400 ms: FsShell -put costs ~0.2 s per small
+# file. Client-side cure, e.g. for a benchmark baseline:
+#   ferry_fsshell -D dfs.client.block.write.locateFollowingBlock.initial.delay.ms=10 -fs ... -put
+# (~40 ms per file). (dfs.namenode.file.close.num-committed-allowed=1 does NOT help here.)
 ferry_start_minidfs() {
   local name=${1:?usage: ferry_start_minidfs NAME}
   name=${name^^}
@@ -69,7 +75,7 @@ ferry_start_minidfs() {
   # shellcheck disable=SC2086
   ( exec java $FERRY_MINIDFS_JAVA_OPTS -cp "$(cat "$FERRY_MINIDFS_CLASSPATH_FILE")" ferry.MiniDfs \
       --name "$name" --base-dir "$dir" --conf-dir "$dir/conf" --nn-port "${FERRY_MINIDFS_NN_PORT:-0}" \
-      <"$dir/stdin" >"$dir/stdout" 2>"$dir/log" ) &
+      ${FERRY_MINIDFS_ARGS:-} <"$dir/stdin" >"$dir/stdout" 2>"$dir/log" ) &
   pid=$!
   # The JVM's stdin: a fifo whose only writer is this `tail`, which exits when the shell that
   # sourced this file ($$) does, and the JVM then stops on EOF. (No shell fd is involved, so

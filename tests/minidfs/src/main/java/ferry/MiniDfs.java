@@ -6,10 +6,10 @@
  *   . scripts/minidfs.sh && ferry_build_minidfs
  *
  * Run (what ferry_start_minidfs does; a Rust fixture can do the same directly):
- *   java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+ *   java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.net.preferIPv4Stack=true \
  *        -cp "$(cat tests/minidfs/target/classpath.txt)" ferry.MiniDfs \
  *        --name A --base-dir /tmp/x/A --conf-dir /tmp/x/A/conf [--nn-port 0] [--datanodes 1] \
- *        [--log-level WARN]
+ *        [--log-level WARN] [--conf key=value]...
  *
  *   --name       label used in log lines only
  *   --base-dir   where the cluster keeps its data (in <base-dir>/dfs, wiped on start and on stop)
@@ -18,6 +18,8 @@
  *   --nn-port    NameNode RPC port on 127.0.0.1; 0 (default) = a free one
  *   --datanodes  number of DataNodes (default 1)
  *   --log-level  Hadoop's log level, to stderr (default WARN)
+ *   --conf k=v   extra Hadoop setting for the cluster (repeatable); also written to hdfs-site.xml
+ *                (e.g. --conf dfs.blocksize=1048576)
  *
  * Protocol: once the cluster is up and out of safe mode, and the conf files are written, exactly
  * one line goes to stdout:
@@ -28,7 +30,10 @@
  * directory deleted. Exit code 0 after a clean shutdown, 1 if startup failed.
  *
  * So a fixture spawns it with stdin = a pipe it holds (never /dev/null: EOF at once means
- * "stop"), stdout = a pipe, reads lines until "READY ", and on drop closes stdin (or kills it).
+ * "stop"), stdout = a pipe, stderr = a log file (or null), reads lines until "READY " (about 3 s;
+ * allow 120 s on a loaded machine), and on drop closes stdin or sends SIGTERM (clean stop in
+ * ~0.5 s) or SIGKILL (then <base-dir>/dfs is left behind: use a temp dir). The JVM flags above
+ * are optional: C1-only + serial GC start ~1 s faster on 2 cores; RSS is ~250-300 MB.
  *
  * The same classpath also runs Hadoop's shell, e.g.
  *   java -cp "$(cat tests/minidfs/target/classpath.txt)" org.apache.hadoop.fs.FsShell \
@@ -67,7 +72,8 @@ public final class MiniDfs {
         StandardCharsets.UTF_8);
     System.setOut(System.err);
 
-    Map<String, String> args = parseArgs(argv);
+    Map<String, String> extra = new LinkedHashMap<>();
+    Map<String, String> args = parseArgs(argv, extra);
     name = args.getOrDefault("name", "minidfs");
     String baseDirArg = args.get("base-dir");
     String confDirArg = args.get("conf-dir");
@@ -123,6 +129,10 @@ public final class MiniDfs {
     conf.setInt("dfs.namenode.service.handler.count", 4);
     conf.setInt("dfs.datanode.handler.count", 4);
     conf.set("dfs.datanode.du.reserved", "0");
+    for (Map.Entry<String, String> e : extra.entrySet()) {
+      conf.set(e.getKey(), e.getValue());
+      hdfsSite.put(e.getKey(), e.getValue());
+    }
 
     long t0 = System.nanoTime();
     try {
@@ -227,7 +237,7 @@ public final class MiniDfs {
     org.apache.log4j.PropertyConfigurator.configure(p);
   }
 
-  private static Map<String, String> parseArgs(String[] argv) {
+  private static Map<String, String> parseArgs(String[] argv, Map<String, String> extra) {
     Map<String, String> m = new LinkedHashMap<>();
     for (int i = 0; i < argv.length; i++) {
       String a = argv[i];
@@ -248,6 +258,13 @@ public final class MiniDfs {
       }
       switch (key) {
         case "name", "base-dir", "conf-dir", "nn-port", "datanodes", "log-level" -> m.put(key, value);
+        case "conf" -> {
+          int kv = value.indexOf('=');
+          if (kv <= 0) {
+            usage("--conf wants key=value, got " + value);
+          }
+          extra.put(value.substring(0, kv), value.substring(kv + 1));
+        }
         default -> usage("unknown option --" + key);
       }
     }
@@ -257,7 +274,7 @@ public final class MiniDfs {
   private static void usage(String why) {
     System.err.println("minidfs: " + why);
     System.err.println("usage: ferry.MiniDfs --name A --base-dir DIR --conf-dir DIR"
-        + " [--nn-port N (0 = free)] [--datanodes 1] [--log-level WARN]");
+        + " [--nn-port N (0 = free)] [--datanodes 1] [--log-level WARN] [--conf key=value]...");
     System.exit(2);
   }
 
