@@ -454,7 +454,7 @@ impl Default for CopySection {
             // costs little, and it turns "one connection hung until its deadline" into
             // "one connection's worth of delay". See the copy stage's design note.
             hedge_multiple: 3.0,
-            hedge_min: HumanDuration(Duration::from_secs(5)),
+            hedge_min: HumanDuration(Duration::from_secs(1)),
         }
     }
 }

@@ -142,7 +142,7 @@ impl Copy {
     /// cancelled, its temp file removed. Without hedging (or before the delay) it is one ship.
     async fn ship_hedged(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part) -> Result<(), CopyError> {
         let started = std::time::Instant::now();
-        let first = self.ship(dest, src, tmp, landed, p);
+        let first = self.ship(dest, src, tmp, landed, p, dest.uploads_in_place());
         tokio::pin!(first);
         let res = match self.hedge_delay(p.bytes as u64) {
             None => first.await,
@@ -154,7 +154,8 @@ impl Copy {
                         let hedge_dest = dest.isolated()?;
                         tracing::info!(chunk = %p.chunk_id, part = %p.rel_path(), after = ?delay, "copy is slow; starting a hedged upload");
                         self.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let second = self.ship(&hedge_dest, src, &hedge_tmp, landed, p);
+                        // Always to its own temp name, even where the first went in place.
+                        let second = self.ship(&hedge_dest, src, &hedge_tmp, landed, p, false);
                         tokio::pin!(second);
                         // First success wins; a failure waits for the other one.
                         let (r, loser) = tokio::select! {
@@ -212,21 +213,29 @@ impl Copy {
     }
 
     /// One upload of a part to `tmp` under the deadline and the watchdog, verified against
-    /// what transform recorded, then renamed (without overwrite) to `landed`.
-    async fn ship(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part) -> Result<(), CopyError> {
+    /// what transform recorded, then renamed (without overwrite) to `landed`. With `in_place`
+    /// (S3, where an upload appears whole or not at all) it goes straight to `landed`, and a
+    /// mismatching hash is caught before the upload completes.
+    async fn ship(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part, in_place: bool) -> Result<(), CopyError> {
         let progress = Progress::default();
         let c = &self.cfg.copy;
-        let what = format!("copy of {} to {}", src.display(), dest.url(tmp));
-        let res = watched(&what, c.deadline.0, c.stall_timeout.0, progress.clone(), dest.upload(src, tmp, progress)).await;
+        let target = if in_place { landed } else { tmp };
+        let what = format!("copy of {} to {}", src.display(), dest.url(target));
+        let upload = dest.upload_checked(src, target, Some(&p.content_hash), progress.clone());
+        let res = watched(&what, c.deadline.0, c.stall_timeout.0, progress, upload).await;
         let (n, hash) = match res {
             Ok(v) => v,
             Err(e) => {
-                let _ = dest.delete(tmp).await;
+                if !in_place {
+                    let _ = dest.delete(tmp).await;
+                }
                 return Err(e.into());
             }
         };
         if n as i64 != p.bytes || hash != p.content_hash {
-            dest.delete(tmp).await?;
+            if !in_place {
+                dest.delete(tmp).await?;
+            }
             return Err(CopyError::Verify(format!(
                 "{}: sent {n} bytes with hash {hash}, transform recorded {} bytes with hash {}",
                 src.display(),
@@ -234,7 +243,7 @@ impl Copy {
                 p.content_hash
             )));
         }
-        if !dest.rename_noreplace(tmp, landed).await? {
+        if !in_place && !dest.rename_noreplace(tmp, landed).await? {
             // Another attempt (or our hedge) landed it first; keep theirs if it is right.
             dest.delete(tmp).await?;
             if dest.hash(landed).await?.1 != p.content_hash {

@@ -36,6 +36,10 @@ pub struct Faults {
     pub reset_on: Option<(Vec<u8>, f64)>,
     /// Faults only start after this many connections (let a warm-up through).
     pub after_connections: u64,
+    /// The first connection whose client sends more than this many bytes stops forwarding
+    /// there and hangs (mid-request, both ways); every later connection passes. Counted as a
+    /// hang. For hedging: one upload stalls, its hedge on a new connection does not.
+    pub stall_once_after: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -55,6 +59,7 @@ struct State {
     rng: Mutex<rand::rngs::StdRng>,
     /// Hung connections are kept open here until the proxy goes.
     hung: Mutex<Vec<TcpStream>>,
+    stalled_once: AtomicBool,
 }
 
 pub struct FaultProxy {
@@ -76,6 +81,7 @@ impl FaultProxy {
             counters: Counters::default(),
             rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
             hung: Mutex::new(Vec::new()),
+            stalled_once: AtomicBool::new(false),
         });
         let st = state.clone();
         rt.spawn(async move {
@@ -165,6 +171,7 @@ async fn handle(st: Arc<State>, client: TcpStream) {
     }
     let reset_after = if let Plan::ResetAfter(k) = plan { Some(k) } else { None };
     let reset_on = if on { faults.reset_on.clone() } else { None };
+    let stall_after = if on { faults.stall_once_after } else { None };
     let (mut cbuf, mut sbuf) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
     let (mut c_open, mut s_open, mut sent) = (true, true, 0u64);
     while c_open || s_open {
@@ -180,6 +187,15 @@ async fn handle(st: Arc<State>, client: TcpStream) {
                             let _ = server.write_all(&cbuf[..(limit - sent) as usize]).await;
                             st.counters.resets.fetch_add(1, Ordering::SeqCst);
                             return rst(client, server);
+                        }
+                    }
+                    if let Some(limit) = stall_after {
+                        if sent + k as u64 > limit && !st.stalled_once.swap(true, Ordering::SeqCst) {
+                            st.counters.hangs.fetch_add(1, Ordering::SeqCst);
+                            let mut hung = st.hung.lock().unwrap();
+                            hung.push(client);
+                            hung.push(server);
+                            return;
                         }
                     }
                     if server.write_all(&cbuf[..k]).await.is_err() {

@@ -164,3 +164,72 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
     assert!(backlog <= per_sec * 15 + 8, "backlog grew to {backlog} chunks ({per_sec} chunks land per second)");
     assert_eq!(n(&p, "SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0);
 }
+
+/// Hedged copies: one upload stalls mid-body on its connection (the proxy stops forwarding it);
+/// after the hedge delay a second upload on a new connection lands the part, the first is
+/// cancelled, and no temp object is left. The attempt itself succeeds: nothing is retried.
+#[test]
+fn a_stalled_upload_is_overtaken_by_its_hedge() {
+    let s3 = S3Server::from_env();
+    let proxy = FaultProxy::start(s3.addr, 3000);
+    let prefix = format!("hedge-{}", now_ms());
+    let endpoint = format!("https://{}", proxy.addr);
+    let dest = format!(
+        "[destination]\nurl = \"s3://{}/{prefix}\"\n[destination.store.s3]\n{}request_timeout = \"60s\"\nread_timeout = \"60s\"\n",
+        s3.bucket,
+        s3.store_toml(&endpoint)
+    );
+    let p = Pipeline::with_stores("8MiB", "30s", "0s", None, Some(dest));
+    let mut cfg = std::fs::read_to_string(&p.config).unwrap();
+    // No history in a fresh process: the hedge starts at a quarter of the deadline (5 s).
+    cfg.push_str("\n[copy]\ndeadline = \"20s\"\nstall_timeout = \"18s\"\nconcurrency = 2\nhedge_min = \"1s\"\n");
+    std::fs::write(&p.config, cfg).unwrap();
+    p.stage_env("ferry-copy", "RUST_LOG", "info");
+    p.generate("in", "avro", "null", 2, 6000, 21);
+    for s in ["ferry-extract", "ferry-transform"] {
+        assert!(p.stage(s).status.success(), "{s}");
+    }
+    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
+    proxy.set(Faults { stall_once_after: Some(1 << 20), ..Faults::default() });
+    let t = Instant::now();
+    let out = p.stage("ferry-copy");
+    let took = t.elapsed();
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{log}");
+    let hedged = log.matches("starting a hedged upload").count();
+    let won = log.matches("the hedged upload won").count();
+    eprintln!("hedging: {chunks} chunks copied in {took:?}; {hedged} hedges started, {won} won; proxy: {}", proxy.summary());
+    assert_eq!(proxy.counters().hangs.load(Ordering::SeqCst), 1, "one upload was stalled");
+    assert!(hedged >= 1 && won >= 1, "the stalled upload was hedged and the hedge won:\n{log}");
+    assert!(took < Duration::from_secs(20), "the hedge beat the 20 s deadline: {took:?}");
+    assert_eq!(n(&p, "SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'"), 0, "no attempt failed");
+    assert_eq!(n(&p, "SELECT COUNT(*) FROM tasks WHERE stage = 'load'"), chunks, "every chunk copied");
+    // The loser's temp object is removed (in the background, right after the win).
+    std::thread::sleep(Duration::from_secs(2));
+    let left = s3_keys(&s3, &format!("{prefix}/_ferry/tmp/"));
+    assert!(left.is_empty(), "temp objects left: {left:?}");
+    assert!(p.stage("ferry-load").status.success());
+    let got = s3_table_digest(&format!("{}/{prefix}/events", s3.bucket));
+    let want = input_digest("avro", &p.path("in"));
+    assert_eq!((got["rows"].clone(), got["digest"].clone()), (want["rows"].clone(), want["digest"].clone()));
+}
+
+/// Keys under `prefix`, listed by pyarrow's S3 client (not ours).
+fn s3_keys(s3: &S3Server, prefix: &str) -> Vec<String> {
+    let script = r#"
+import os, sys, pyarrow.fs as pfs
+e = os.environ
+fs = pfs.S3FileSystem(access_key=e["FERRY_TEST_S3_ACCESS_KEY"], secret_key=e["FERRY_TEST_S3_SECRET_KEY"],
+    endpoint_override=e["FERRY_TEST_S3_ENDPOINT"].split("//")[1], scheme="https", region="us-east-1",
+    tls_ca_file_path=e["FERRY_TEST_S3_CA"])
+try:
+    for f in fs.get_file_info(pfs.FileSelector(sys.argv[1], recursive=True)):
+        if f.type == pfs.FileType.File:
+            print(f.path)
+except FileNotFoundError:
+    pass
+"#;
+    let out = Command::new("python3").args(["-c", script, &format!("{}/{prefix}", s3.bucket)]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}

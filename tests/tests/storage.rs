@@ -151,6 +151,16 @@ fn s3_conditional_create_and_abandoned_multipart() {
         assert!(store.upload(&other, "k", Progress::default()).await.is_err());
         assert_eq!(store.hash("k").await.unwrap(), hash_file(&small).unwrap());
 
+        // bytes that do not hash to what the caller expects are never completed, small or large
+        let wrong = "0".repeat(64);
+        for (name, len) in [("small-wrong", 1000usize), ("large-wrong", 12 << 20)] {
+            let f = random_file(d.path(), name, len, 5);
+            let (n, h) = store.upload_checked(&f, name, Some(&wrong), Progress::default()).await.unwrap();
+            assert_eq!((n, h), hash_file(&f).unwrap(), "{name}: the caller learns what the bytes hash to");
+            assert!(store.head(name).await.unwrap().is_none(), "{name}: nothing was completed");
+        }
+        assert!(store.list("_ferry/uploads").await.unwrap().is_empty(), "the refused multipart upload was aborted");
+
         // a large upload cut off mid-way (its future dropped, as a watchdog does)
         let big = random_file(d.path(), "big", 100 << 20, 3);
         let p = Progress::default();

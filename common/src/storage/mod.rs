@@ -78,6 +78,14 @@ impl Store {
         })
     }
 
+    /// Whether an upload can go straight to its final name. True on S3, where an upload is
+    /// atomic (a PUT or a completed multipart upload appears whole or not at all) and a rename
+    /// would be a second copy of every byte; false where files grow in place (local, HDFS) and a
+    /// temp name keeps half-written files out of sight.
+    pub fn uploads_in_place(&self) -> bool {
+        matches!(self, Store::S3(_))
+    }
+
     /// Removes what crashed writers left behind below `dir`: temp files older than
     /// `cutoff_ms` and, on S3, multipart uploads started before it. Returns how many went.
     pub async fn gc(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
@@ -90,7 +98,7 @@ impl Store {
             }
         }
         if let Store::S3(s) = self {
-            n += s.abort_uploads(dir, cutoff_ms).await?;
+            n += s.abort_uploads(cutoff_ms).await?;
         }
         Ok(n)
     }
@@ -245,6 +253,13 @@ impl Store {
     /// Streams a local file to `rel`, hashing what it sends. `progress` is bumped after each
     /// block so a watchdog can tell a stalled transfer from a slow one.
     pub async fn upload(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
+        self.upload_checked(local, rel, None, progress).await
+    }
+
+    /// [`Store::upload`], told the blake3 the bytes must have. S3 then names it in the object's
+    /// metadata up front and hashes while sending (one pass instead of two), and never completes
+    /// an upload whose bytes differ (the returned hash tells the caller). Others ignore it.
+    pub async fn upload_checked(&self, local: &Path, rel: &str, expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
         match self {
             Store::Local(l) => {
                 let (src, dst) = (local.to_path_buf(), l.abs(rel));
@@ -276,7 +291,7 @@ impl Store {
                 .await
             }
             Store::Hdfs(h) => h.upload(local, rel, progress).await,
-            Store::S3(s) => s.upload(local, rel, progress).await,
+            Store::S3(s) => s.upload(local, rel, expected, progress).await,
         }
     }
 

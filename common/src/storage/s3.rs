@@ -14,11 +14,14 @@
 //!   and checksum without downloading anything.
 //!
 //! ```text
-//!  upload  <dest>/_ferry/tmp/<chunk>.<attempt>.<i>     attempt-unique (hedges get their own)
+//!  copy    upload straight to <dest>/_ferry/landed/<table>/<chunk>/<k=v>/part-<chunk>.parquet
+//!          (an upload is atomic on S3: a PUT or a completed multipart appears whole or not at all)
 //!          <= part_size: one PUT with If-None-Match: *  (conditional create)
-//!          >  part_size: multipart, recorded under _ferry/uploads/ until completed or aborted
-//!  verify  size + blake3 (hashed while sending) == what transform recorded
-//!  publish HEAD landed; absent -> server-side COPY tmp -> landed, DELETE tmp
+//!          >  part_size: multipart, recorded under _ferry/uploads/ until completed or aborted,
+//!                        completed only if the bytes sent hash to what transform recorded
+//!  hedge   a second upload to _ferry/tmp/<chunk>.<attempt>.<i>.h (its own key), then
+//!          HEAD landed; absent -> server-side COPY tmp -> landed, DELETE tmp
+//!  load    the same "rename": HEAD table key; absent -> COPY landed -> table key, DELETE landed
 //! ```
 //!
 //! After an ambiguous failure (a timeout or reset on the conditional PUT, which object_store
@@ -292,32 +295,42 @@ impl S3Store {
         }
     }
 
-    pub async fn upload(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
-        let src = local.to_path_buf();
-        // The hash goes into the object's metadata, which a multipart upload must name at its
-        // start; the bytes are hashed again as they are sent and must agree.
-        let (size, hash) = tokio::task::spawn_blocking(move || super::hash_file(&src))
-            .await
-            .map_err(|e| Error::Other(format!("hash task failed: {e}")))??;
+    pub async fn upload(&self, local: &Path, rel: &str, expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
+        let size = tokio::fs::metadata(local).await.map_err(|e| Error::io(local.display(), e))?.len();
         if size <= self.opts.s3.part_size.0 {
-            self.put_small(local, rel, size, &hash, &progress).await?;
-        } else {
-            self.put_multipart(local, rel, &hash, &progress).await?;
+            return self.put_small(local, rel, expected, &progress).await;
         }
-        Ok((size, hash))
+        // The hash goes into the object's metadata, which a multipart upload must name at its
+        // start: the caller's expected hash, or one pass over the file first.
+        let hash = match expected {
+            Some(h) => h.to_string(),
+            None => {
+                let src = local.to_path_buf();
+                tokio::task::spawn_blocking(move || super::hash_file(&src))
+                    .await
+                    .map_err(|e| Error::Other(format!("hash task failed: {e}")))??
+                    .1
+            }
+        };
+        let sent = self.put_multipart(local, rel, &hash, &progress).await?;
+        Ok((size, sent))
     }
 
-    async fn put_small(&self, local: &Path, rel: &str, size: u64, hash: &str, progress: &Progress) -> Result<()> {
+    /// One conditional PUT. Returns size and hash of the file; when that differs from
+    /// `expected`, nothing was sent.
+    async fn put_small(&self, local: &Path, rel: &str, expected: Option<&str>, progress: &Progress) -> Result<(u64, String)> {
         let bytes = tokio::fs::read(local).await.map_err(|e| Error::io(local.display(), e))?;
-        if blake3::hash(&bytes).to_hex().as_str() != hash {
-            return Err(Error::Other(format!("{} changed while being sent", local.display())));
+        let size = bytes.len() as u64;
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        if expected.is_some_and(|e| e != hash) {
+            return Ok((size, hash));
         }
-        let opts = PutOptions { mode: PutMode::Create, attributes: hash_attr(hash), ..Default::default() };
+        let opts = PutOptions { mode: PutMode::Create, attributes: hash_attr(&hash), ..Default::default() };
         let res = self.call("PUT", rel, self.store.put_opts(&self.key(rel), PutPayload::from(bytes), opts)).await;
         match res {
             Ok(_) => {
                 progress.add(size);
-                Ok(())
+                Ok((size, hash))
             }
             Err(e) => {
                 // 412 may be our own lost success; a timeout or reset leaves the outcome
@@ -326,7 +339,7 @@ impl S3Store {
                     Ok((n, h)) if n == size && h == hash => {
                         tracing::info!(key = %self.url(rel), error = %e, "PUT failed but the object is there, whole");
                         progress.add(size);
-                        Ok(())
+                        Ok((size, hash))
                     }
                     _ if e.is_already_exists() => Err(Error::Ambiguous { what: format!("PUT {}", self.url(rel)), reason: "the key holds other bytes".into() }),
                     _ => Err(e),
@@ -335,7 +348,9 @@ impl S3Store {
         }
     }
 
-    async fn put_multipart(&self, local: &Path, rel: &str, hash: &str, progress: &Progress) -> Result<()> {
+    /// A multipart upload whose object carries `hash`; returns the hash of the bytes sent. If
+    /// they differ from `hash` the upload is aborted, not completed.
+    async fn put_multipart(&self, local: &Path, rel: &str, hash: &str, progress: &Progress) -> Result<String> {
         let key = self.key(rel);
         let opts = PutMultipartOptions { attributes: hash_attr(hash), ..Default::default() };
         let id = self.call("CreateMultipartUpload", rel, self.store.create_multipart_opts(&key, opts)).await?;
@@ -346,10 +361,17 @@ impl S3Store {
         let res = self.send_parts(local, rel, &key, &id, hash, progress).await;
         let mut guard = guard;
         match res {
-            Ok(()) => {
+            Ok(Some(sent)) => {
+                // Bytes differ from what the caller expects: never complete them.
+                guard.armed = false;
+                let _ = tokio::time::timeout(self.budget(), self.store.abort_multipart(&key, &id)).await;
+                let _ = self.delete(&record).await;
+                Ok(sent)
+            }
+            Ok(None) => {
                 guard.armed = false;
                 self.delete(&record).await?;
-                Ok(())
+                Ok(hash.to_string())
             }
             Err(e) => {
                 guard.armed = false;
@@ -360,7 +382,9 @@ impl S3Store {
         }
     }
 
-    async fn send_parts(&self, local: &Path, rel: &str, key: &Key, id: &String, hash: &str, progress: &Progress) -> Result<()> {
+    /// Sends every part, hashing as it goes, and completes the upload if the hash is `hash`.
+    /// Returns the other hash, uncompleted, if it is not.
+    async fn send_parts(&self, local: &Path, rel: &str, key: &Key, id: &String, hash: &str, progress: &Progress) -> Result<Option<String>> {
         use tokio::io::AsyncReadExt;
         let part = self.opts.s3.part_size.0 as usize;
         let mut f = tokio::fs::File::open(local).await.map_err(|e| Error::io(local.display(), e))?;
@@ -402,21 +426,23 @@ impl S3Store {
                 return Err(Error::Other(format!("upload to {} cancelled", self.url(rel))));
             }
         }
-        if h.finalize().to_hex().as_str() != hash {
-            return Err(Error::Other(format!("{} changed while being sent", local.display())));
+        let sent = h.finalize().to_hex().to_string();
+        if sent != hash {
+            return Ok(Some(sent));
         }
         match self.call("CompleteMultipartUpload", rel, self.store.complete_multipart(key, id, parts)).await {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(None),
             Err(e) => match self.hash(rel).await {
                 // A lost reply to a complete that went through.
-                Ok((_, h)) if h == hash => Ok(()),
+                Ok((_, h)) if h == hash => Ok(None),
                 _ => Err(e),
             },
         }
     }
 
-    /// Aborts multipart uploads below `dir` recorded before `cutoff_ms` (a crashed uploader's).
-    pub async fn abort_uploads(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
+    /// Aborts every multipart upload recorded before `cutoff_ms` (a crashed uploader's), whether
+    /// it was headed for a temp key or, in place, for a landed one.
+    pub async fn abort_uploads(&self, cutoff_ms: i64) -> Result<usize> {
         let mut n = 0;
         for e in self.list("_ferry/uploads").await? {
             if e.mtime_ms >= cutoff_ms {
@@ -432,9 +458,6 @@ impl S3Store {
                 self.delete(&e.rel).await?;
                 continue;
             };
-            if !rel.starts_with(dir.trim_matches('/')) {
-                continue;
-            }
             tracing::info!(key = %self.url(rel), upload = id, "aborting an abandoned multipart upload");
             match self.call("AbortMultipartUpload", rel, self.store.abort_multipart(&self.key(rel), &id.to_string())).await {
                 Ok(()) => {}
