@@ -324,7 +324,9 @@ impl Default for S3Options {
             path_style: false,
             ca_bundle: None,
             allow_http: false,
-            connect_timeout: HumanDuration(Duration::from_secs(5)),
+            // AWS's Java SDK v2 uses 2 s too: a working network finishes a handshake far
+            // sooner, and a connect error is retried by object_store on a new connection.
+            connect_timeout: HumanDuration(Duration::from_secs(2)),
             request_timeout: HumanDuration(Duration::from_secs(60)),
             read_timeout: HumanDuration(Duration::from_secs(20)),
             max_retries: 3,

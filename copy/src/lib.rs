@@ -197,8 +197,8 @@ impl Copy {
     }
 
     /// When a hedge for a part of `bytes` starts: `hedge_multiple` x the recent p95 seconds per
-    /// byte x `bytes` (a quarter of the deadline until 8 copies have been seen), at least
-    /// `hedge_min`; None when hedging is off.
+    /// byte x `bytes` (16 MB/s assumed until 8 copies have been seen), at least `hedge_min`;
+    /// None when hedging is off.
     fn hedge_delay(&self, bytes: u64) -> Option<std::time::Duration> {
         let c = &self.cfg.copy;
         if c.hedge_multiple <= 0.0 {
@@ -206,8 +206,9 @@ impl Copy {
         }
         let est = match self.recent.p95() {
             Some(p95) => std::time::Duration::from_secs_f64((p95 * bytes as f64 * c.hedge_multiple).min(86_400.0)),
-            // No history yet (a fresh process): only an attempt that is clearly stuck is hedged.
-            None => c.deadline.0 / 4,
+            // No history yet (a fresh process, a `--once` run from cron): assume a modest
+            // 16 MB/s, so a stuck first upload is hedged in seconds, not at its deadline.
+            None => std::time::Duration::from_secs_f64(bytes as f64 / 16e6 * c.hedge_multiple),
         };
         Some(est.max(c.hedge_min.0))
     }
