@@ -377,11 +377,13 @@ fn yes() -> bool {
 pub struct ExtractSection {
     /// Upper bound of a chunk's size; chunks end at record boundaries.
     pub chunk_size: ByteSize,
+    /// Source files extracted at once.
+    pub concurrency: usize,
 }
 
 impl Default for ExtractSection {
     fn default() -> Self {
-        ExtractSection { chunk_size: ByteSize(64 << 20) }
+        ExtractSection { chunk_size: ByteSize(64 << 20), concurrency: 2 }
     }
 }
 
@@ -469,7 +471,8 @@ pub struct LoadSection {
 
 impl Default for LoadSection {
     fn default() -> Self {
-        LoadSection { concurrency: 2 }
+        // Publishing is metadata calls and small writes: mostly waiting, so more at once.
+        LoadSection { concurrency: 4 }
     }
 }
 
@@ -516,6 +519,7 @@ impl Config {
             return Err(format!("transform.compression: unknown codec {:?} (zstd, snappy, gzip, lz4, none)", self.transform.compression));
         }
         for (name, v) in [
+            ("extract.concurrency", self.extract.concurrency),
             ("transform.concurrency", self.transform.concurrency),
             ("transform.batch_size", self.transform.batch_size),
             ("transform.row_group_size", self.transform.row_group_size),

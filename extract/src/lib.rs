@@ -28,6 +28,18 @@ pub struct Pass {
     pub skipped: u64,
 }
 
+impl Pass {
+    fn add(&mut self, o: &Pass) {
+        self.chunked += o.chunked;
+        self.chunks += o.chunks;
+        self.records += o.records;
+        self.bytes += o.bytes;
+        self.quarantined += o.quarantined;
+        self.unfinished += o.unfinished;
+        self.skipped += o.skipped;
+    }
+}
+
 pub struct Extract {
     cfg: Config,
     ledger: Ledger,
@@ -55,6 +67,7 @@ impl Extract {
         let entries = self.source.list("").await?;
         let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.rel.as_str()).collect();
         let now = self.ledger.now_ms();
+        let mut ready = Vec::new();
         for e in &entries {
             let base = e.rel.rsplit('/').next().unwrap_or(&e.rel);
             let is_marker = self.cfg.source.marker.as_deref().is_some_and(|m| e.rel.ends_with(m));
@@ -69,7 +82,21 @@ impl Extract {
                 pass.unfinished += 1;
                 continue;
             }
-            match self.file(e, &mut pass).await {
+            ready.push(e);
+        }
+        // A few files at once: reading, hashing and writing chunks to a remote staging store
+        // are mostly waiting (an HDFS close alone waits for the DataNode's block report).
+        use futures::StreamExt;
+        let mut files = futures::stream::iter(ready)
+            .map(|e| async move {
+                let mut p = Pass::default();
+                let r = self.file(e, &mut p).await;
+                (e, r, p)
+            })
+            .buffer_unordered(self.cfg.extract.concurrency.max(1));
+        while let Some((e, r, p)) = files.next().await {
+            pass.add(&p);
+            match r {
                 Ok(()) => {}
                 // One unreadable file must not stop the others; it is retried next pass.
                 Err(err) if err.is_transient() => {

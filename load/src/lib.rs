@@ -52,14 +52,15 @@ pub struct Load {
     cfg: Config,
     ledger: Ledger,
     dest: Store,
-    /// Serializes DDL rewrites in this process, so an older partition list never lands last.
-    ddl: tokio::sync::Mutex<()>,
+    /// Serializes DDL rewrites in this process, so an older partition list never lands last,
+    /// and holds the DDL this process last wrote.
+    ddl: tokio::sync::Mutex<Option<String>>,
 }
 
 impl Load {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Load, LoadError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-        Ok(Load { cfg, ledger, dest, ddl: tokio::sync::Mutex::new(()) })
+        Ok(Load { cfg, ledger, dest, ddl: tokio::sync::Mutex::new(None) })
     }
 
     /// Removes manifest and DDL temp files left by a load that crashed.
@@ -124,7 +125,7 @@ impl Load {
     /// published partition, for Hive, Spark or Trino; DuckDB and pyarrow read the Hive layout
     /// directly.
     pub async fn write_ddl(&self) -> Result<(), LoadError> {
-        let _one_at_a_time = self.ddl.lock().await;
+        let mut last = self.ddl.lock().await;
         let table = &self.cfg.table.name;
         let location = self.dest.url(table);
         let partitions = self.ledger.table_partitions().await?;
@@ -157,7 +158,7 @@ impl Load {
             })
             .filter(|c| self.cfg.transform.select.is_empty() || self.cfg.transform.select.iter().any(|s| c.contains(&format!("`{s}`"))))
             .collect();
-        let mut sql = String::from("-- Written by ferry-load after every published chunk. Do not edit.\n");
+        let mut sql = String::from("-- Written by ferry-load when a chunk adds a partition. Do not edit.\n");
         sql.push_str(&format!("CREATE EXTERNAL TABLE IF NOT EXISTS `{table}` (\n{}\n)\n", cols.join(",\n")));
         if !pcols.is_empty() {
             let p: Vec<String> = pcols.iter().map(|c| format!("`{c}` {}", part_type(c))).collect();
@@ -167,14 +168,19 @@ impl Load {
         for p in partitions.iter().filter(|p| &p.table == table && !p.partition.is_empty()) {
             let spec: Vec<String> = p.partition.split('/').filter_map(|kv| kv.split_once('=')).map(|(k, v)| format!("`{k}`='{v}'")).collect();
             sql.push_str(&format!(
-                "ALTER TABLE `{table}` ADD IF NOT EXISTS PARTITION ({}) LOCATION '{location}/{}';  -- {} files, {} records\n",
+                "ALTER TABLE `{table}` ADD IF NOT EXISTS PARTITION ({}) LOCATION '{location}/{}';\n",
                 spec.join(", "),
-                p.partition,
-                p.files,
-                p.records
+                p.partition
             ));
         }
-        self.dest.put_atomic(&format!("{table}/_ferry/ddl.sql"), sql.into_bytes()).await?;
+        // Rewritten only when the partition list changed since this process last wrote it:
+        // on HDFS every file write waits for a block report, and most chunks add no partition.
+        // A new process writes it once on its first chunk, so a crash never leaves it stale.
+        if last.as_deref() == Some(sql.as_str()) {
+            return Ok(());
+        }
+        self.dest.put_atomic(&format!("{table}/_ferry/ddl.sql"), sql.clone().into_bytes()).await?;
+        *last = Some(sql);
         Ok(())
     }
 }
