@@ -21,7 +21,8 @@ fn now_ms() -> i64 {
 }
 
 fn n(p: &Pipeline, q: &str) -> i64 {
-    p.sql(q).parse().unwrap_or(0)
+    let v = p.sql(q);
+    v.parse().unwrap_or_else(|_| panic!("{q}: not a number: {v:?}"))
 }
 
 fn sigterm(c: &mut Child) {
@@ -107,12 +108,16 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
     // Let the services drain what landed (the proxy keeps injecting faults meanwhile).
     let drain_start = Instant::now();
     loop {
-        let pending = n(&p, "SELECT COUNT(*) FROM tasks WHERE state <> 'done'")
-            + n(&p, "SELECT COUNT(*) FROM source_files WHERE state = 'registered'");
-        let files = n(&p, "SELECT COUNT(*) FROM source_files");
-        if pending == 0 && files == secs as i64 {
+        // One statement, one snapshot: the services keep writing while we look.
+        let drained = p.sql(&format!(
+            "SELECT (SELECT COUNT(*) FROM source_files WHERE state = 'chunked') = {secs} \
+             AND NOT EXISTS (SELECT 1 FROM source_files WHERE state = 'registered') \
+             AND NOT EXISTS (SELECT 1 FROM tasks WHERE state <> 'done')"
+        ));
+        if drained == "1" {
             break;
         }
+        let (pending, files) = (n(&p, "SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), n(&p, "SELECT COUNT(*) FROM source_files"));
         assert!(drain_start.elapsed() < Duration::from_secs(240), "not drained after 240 s: {pending} pending, {files} files; proxy: {}", proxy.summary());
         std::thread::sleep(Duration::from_millis(500));
     }
