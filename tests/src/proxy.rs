@@ -45,6 +45,8 @@ pub struct Faults {
 #[derive(Debug, Default)]
 pub struct Counters {
     pub connections: AtomicU64,
+    /// Connections open right now (forwarded, hung or not yet decided).
+    pub open: std::sync::atomic::AtomicI64,
     pub resets: AtomicU64,
     pub pattern_resets: AtomicU64,
     pub hangs: AtomicU64,
@@ -135,6 +137,12 @@ enum Plan {
 }
 
 async fn handle(st: Arc<State>, client: TcpStream) {
+    st.counters.open.fetch_add(1, Ordering::SeqCst);
+    forward(&st, client).await;
+    st.counters.open.fetch_sub(1, Ordering::SeqCst);
+}
+
+async fn forward(st: &Arc<State>, client: TcpStream) {
     let n = st.counters.connections.fetch_add(1, Ordering::SeqCst);
     let faults = st.faults.lock().unwrap().clone();
     let on = st.enabled.load(Ordering::SeqCst) && n >= faults.after_connections;

@@ -149,3 +149,31 @@ fn a_namenode_that_never_answers_costs_a_deadline_not_the_job() {
     assert_eq!((got["rows"].clone(), got["distinct"].clone()), (want["rows"].clone(), want["distinct"].clone()));
     assert_eq!(got["digest"], want["digest"]);
 }
+
+/// A copy service (`--watch`) over many chunks holds a bounded number of NameNode connections:
+/// chunks borrow pooled clients instead of leaving one behind each.
+#[test]
+fn a_copy_service_keeps_its_namenode_connections_bounded() {
+    let (a, b) = (MiniDfs::start("A"), MiniDfs::start("B"));
+    let proxy = FaultProxy::start(a.addr, 1003);
+    let p = hdfs_pipeline(&a, &b, &proxy);
+    p.generate("in", "jsonl", "null", 4, 1500, 13);
+    ok(&p.stage("ferry-extract"), "extract");
+    ok(&p.stage("ferry-transform"), "transform");
+    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
+    let mut svc = p.command("ferry-copy").args(["--watch", "--poll", "200ms"]).spawn().unwrap();
+    let t = Instant::now();
+    while n(&p, "SELECT COUNT(*) FROM tasks WHERE stage = 'copy' AND state <> 'done'") > 0 {
+        assert!(t.elapsed() < Duration::from_secs(120), "copy did not finish");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let open = proxy.counters().open.load(std::sync::atomic::Ordering::SeqCst);
+    let total = proxy.counters().connections.load(std::sync::atomic::Ordering::SeqCst);
+    let _ = std::process::Command::new("kill").args(["-TERM", &svc.id().to_string()]).status();
+    assert!(svc.wait().unwrap().success());
+    eprintln!("copy service: {chunks} chunks, {total} NameNode connections made, {open} still open when idle");
+    // concurrency 4 in the config, plus the store's own client for gc
+    assert!(chunks >= 20, "{chunks}");
+    assert!(open <= 6 && total <= 8, "{open} open / {total} made for {chunks} chunks: connections leak per chunk");
+}

@@ -25,9 +25,12 @@
 //! a temp file, possibly under construction; the stage's gc (and `ferry gc`) deletes temp files
 //! older than two leases, which also ends their leases.
 //!
-//! Each chunk gets its own client ([`HdfsStore::isolated`]): hdfs-native multiplexes all calls
-//! of one client over one NameNode connection, so a connection that hangs would otherwise stall
-//! every chunk. A call that misses its deadline also retires the client it used.
+//! Each chunk gets a client of its own ([`HdfsStore::isolated`]): hdfs-native multiplexes all
+//! calls of one client over one NameNode connection, so a connection that hangs would otherwise
+//! stall every chunk. Clients are pooled, not built per chunk: hdfs-native never frees a client
+//! that has written a file (its lease-renewal task holds it), so one client per chunk would leak
+//! a NameNode connection per chunk in a long-running service. A call that misses its deadline
+//! retires the client it used (its connection may be hung); only those few are left behind.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -49,6 +52,25 @@ pub struct HdfsStore {
     root: String,
     opts: StoreOptions,
     client: Mutex<Arc<Client>>,
+    /// Idle clients, shared by this store and its isolated copies.
+    pool: Arc<Mutex<Vec<Arc<Client>>>>,
+    /// An isolated copy gives its client back to the pool when dropped.
+    pooled: bool,
+}
+
+/// Idle clients kept for reuse; more are built when more chunks run at once.
+const POOL_MAX: usize = 64;
+
+impl Drop for HdfsStore {
+    fn drop(&mut self) {
+        if self.pooled {
+            let c = self.client.get_mut().unwrap_or_else(|p| p.into_inner()).clone();
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            if pool.len() < POOL_MAX {
+                pool.push(c);
+            }
+        }
+    }
 }
 
 impl HdfsStore {
@@ -57,16 +79,31 @@ impl HdfsStore {
         let base = format!("{}://{}", parsed.scheme(), parsed.authority());
         let root = parsed.path().trim_end_matches('/').to_string();
         let client = build(&base, opts)?;
-        Ok(HdfsStore { base, root, opts: opts.clone(), client: Mutex::new(Arc::new(client)) })
+        Ok(HdfsStore {
+            base,
+            root,
+            opts: opts.clone(),
+            client: Mutex::new(Arc::new(client)),
+            pool: Default::default(),
+            pooled: false,
+        })
     }
 
-    /// The same store on a new client (its own NameNode connection).
+    /// The same store on a client no other user holds right now (its own NameNode
+    /// connection), from the pool or new.
     pub fn isolated(&self) -> Result<HdfsStore> {
+        let idle = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let client = match idle {
+            Some(c) => c,
+            None => Arc::new(build(&self.base, &self.opts)?),
+        };
         Ok(HdfsStore {
             base: self.base.clone(),
             root: self.root.clone(),
             opts: self.opts.clone(),
-            client: Mutex::new(Arc::new(build(&self.base, &self.opts)?)),
+            client: Mutex::new(client),
+            pool: self.pool.clone(),
+            pooled: true,
         })
     }
 
@@ -89,8 +126,8 @@ impl HdfsStore {
         self.client.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Replaces `used` (if it is still the current client) after it missed a deadline or lost
-    /// its connection: a hung connection is never reused.
+    /// Replaces `used` (if it is still the current client) after it missed a deadline: a hung
+    /// connection is never reused. (A broken one needs nothing: hdfs-native reconnects.)
     fn retire(&self, used: &Arc<Client>) {
         let mut g = self.client.lock().unwrap_or_else(|p| p.into_inner());
         if Arc::ptr_eq(&g, used) {
@@ -111,12 +148,7 @@ impl HdfsStore {
         let deadline = self.opts.call_timeout.0;
         match tokio::time::timeout(deadline, f(c.clone())).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                if matches!(e, HdfsError::IOError(_) | HdfsError::FatalRPCError(..) | HdfsError::InvalidRPCResponse(_)) {
-                    self.retire(&c);
-                }
-                Err(Error::Hdfs { op, path: self.url_of_path(path), source: e })
-            }
+            Ok(Err(e)) => Err(Error::Hdfs { op, path: self.url_of_path(path), source: e }),
             Err(_) => {
                 self.retire(&c);
                 Err(Error::Stalled {
