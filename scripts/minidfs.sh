@@ -10,6 +10,12 @@
 #   HADOOP_CONF_DIR=$FERRY_TEST_HDFS_B_CONF ferry_fsshell -ls /
 #   ferry_stop_minidfs A                # or with no name: stops every cluster started here
 #
+# HA (a NameNode pair nn0/nn1 behind nameservice ns1, nn0 active; see MiniDfs.java):
+#   FERRY_MINIDFS_ARGS=--ha ferry_start_minidfs H    # FERRY_TEST_HDFS_H=hdfs://ns1
+#   HADOOP_CONF_DIR=$FERRY_TEST_HDFS_H_CONF ferry_fsshell -ls hdfs://ns1/   # needs the conf dir
+#   ferry_minidfs_failover H            # active -> standby, the other -> active; prints nn1/nn0
+#   (two HA clusters at once: FERRY_MINIDFS_ARGS="--ha --nameservice ns2" for the second)
+#
 # A cluster also stops by itself (within ~1 s) when the shell that sourced this file exits, even
 # by SIGKILL: its stdin then reaches EOF (see tests/minidfs/src/main/java/ferry/MiniDfs.java).
 # Works under `set -euo pipefail`. Functions return non-zero on failure.
@@ -52,7 +58,9 @@ ferry_build_minidfs() {
 # ferry_start_minidfs NAME: starts cluster NAME (letters, digits, _) in the background, waits
 # for it, and exports FERRY_TEST_HDFS_<NAME> and FERRY_TEST_HDFS_<NAME>_CONF.
 # FERRY_MINIDFS_NN_PORT picks the NameNode port (default 0 = a free one); FERRY_MINIDFS_ARGS adds
-# arguments to ferry.MiniDfs, e.g. "--datanodes 2" or "--conf key=value" (a Hadoop setting).
+# arguments to ferry.MiniDfs, e.g. "--datanodes 2" or "--conf key=value" (a Hadoop setting), or
+# "--ha" (an HA NameNode pair; FERRY_TEST_HDFS_<NAME> is then hdfs://ns1, usable only with
+# <NAME>_CONF as HADOOP_CONF_DIR; "--ha --nameservice ns2" for another id).
 # Note: a Hadoop client's complete() usually reaches the NameNode before the DataNode's block
 # report does, and the Java client then retries after 400 ms: FsShell -put costs ~0.2 s per small
 # file. Client-side cure, e.g. for a benchmark baseline:
@@ -138,8 +146,41 @@ ferry_stop_minidfs() {
     "FERRY_TEST_HDFS_${name}" "FERRY_TEST_HDFS_${name}_CONF"
 }
 
+# ferry_minidfs_failover NAME: for a cluster started with FERRY_MINIDFS_ARGS=--ha, makes the
+# active NameNode standby and the other one active (the FAILOVER stdin line of MiniDfs.java),
+# waits for that, and prints the id of the NameNode now active (nn0 or nn1) on stdout.
+ferry_minidfs_failover() {
+  local name=${1:?usage: ferry_minidfs_failover NAME}
+  name=${name^^}
+  local pidvar=FERRY_MINIDFS_${name}_PID dirvar=FERRY_MINIDFS_${name}_DIR
+  local pid=${!pidvar:-} dir=${!dirvar:-}
+  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+    echo "minidfs: cluster $name is not running" >&2
+    return 1
+  fi
+  local before
+  before=$(grep -cE '^(FAILED_OVER|FAILOVER_FAILED)( |$)' "$dir/stdout" || true)
+  # The JVM's stdin fifo: the keeper `tail` still holds it open, so this is no EOF.
+  timeout 10 sh -c 'echo FAILOVER > "$1"' sh "$dir/stdin" || { echo "minidfs: can't write to $name's stdin" >&2; return 1; }
+  local start=$SECONDS line
+  while :; do
+    line=$(grep -E '^(FAILED_OVER|FAILOVER_FAILED)( |$)' "$dir/stdout" | sed -n "$((before + 1))p")
+    [ -n "$line" ] && break
+    if ! kill -0 "$pid" 2>/dev/null || (( SECONDS - start >= FERRY_MINIDFS_TIMEOUT )); then
+      echo "minidfs: cluster $name did not answer FAILOVER (is it running with --ha?); log: $dir/log" >&2
+      return 1
+    fi
+    sleep 0.05
+  done
+  case $line in
+    "FAILED_OVER "*) echo "${line#FAILED_OVER }" ;;
+    *) echo "minidfs: $name: $line (log: $dir/log)" >&2; return 1 ;;
+  esac
+}
+
 # ferry_fsshell ARGS...: Hadoop's `hdfs dfs` (FsShell), e.g. -fs "$FERRY_TEST_HDFS_A" -ls /.
-# With HADOOP_CONF_DIR set, that dir's core-site.xml / hdfs-site.xml are used (no -fs needed).
+# With HADOOP_CONF_DIR set, that dir's core-site.xml / hdfs-site.xml are used (no -fs needed);
+# an HA cluster (hdfs://ns1) needs it: `-fs hdfs://ns1` alone can't resolve the nameservice.
 ferry_fsshell() {
   ferry_build_minidfs || return 1
   local cp

@@ -34,12 +34,37 @@ pub struct MiniDfs {
     pub addr: SocketAddr,
     pub conf_dir: PathBuf,
     child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
     _dir: tempfile::TempDir,
 }
 
 impl MiniDfs {
     /// Starts cluster `name` and waits (up to 3 minutes) for its ready line.
     pub fn start(name: &str) -> MiniDfs {
+        MiniDfs::start_with(name, &[])
+    }
+
+    /// An HA pair of NameNodes behind nameservice `ns` (`hdfs://<ns>`), 1 DataNode. Clients
+    /// need [`MiniDfs::conf_dir`] (it names both NameNodes).
+    pub fn start_ha(name: &str, ns: &str) -> MiniDfs {
+        MiniDfs::start_with(name, &["--ha", "--nameservice", ns])
+    }
+
+    /// Makes the standby NameNode active (and the active one standby); returns the new active.
+    pub fn failover(&mut self) -> String {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"FAILOVER\n").and_then(|_| stdin.flush()).expect("write FAILOVER");
+        loop {
+            let line = self.lines.recv_timeout(Duration::from_secs(60)).expect("an answer to FAILOVER");
+            if let Some(nn) = line.strip_prefix("FAILED_OVER ") {
+                return nn.trim().to_string();
+            }
+            assert!(!line.starts_with("FAILOVER_FAILED"), "{line}");
+        }
+    }
+
+    fn start_with(name: &str, extra: &[&str]) -> MiniDfs {
         let dir = tempfile::tempdir().unwrap();
         let conf_dir = dir.path().join("conf");
         std::fs::create_dir_all(&conf_dir).unwrap();
@@ -51,6 +76,7 @@ impl MiniDfs {
             .arg(dir.path().join("data"))
             .arg("--conf-dir")
             .arg(&conf_dir)
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -60,22 +86,31 @@ impl MiniDfs {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("READY ") {
-                    let _ = tx.send(url.trim().to_string());
-                }
+                let _ = tx.send(line);
             }
         });
-        let url = match rx.recv_timeout(Duration::from_secs(180)) {
-            Ok(u) => u,
-            Err(_) => {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let ready = loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => match line.strip_prefix("READY ") {
+                    Some(u) => break Some(u.trim().to_string()),
+                    None => continue,
+                },
+                Err(_) => break None,
+            }
+        };
+        let url = match ready {
+            Some(u) => u,
+            None => {
                 let _ = child.kill();
                 let log = std::fs::read_to_string(dir.path().join("minidfs.log")).unwrap_or_default();
                 let tail: String = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
                 panic!("MiniDFS {name} did not become ready in 180 s; log tail:\n{tail}");
             }
         };
-        let addr: SocketAddr = url.trim_start_matches("hdfs://").parse().expect("host:port");
-        MiniDfs { name: name.to_string(), url, addr, conf_dir, child, _dir: dir }
+        // An HA cluster's URL names its nameservice, not an address.
+        let addr: SocketAddr = url.trim_start_matches("hdfs://").parse().unwrap_or_else(|_| "127.0.0.1:0".parse().unwrap());
+        MiniDfs { name: name.to_string(), url, addr, conf_dir, child, lines: rx, _dir: dir }
     }
 
     /// Hadoop's own client (FsShell) against this cluster: an independent reader and writer.
@@ -83,6 +118,7 @@ impl MiniDfs {
         let out = Command::new("java")
             .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &hadoop_classpath()])
             .args(["org.apache.hadoop.fs.FsShell", "-fs", &self.url])
+            .args(["-conf", &self.conf_dir.join("hdfs-site.xml").display().to_string()])
             .args(args)
             .env("HADOOP_CONF_DIR", &self.conf_dir)
             .output()

@@ -25,6 +25,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct Faults {
     /// Probability that a new connection is accepted and then left hanging.
     pub hang: f64,
+    /// These connections (0 = the first the proxy accepts) hang, whatever the odds say.
+    pub hang_connections: Vec<u64>,
     /// Probability that a new connection trickles the server's bytes (64 B every 200 ms).
     pub trickle: f64,
     /// Probability that a new connection is reset after a random number of client bytes in
@@ -151,7 +153,7 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
     } else {
         let mut rng = st.rng.lock().unwrap();
         let x: f64 = rng.random();
-        if x < faults.hang {
+        if x < faults.hang || faults.hang_connections.contains(&n) {
             Plan::Hang
         } else if x < faults.hang + faults.trickle {
             Plan::Trickle

@@ -127,7 +127,9 @@ fn a_namenode_that_never_answers_costs_a_deadline_not_the_job() {
     ok(&p.stage("ferry-extract"), "extract");
     ok(&p.stage("ferry-transform"), "transform");
     let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
-    proxy.set(Faults { hang: 0.3, ..Faults::default() });
+    // Connection 0 is the stage's own (gc); 1-4 are the four chunk workers' clients. Two of
+    // those hang: their chunks end at the 3 s call deadline, the other two keep copying.
+    proxy.set(Faults { hang_connections: vec![1, 3], ..Faults::default() });
     let t = Instant::now();
     let out = p.command("ferry-copy").arg("--once").output().unwrap();
     let first_pass = t.elapsed();

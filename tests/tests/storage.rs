@@ -110,6 +110,40 @@ fn hdfs() {
     // Hadoop's own client sees what we published.
     let out = nn.fs(&["-ls", "-R", "/conformance/_ferry/landed"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("part-large.parquet"));
+
+    // The same through a viewfs mount table given in Ferry's config (as a Hadoop conf dir
+    // would give it): viewfs://lake/warehouse -> hdfs://<nn>/through-viewfs.
+    let mut vopts = StoreOptions::default();
+    vopts.hdfs.config.insert("fs.viewfs.mounttable.lake.link./warehouse".into(), format!("{}/through-viewfs", nn.url));
+    vopts.hdfs.config.insert("fs.viewfs.mounttable.lake.linkFallback".into(), format!("{}/", nn.url));
+    rt().block_on(async {
+        conformance(Store::open("viewfs://lake/warehouse", &vopts).unwrap()).await;
+    });
+    let out = nn.fs(&["-ls", "-R", "/through-viewfs/_ferry/landed"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("part-large.parquet"), "viewfs wrote through the mount");
+}
+
+/// An HA nameservice (two NameNodes, `hdfs://ns1`) named in a Hadoop conf dir given in
+/// Ferry's config; the active NameNode fails over between two rounds on the same store.
+#[test]
+fn hdfs_ha_nameservice_across_a_failover() {
+    let mut nn = MiniDfs::start_ha("HA", "ns1");
+    assert_eq!(nn.url, "hdfs://ns1");
+    let mut opts = StoreOptions::default();
+    opts.hdfs.conf_dir = Some(nn.conf_dir.display().to_string());
+    let rt = rt();
+    let store = Store::open("hdfs://ns1/before", &opts).unwrap();
+    rt.block_on(conformance(store.clone()));
+    let active = nn.failover();
+    eprintln!("failed over to {active}");
+    rt.block_on(async {
+        // The same client object: hdfs-native finds the new active NameNode.
+        store.put_atomic("after-failover.txt", b"still here".to_vec()).await.unwrap();
+        assert_eq!(store.read("after-failover.txt").await.unwrap(), b"still here");
+        conformance(Store::open("hdfs://ns1/after", &opts).unwrap()).await;
+    });
+    let out = nn.fs(&["-ls", "-R", "/after/_ferry/landed"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("part-large.parquet"));
 }
 
 fn s3_opts(s3: &S3Server, endpoint: &str) -> StoreOptions {

@@ -1,6 +1,6 @@
 /*
- * A real HDFS for Ferry's tests: one Hadoop MiniDFSCluster (a NameNode and N DataNodes in this
- * JVM), everything on 127.0.0.1.
+ * A real HDFS for Ferry's tests: one Hadoop MiniDFSCluster (a NameNode, or with --ha an HA pair
+ * of NameNodes, and N DataNodes in this JVM), everything on 127.0.0.1.
  *
  * Build (writes tests/minidfs/target/classpath.txt = target/classes + every dependency jar):
  *   . scripts/minidfs.sh && ferry_build_minidfs
@@ -9,7 +9,7 @@
  *   java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.net.preferIPv4Stack=true \
  *        -cp "$(cat tests/minidfs/target/classpath.txt)" ferry.MiniDfs \
  *        --name A --base-dir /tmp/x/A --conf-dir /tmp/x/A/conf [--nn-port 0] [--datanodes 1] \
- *        [--log-level WARN] [--conf key=value]...
+ *        [--log-level WARN] [--conf key=value]... [--ha [--nameservice ns1]]
  *
  *   --name       label used in log lines only
  *   --base-dir   where the cluster keeps its data (in <base-dir>/dfs, wiped on start and on stop)
@@ -20,12 +20,36 @@
  *   --log-level  Hadoop's log level, to stderr (default WARN)
  *   --conf k=v   extra Hadoop setting for the cluster (repeatable); also written to hdfs-site.xml
  *                (e.g. --conf dfs.blocksize=1048576)
+ *   --ha         an HA NameNode pair instead of one NameNode: nameservice ns1 (or --nameservice),
+ *                NameNode ids nn0 and nn1, each on 127.0.0.1 at a free RPC port (--nn-port must
+ *                be 0), shared edits in a local directory under <base-dir>/dfs (as Hadoop's own HA
+ *                tests do), no ZKFC (manual failover only). nn0 is made active, nn1 stays standby.
+ *                The conf dir then gets a client HA config (no plain dfs.namenode.rpc-address):
+ *                  core-site.xml: fs.defaultFS=hdfs://ns1
+ *                  hdfs-site.xml: dfs.nameservices=ns1, dfs.ha.namenodes.ns1=nn0,nn1,
+ *                    dfs.namenode.rpc-address.ns1.nn0=127.0.0.1:P0, ...ns1.nn1=127.0.0.1:P1,
+ *                    dfs.client.failover.proxy.provider.ns1=
+ *                      org.apache.hadoop.hdfs.server.namenode.ha.ConfiguredFailoverProxyProvider
+ *                so clients use hdfs://ns1/ with that dir as HADOOP_CONF_DIR (a Java client needs
+ *                the dir on its classpath, as ferry_fsshell does; `-fs hdfs://ns1` alone can't
+ *                resolve ns1). Two HA clusters at once need different --nameservice values if a
+ *                client is to see both.
+ *   --nameservice NAME  the HA nameservice id (default ns1); only with --ha
  *
  * Protocol: once the cluster is up and out of safe mode, and the conf files are written, exactly
  * one line goes to stdout:
- *   READY hdfs://127.0.0.1:<port>
- * Nothing else is ever written to stdout (all logging goes to stderr). The process then stays up
- * until its stdin reaches EOF (so a parent that keeps the pipe open and dies takes the cluster
+ *   READY hdfs://127.0.0.1:<port>      (with --ha: READY hdfs://ns1, the nameservice URI)
+ * Nothing else is written to stdout (all logging goes to stderr), except the answers to FAILOVER:
+ * with --ha, a line `FAILOVER` on stdin makes the active NameNode standby and the other one
+ * active (and waits until that one is out of safe mode), then writes one line to stdout:
+ *   FAILED_OVER nn1                    (the id of the NameNode that is now active)
+ * or, if that failed (the details go to stderr):
+ *   FAILOVER_FAILED <reason>
+ * (~0.1 s; without --ha the answer is `FAILOVER_FAILED not started with --ha`). Clients with the
+ * HA conf carry on (the Java client retries on the other NameNode). Other stdin lines are
+ * ignored (noted on stderr). scripts/minidfs.sh has ferry_minidfs_failover NAME for this.
+ *
+ * After READY the process stays up until its stdin reaches EOF (so a parent that keeps the pipe open and dies takes the cluster
  * with it), or it gets SIGTERM/SIGINT; either way the cluster is shut down cleanly and the data
  * directory deleted. Exit code 0 after a clean shutdown, 1 if startup failed.
  *
@@ -38,11 +62,15 @@
  * The same classpath also runs Hadoop's shell, e.g.
  *   java -cp "$(cat tests/minidfs/target/classpath.txt)" org.apache.hadoop.fs.FsShell \
  *        -fs hdfs://127.0.0.1:PORT -put localfile /dest
+ * and with --ha (the conf dir first on the classpath, so that ns1 resolves):
+ *   java -cp "CONF_DIR:$(cat tests/minidfs/target/classpath.txt)" org.apache.hadoop.fs.FsShell \
+ *        -put localfile hdfs://ns1/dest
  */
 package ferry;
 
+import java.io.BufferedReader;
 import java.io.IOException;
-import java.io.InputStream;
+import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -56,6 +84,7 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.hdfs.HdfsConfiguration;
 import org.apache.hadoop.hdfs.MiniDFSCluster;
+import org.apache.hadoop.hdfs.MiniDFSNNTopology;
 import org.apache.hadoop.util.ShutdownHookManager;
 
 public final class MiniDfs {
@@ -65,10 +94,16 @@ public final class MiniDfs {
   private static final AtomicBoolean stopped = new AtomicBoolean();
   private static final CountDownLatch stop = new CountDownLatch(1);
   private static String name = "minidfs";
+  private static PrintStream out;
+  /** --ha: the nameservice id and the NameNode ids, in MiniDFSCluster's NameNode index order. */
+  private static String nameservice;
+  private static final String[] HA_NN_IDS = {"nn0", "nn1"};
+  /** Held while the cluster changes state (FAILOVER, shutdown), so the two never overlap. */
+  private static final Object stateLock = new Object();
 
   public static void main(String[] argv) throws Exception {
     // stdout carries only the READY line: everything else (Hadoop, MiniDFSCluster) goes to stderr.
-    PrintStream out = new PrintStream(new java.io.FileOutputStream(java.io.FileDescriptor.out), true,
+    out = new PrintStream(new java.io.FileOutputStream(java.io.FileDescriptor.out), true,
         StandardCharsets.UTF_8);
     System.setOut(System.err);
 
@@ -82,6 +117,18 @@ public final class MiniDfs {
     }
     int nnPort = Integer.parseInt(args.getOrDefault("nn-port", "0"));
     int dataNodes = Integer.parseInt(args.getOrDefault("datanodes", "1"));
+    boolean ha = args.containsKey("ha");
+    if (ha) {
+      nameservice = args.getOrDefault("nameservice", "ns1");
+      if (!nameservice.matches("[A-Za-z0-9][A-Za-z0-9_-]*")) {
+        usage("bad --nameservice " + nameservice);
+      }
+      if (nnPort != 0) {
+        usage("--ha picks free ports itself: --nn-port must be 0");
+      }
+    } else if (args.containsKey("nameservice")) {
+      usage("--nameservice needs --ha");
+    }
     configureLogging(args.getOrDefault("log-level", "WARN"));
 
     Path baseDir = Path.of(baseDirArg).toAbsolutePath();
@@ -136,8 +183,20 @@ public final class MiniDfs {
 
     long t0 = System.nanoTime();
     try {
-      cluster = new MiniDFSCluster.Builder(conf, dfsDir.toFile())
-          .nameNodePort(nnPort)
+      MiniDFSCluster.Builder builder = new MiniDFSCluster.Builder(conf, dfsDir.toFile());
+      if (ha) {
+        // Both NameNodes on ports 0 (race-free): MiniDFSCluster then records the bound addresses
+        // in the conf the DataNodes get, and (no fixed IPC ports) turns off the standby's
+        // checkpoints and log-roll requests, which a test cluster doesn't need. Shared edits:
+        // a local directory (manageNameDfsSharedDirs, the default), as in Hadoop's HA tests.
+        builder.nnTopology(new MiniDFSNNTopology().addNameservice(
+            new MiniDFSNNTopology.NSConf(nameservice)
+                .addNN(new MiniDFSNNTopology.NNConf(HA_NN_IDS[0]))
+                .addNN(new MiniDFSNNTopology.NNConf(HA_NN_IDS[1]))));
+      } else {
+        builder.nameNodePort(nnPort);
+      }
+      cluster = builder
           .numDataNodes(dataNodes)
           .storagesPerDatanode(1)
           .format(true)
@@ -147,31 +206,79 @@ public final class MiniDfs {
           .checkExitOnShutdown(false)
           .build();
       cluster.waitActive();
+      if (ha) {
+        // HA NameNodes start as standby.
+        cluster.transitionToActive(0);
+        waitOutOfSafeMode(0, 60_000);
+      }
     } catch (Throwable t) {
       System.err.println("[minidfs " + name + "] startup failed: " + t);
       t.printStackTrace(System.err);
       shutdown();
       System.exit(1);
     }
-    int port = cluster.getNameNodePort();
-    String uri = "hdfs://" + HOST + ":" + port;
+    String uri;
+    String where;
+    if (ha) {
+      uri = "hdfs://" + nameservice;
+      hdfsSite.put("dfs.nameservices", nameservice);
+      hdfsSite.put("dfs.ha.namenodes." + nameservice, String.join(",", HA_NN_IDS));
+      StringBuilder w = new StringBuilder();
+      for (int i = 0; i < HA_NN_IDS.length; i++) {
+        String addr = HOST + ":" + cluster.getNameNodePort(i);
+        hdfsSite.put("dfs.namenode.rpc-address." + nameservice + "." + HA_NN_IDS[i], addr);
+        w.append(i == 0 ? " (" : ", ").append(HA_NN_IDS[i]).append('=').append(addr)
+            .append(i == 0 ? " active" : " standby");
+      }
+      hdfsSite.put("dfs.client.failover.proxy.provider." + nameservice,
+          "org.apache.hadoop.hdfs.server.namenode.ha.ConfiguredFailoverProxyProvider");
+      where = uri + w + ")";
+    } else {
+      int port = cluster.getNameNodePort();
+      uri = "hdfs://" + HOST + ":" + port;
+      hdfsSite.put("dfs.namenode.rpc-address", HOST + ":" + port);
+      where = uri;
+    }
 
     Map<String, String> coreSite = new LinkedHashMap<>();
     coreSite.put("fs.defaultFS", uri);
     coreSite.put("hadoop.security.authentication", "simple");
-    hdfsSite.put("dfs.namenode.rpc-address", HOST + ":" + port);
     writeSite(confDir.resolve("core-site.xml"), coreSite);
     writeSite(confDir.resolve("hdfs-site.xml"), hdfsSite);
 
-    // Stop on SIGTERM/SIGINT (before Hadoop's own hooks close the FileSystem cache) ...
+    // Stop on SIGTERM/SIGINT: the main thread stops the cluster, then exits. Not from a shutdown
+    // hook: while the JVM is shutting down, the DataNode's Hadoop code fails to remove its own
+    // shutdown hooks (IllegalStateException), the cluster's shutdown throws, and <base-dir>/dfs
+    // stays behind. The hook remains as a fallback (a signal before this point, System.exit) ...
     ShutdownHookManager.get().addShutdownHook(MiniDfs::shutdown, 1000);
+    for (String sig : new String[] {"TERM", "INT"}) {
+      try {
+        sun.misc.Signal.handle(new sun.misc.Signal(sig), s -> {
+          System.err.println("[minidfs " + name + "] SIG" + sig + ", shutting down");
+          stop.countDown();
+        });
+      } catch (Throwable t) {
+        System.err.println("[minidfs " + name + "] can't handle SIG" + sig + " (" + t + "); the shutdown hook will do");
+      }
+    }
     // ... or when stdin reaches EOF.
     Thread stdinWatcher = new Thread(() -> {
       try {
-        InputStream in = System.in;
-        byte[] buf = new byte[256];
-        while (in.read(buf) >= 0) {
-          // ignore input
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String line;
+        while ((line = in.readLine()) != null) {
+          line = line.trim();
+          if (line.equals("FAILOVER")) {
+            if (ha) {
+              failover();
+            } else {
+              System.err.println("[minidfs " + name + "] FAILOVER needs --ha");
+              out.println("FAILOVER_FAILED not started with --ha");
+              out.flush();
+            }
+          } else if (!line.isEmpty()) {
+            System.err.println("[minidfs " + name + "] ignoring stdin line: " + line);
+          }
         }
       } catch (IOException ignored) {
         // treat a broken stdin as EOF
@@ -183,7 +290,7 @@ public final class MiniDfs {
     stdinWatcher.start();
 
     System.err.printf("[minidfs %s] up at %s with %d datanode(s) in %.1f s (data in %s, conf in %s)%n",
-        name, uri, dataNodes, (System.nanoTime() - t0) / 1e9, dfsDir, confDir);
+        name, where, dataNodes, (System.nanoTime() - t0) / 1e9, dfsDir, confDir);
     out.println("READY " + uri);
     out.flush();
 
@@ -196,14 +303,61 @@ public final class MiniDfs {
     if (!stopped.compareAndSet(false, true)) {
       return;
     }
-    MiniDFSCluster c = cluster;
-    if (c != null) {
-      try {
-        c.shutdown(true); // also deletes <base-dir>/dfs
-        System.err.println("[minidfs " + name + "] stopped");
-      } catch (Throwable t) {
-        System.err.println("[minidfs " + name + "] shutdown: " + t);
+    synchronized (stateLock) { // let a FAILOVER in progress finish (it gives up once stopped)
+      MiniDFSCluster c = cluster;
+      if (c != null) {
+        try {
+          c.shutdown(true); // also deletes <base-dir>/dfs
+          System.err.println("[minidfs " + name + "] stopped");
+        } catch (Throwable t) {
+          System.err.println("[minidfs " + name + "] shutdown: " + t);
+        }
       }
+    }
+  }
+
+  /** --ha, stdin line FAILOVER: active -> standby, the other -> active; answers on stdout. */
+  private static void failover() {
+    synchronized (stateLock) {
+      if (stopped.get()) {
+        return;
+      }
+      long t0 = System.nanoTime();
+      try {
+        int from = -1;
+        for (int i = 0; i < HA_NN_IDS.length; i++) {
+          if (cluster.getNameNode(i).isActiveState()) {
+            from = i;
+          }
+        }
+        int to = from < 0 ? 0 : (from + 1) % HA_NN_IDS.length;
+        if (from >= 0) {
+          cluster.transitionToStandby(from);
+        }
+        cluster.transitionToActive(to);
+        waitOutOfSafeMode(to, 30_000);
+        System.err.printf("[minidfs %s] failed over %s -> %s in %.2f s%n", name,
+            from < 0 ? "(none active)" : HA_NN_IDS[from], HA_NN_IDS[to], (System.nanoTime() - t0) / 1e9);
+        out.println("FAILED_OVER " + HA_NN_IDS[to]);
+      } catch (Throwable t) {
+        System.err.println("[minidfs " + name + "] FAILOVER failed: " + t);
+        t.printStackTrace(System.err);
+        out.println("FAILOVER_FAILED " + String.valueOf(t).replace('\n', ' '));
+      }
+      out.flush();
+    }
+  }
+
+  private static void waitOutOfSafeMode(int nn, long timeoutMs) throws Exception {
+    long deadline = System.currentTimeMillis() + timeoutMs;
+    while (cluster.getNameNode(nn).isInSafeMode()) {
+      if (stopped.get()) {
+        throw new IllegalStateException("stopping");
+      }
+      if (System.currentTimeMillis() > deadline) {
+        throw new IllegalStateException(HA_NN_IDS[nn] + " still in safe mode after " + timeoutMs + " ms");
+      }
+      Thread.sleep(20);
     }
   }
 
@@ -250,6 +404,8 @@ public final class MiniDfs {
       if (eq >= 0) {
         value = key.substring(eq + 1);
         key = key.substring(0, eq);
+      } else if (key.equals("ha")) {
+        value = "true"; // a flag
       } else {
         if (i + 1 >= argv.length) {
           usage("missing value for " + a);
@@ -257,7 +413,14 @@ public final class MiniDfs {
         value = argv[++i];
       }
       switch (key) {
-        case "name", "base-dir", "conf-dir", "nn-port", "datanodes", "log-level" -> m.put(key, value);
+        case "name", "base-dir", "conf-dir", "nn-port", "datanodes", "log-level", "nameservice" ->
+            m.put(key, value);
+        case "ha" -> {
+          if (!value.equals("true")) {
+            usage("--ha takes no value");
+          }
+          m.put(key, value);
+        }
         case "conf" -> {
           int kv = value.indexOf('=');
           if (kv <= 0) {
@@ -274,7 +437,8 @@ public final class MiniDfs {
   private static void usage(String why) {
     System.err.println("minidfs: " + why);
     System.err.println("usage: ferry.MiniDfs --name A --base-dir DIR --conf-dir DIR"
-        + " [--nn-port N (0 = free)] [--datanodes 1] [--log-level WARN] [--conf key=value]...");
+        + " [--nn-port N (0 = free)] [--datanodes 1] [--log-level WARN] [--conf key=value]..."
+        + " [--ha [--nameservice ns1]]");
     System.exit(2);
   }
 
