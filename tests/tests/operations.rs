@@ -56,3 +56,28 @@ fn bad_config_names_the_key_and_exits_2() {
         assert!(err.contains("max_bad_record") && err.contains("ferry.toml"), "{s}: {err}");
     }
 }
+
+#[test]
+fn bad_store_settings_name_the_key_and_exit_2() {
+    let cases = [
+        ("[destination.store.s3]\nca_bundel = \"x\"\n", "s3://b/p", "ca_bundel"),
+        ("[destination.store.s3]\nca_bundle = \"/nonexistent/ca.pem\"\n", "s3://b/p", "ca_bundle"),
+        ("[destination.store]\ncall_timeout = \"soon\"\n", "hdfs://127.0.0.1:1/w", "call_timeout"),
+        ("", "s3:///nobucket", "bucket"),
+        ("", "gopher://x/y", "gopher"),
+    ];
+    for (extra, url, key) in cases {
+        let p = Pipeline::new("1MiB", "30s", "0s");
+        let cfg = std::fs::read_to_string(&p.config).unwrap();
+        let dest = format!("url = \"{}/wh\"", p.dir.path().display());
+        assert!(cfg.contains(&dest));
+        let cfg = cfg.replace(&dest, &format!("url = \"{url}\"\n{extra}"));
+        std::fs::write(&p.config, cfg).unwrap();
+        for s in ["ferry-copy", "ferry-load"] {
+            let out = p.stage(s);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{s} with {url} {extra:?}: {err}");
+            assert!(err.contains(key), "{s}: the error names {key:?}: {err}");
+        }
+    }
+}
