@@ -193,7 +193,7 @@ fn s3_conditional_create_and_abandoned_multipart() {
             assert_eq!((n, h), hash_file(&f).unwrap(), "{name}: the caller learns what the bytes hash to");
             assert!(store.head(name).await.unwrap().is_none(), "{name}: nothing was completed");
         }
-        assert!(store.list("_ferry/uploads").await.unwrap().is_empty(), "the refused multipart upload was aborted");
+        assert!(store.abandoned_uploads(chrono_now_ms() + 60_000).await.unwrap().is_empty(), "the refused multipart upload was aborted");
 
         // a large upload cut off mid-way (its future dropped, as a watchdog does)
         let big = random_file(d.path(), "big", 100 << 20, 3);
@@ -207,10 +207,31 @@ fn s3_conditional_create_and_abandoned_multipart() {
         assert!(task.await.unwrap_err().is_cancelled());
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(store.head("_ferry/tmp/big.1.0").await.unwrap().is_none(), "never completed");
-        assert_eq!(store.list("_ferry/uploads").await.unwrap().len(), 1, "the upload is on record");
-        // gc aborts what is on record (again: the dropped upload already aborted itself)
-        assert_eq!(store.gc("_ferry/tmp", chrono_now_ms() + 60_000).await.unwrap(), 1);
-        assert!(store.list("_ferry/uploads").await.unwrap().is_empty(), "upload records cleaned");
+        assert!(store.abandoned_uploads(chrono_now_ms() + 60_000).await.unwrap().is_empty(), "the cut-off upload aborted itself");
+
+        // A crashed uploader's multipart upload (created here with object_store directly, then
+        // left): gc lists it with ListMultipartUploads and aborts it, once old enough.
+        let raw = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(&s3.bucket)
+            .with_endpoint(&s3.endpoint)
+            .with_region("us-east-1")
+            .with_access_key_id(&s3.access_key)
+            .with_secret_access_key(&s3.secret_key)
+            .with_client_options(object_store::ClientOptions::new().with_root_certificate(
+                object_store::Certificate::from_pem(&std::fs::read(&s3.ca).unwrap()).unwrap(),
+            ))
+            .build()
+            .unwrap();
+        use object_store::multipart::MultipartStore;
+        let key = object_store::path::Path::from(format!("{prefix}/_ferry/landed/t/c/part-crashed.parquet"));
+        let id = raw.create_multipart(&key).await.unwrap();
+        raw.put_part(&key, &id, 0, vec![7u8; 5 << 20].into()).await.unwrap();
+        let found = store.abandoned_uploads(chrono_now_ms() + 60_000).await.unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].0.ends_with("part-crashed.parquet") && found[0].1 == id);
+        assert!(store.abandoned_uploads(0).await.unwrap().is_empty(), "too young to count as abandoned");
+        assert_eq!(store.gc("_ferry/tmp", chrono_now_ms() + 60_000).await.unwrap(), 1, "gc aborted it");
+        assert!(store.abandoned_uploads(chrono_now_ms() + 60_000).await.unwrap().is_empty());
     });
 }
 

@@ -78,6 +78,15 @@ impl Store {
         })
     }
 
+    /// Multipart uploads (key, id) under the store's root started before `cutoff_ms` and
+    /// never completed: what gc would abort. Only S3 has them.
+    pub async fn abandoned_uploads(&self, cutoff_ms: i64) -> Result<Vec<(String, String)>> {
+        match self {
+            Store::S3(s) => s.abandoned_uploads(cutoff_ms).await,
+            _ => Ok(vec![]),
+        }
+    }
+
     /// Whether an upload can go straight to its final name. True on S3, where an upload is
     /// atomic (a PUT or a completed multipart upload appears whole or not at all) and a rename
     /// would be a second copy of every byte; false where files grow in place (local, HDFS) and a

@@ -17,8 +17,8 @@
 //!  copy    upload straight to <dest>/_ferry/landed/<table>/<chunk>/<k=v>/part-<chunk>.parquet
 //!          (an upload is atomic on S3: a PUT or a completed multipart appears whole or not at all)
 //!          <= part_size: one PUT with If-None-Match: *  (conditional create)
-//!          >  part_size: multipart, recorded under _ferry/uploads/ until completed or aborted,
-//!                        completed only if the bytes sent hash to what transform recorded
+//!          >  part_size: multipart, completed only if the bytes sent hash to what transform
+//!                        recorded, aborted otherwise
 //!  hedge   a second upload to _ferry/tmp/<chunk>.<attempt>.<i>.h (its own key), then
 //!          HEAD landed; absent -> server-side COPY tmp -> landed, DELETE tmp
 //!  load    the same "rename": HEAD table key; absent -> COPY landed -> table key, DELETE landed
@@ -28,9 +28,10 @@
 //! does not retry; or a 412 that may be our own lost success) we HEAD the key and accept it
 //! only if size and blake3 match; otherwise the chunk is retried under a new temp key. A
 //! multipart upload that fails is aborted; one cut off by a watchdog is aborted from a
-//! background task; one orphaned by a crash is aborted by gc (`ferry gc`, or a stage's start)
-//! from its `_ferry/uploads/` record once older than two leases. A bucket lifecycle rule
-//! (AbortIncompleteMultipartUpload) is the backstop for a crash between the two requests.
+//! background task; one orphaned by a crash is found by gc (`ferry gc`, or copy's start) with
+//! ListMultipartUploads under the store's root and aborted once older than two leases. With
+//! only instance credentials (no static keys to sign that request) a bucket lifecycle rule
+//! (AbortIncompleteMultipartUpload) does it instead.
 //!
 //! Retries: object_store retries what is safe to retry (5xx, 429, connect errors, timeouts
 //! of idempotent requests) within `max_retries` / `retry_timeout`. Ferry adds no second loop
@@ -63,6 +64,13 @@ pub struct S3Store {
     /// Key prefix of the store's root, without slashes at either end ("" for the bucket).
     prefix: String,
     opts: StoreOptions,
+    /// For the one request object_store does not offer (ListMultipartUploads): the bucket's
+    /// base URL, the region, static credentials if known, and an HTTP client with the same
+    /// timeouts and CA as the store's.
+    bucket_url: String,
+    region: String,
+    credential: Option<object_store::aws::AwsCredential>,
+    http: object_store::client::HttpClient,
 }
 
 impl S3Store {
@@ -84,25 +92,23 @@ impl S3Store {
             .or_else(|| std::env::var("AWS_REGION").ok())
             .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
             .unwrap_or_else(|| "us-east-1".into());
-        b = b.with_region(region);
-        match (&s3.access_key_id, &s3.secret_access_key) {
-            (Some(k), Some(s)) => {
-                b = b.with_access_key_id(k.clone()).with_secret_access_key(s.clone());
-                if let Some(t) = &s3.session_token {
-                    b = b.with_token(t.clone());
+        b = b.with_region(region.clone());
+        let credential = match (&s3.access_key_id, &s3.secret_access_key) {
+            (Some(k), Some(s)) => Some((k.clone(), s.clone(), s3.session_token.clone())),
+            (None, None) => match (std::env::var("AWS_ACCESS_KEY_ID"), std::env::var("AWS_SECRET_ACCESS_KEY")) {
+                (Ok(k), Ok(s)) => Some((k, s, std::env::var("AWS_SESSION_TOKEN").ok())),
+                _ => {
+                    let profile = s3.profile.clone().or_else(|| std::env::var("AWS_PROFILE").ok());
+                    profile_credentials(profile.as_deref()).map_err(&cfg_err)?
                 }
-            }
-            (None, None) if std::env::var("AWS_ACCESS_KEY_ID").is_err() => {
-                let profile = s3.profile.clone().or_else(|| std::env::var("AWS_PROFILE").ok());
-                if let Some((k, s, t)) = profile_credentials(profile.as_deref()).map_err(&cfg_err)? {
-                    b = b.with_access_key_id(k).with_secret_access_key(s);
-                    if let Some(t) = t {
-                        b = b.with_token(t);
-                    }
-                }
-            }
-            (None, None) => {}
+            },
             _ => return Err(cfg_err("store.s3: set both access_key_id and secret_access_key, or neither".into())),
+        };
+        if let Some((k, s, t)) = &credential {
+            b = b.with_access_key_id(k.clone()).with_secret_access_key(s.clone());
+            if let Some(t) = t {
+                b = b.with_token(t.clone());
+            }
         }
         let mut co = ClientOptions::new()
             .with_connect_timeout(s3.connect_timeout.0)
@@ -117,6 +123,22 @@ impl S3Store {
                 co = co.with_root_certificate(c);
             }
         }
+        let http = {
+            use object_store::client::HttpConnector;
+            object_store::client::ReqwestConnector::default()
+                .connect(&co)
+                .map_err(|e| cfg_err(format!("cannot set up the S3 HTTP client: {e}")))?
+        };
+        let endpoint = s3.endpoint.clone().unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+        let endpoint = endpoint.trim_end_matches('/');
+        let bucket_url = if s3.path_style {
+            format!("{endpoint}/{bucket}")
+        } else {
+            match endpoint.split_once("://") {
+                Some((scheme, host)) => format!("{scheme}://{bucket}.{host}"),
+                None => format!("https://{bucket}.{endpoint}"),
+            }
+        };
         b = b
             .with_client_options(co)
             .with_virtual_hosted_style_request(!s3.path_style)
@@ -133,6 +155,10 @@ impl S3Store {
             bucket: bucket.to_string(),
             prefix: prefix.trim_matches('/').to_string(),
             opts: opts.clone(),
+            bucket_url,
+            region,
+            credential: credential.map(|(key_id, secret_key, token)| object_store::aws::AwsCredential { key_id, secret_key, token }),
+            http,
         })
     }
 
@@ -354,10 +380,7 @@ impl S3Store {
         let key = self.key(rel);
         let opts = PutMultipartOptions { attributes: hash_attr(hash), ..Default::default() };
         let id = self.call("CreateMultipartUpload", rel, self.store.create_multipart_opts(&key, opts)).await?;
-        let record = upload_record(rel, &id);
         let guard = AbortOnDrop { store: self.store.clone(), key: key.clone(), id: id.clone(), armed: true };
-        let body = serde_json::json!({ "key": key.as_ref(), "rel": rel, "id": id }).to_string();
-        self.put_atomic(&record, body.into_bytes()).await?;
         let res = self.send_parts(local, rel, &key, &id, hash, progress).await;
         let mut guard = guard;
         match res {
@@ -365,18 +388,15 @@ impl S3Store {
                 // Bytes differ from what the caller expects: never complete them.
                 guard.armed = false;
                 let _ = tokio::time::timeout(self.budget(), self.store.abort_multipart(&key, &id)).await;
-                let _ = self.delete(&record).await;
                 Ok(sent)
             }
             Ok(None) => {
                 guard.armed = false;
-                self.delete(&record).await?;
                 Ok(hash.to_string())
             }
             Err(e) => {
                 guard.armed = false;
                 let _ = tokio::time::timeout(self.budget(), self.store.abort_multipart(&key, &id)).await;
-                let _ = self.delete(&record).await;
                 Err(e)
             }
         }
@@ -440,46 +460,84 @@ impl S3Store {
         }
     }
 
-    /// Aborts every multipart upload recorded before `cutoff_ms` (a crashed uploader's), whether
-    /// it was headed for a temp key or, in place, for a landed one.
+    /// Multipart uploads under the store's root started before `cutoff_ms`, as (key, upload
+    /// id), from ListMultipartUploads (signed here: object_store has no call for it). Empty,
+    /// with a log line, when only instance credentials are available.
+    pub async fn abandoned_uploads(&self, cutoff_ms: i64) -> Result<Vec<(String, String)>> {
+        let Some(cred) = &self.credential else {
+            tracing::info!("no static S3 credentials: abandoned multipart uploads are left to the bucket's lifecycle rule");
+            return Ok(vec![]);
+        };
+        let prefix = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
+        let enc: String = url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect();
+        let uri = format!("{}?uploads&prefix={enc}", self.bucket_url);
+        let what = format!("ListMultipartUploads {}", self.url(""));
+        let mut req = http::Request::builder()
+            .method("GET")
+            .uri(&uri)
+            .body(object_store::client::HttpRequestBody::from(Vec::new()))
+            .map_err(|e| Error::Other(format!("{what}: {e}")))?;
+        object_store::aws::AwsAuthorizer::new(cred, "s3", &self.region)
+            .try_authorize(&mut req, None)
+            .map_err(|e| Error::Other(format!("{what}: cannot sign: {e}")))?;
+        let body = tokio::time::timeout(self.budget(), async {
+            let resp = self.http.execute(req).await.map_err(|e| format!("{e}"))?;
+            let status = resp.status();
+            let body = resp.into_body().bytes().await.map_err(|e| format!("{e}"))?;
+            if !status.is_success() {
+                return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
+            }
+            Ok(body)
+        })
+        .await
+        .map_err(|_| Error::Stalled { what: what.clone(), reason: format!("not done within {:?}", self.budget()) })?
+        .map_err(|e| Error::Other(format!("{what}: {e}")))?;
+        let text = String::from_utf8_lossy(&body);
+        let mut out = Vec::new();
+        for upload in text.split("<Upload>").skip(1) {
+            let field = |name: &str| {
+                upload.split_once(&format!("<{name}>")).and_then(|(_, r)| r.split_once(&format!("</{name}>"))).map(|(v, _)| xml_unescape(v))
+            };
+            let (Some(key), Some(id), Some(initiated)) = (field("Key"), field("UploadId"), field("Initiated")) else { continue };
+            let started = chrono::DateTime::parse_from_rfc3339(&initiated).map(|t| t.timestamp_millis()).unwrap_or(i64::MAX);
+            if started < cutoff_ms {
+                out.push((key, id));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Aborts multipart uploads under the store's root started before `cutoff_ms`: a crashed
+    /// uploader's, whether headed for a temp key or, in place, for a landed one. Listed again
+    /// until none is left, not paged by markers (some servers reject their own markers).
     pub async fn abort_uploads(&self, cutoff_ms: i64) -> Result<usize> {
         let mut n = 0;
-        for e in self.list("_ferry/uploads").await? {
-            if e.mtime_ms >= cutoff_ms {
-                continue;
+        for _ in 0..100 {
+            let batch = self.abandoned_uploads(cutoff_ms).await?;
+            if batch.is_empty() {
+                break;
             }
-            let body = match self.read(&e.rel).await {
-                Ok(b) => b,
-                Err(err) if err.is_not_found() => continue,
-                Err(err) => return Err(err),
-            };
-            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-            let (Some(rel), Some(id)) = (v["rel"].as_str(), v["id"].as_str()) else {
-                self.delete(&e.rel).await?;
-                continue;
-            };
-            tracing::info!(key = %self.url(rel), upload = id, "aborting an abandoned multipart upload");
-            match self.call("AbortMultipartUpload", rel, self.store.abort_multipart(&self.key(rel), &id.to_string())).await {
-                Ok(()) => {}
-                Err(err) if err.is_not_found() => {}
-                Err(err) => return Err(err),
+            for (key, id) in batch {
+                tracing::info!(key = %format!("s3://{}/{key}", self.bucket), upload = %id, "aborting an abandoned multipart upload");
+                match self.call("AbortMultipartUpload", &key, self.store.abort_multipart(&Key::from(key.clone()), &id)).await {
+                    Ok(()) => n += 1,
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
             }
-            self.delete(&e.rel).await?;
-            n += 1;
         }
         Ok(n)
     }
+}
+
+fn xml_unescape(s: &str) -> String {
+    s.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&")
 }
 
 fn hash_attr(hash: &str) -> Attributes {
     let mut a = Attributes::new();
     a.insert(Attribute::Metadata(HASH_META.into()), hash.to_string().into());
     a
-}
-
-fn upload_record(rel: &str, id: &str) -> String {
-    let tag = blake3::hash(format!("{rel}\n{id}").as_bytes()).to_hex();
-    format!("_ferry/uploads/{}.json", &tag[..32])
 }
 
 /// A multipart upload cut off by a watchdog (its future dropped) is aborted in the background.
