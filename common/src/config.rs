@@ -540,6 +540,14 @@ impl Config {
         Ok(())
     }
 
+    /// Temp files and uploads older than this (ms since the epoch) are a crashed writer's: a
+    /// live writer is at most a copy deadline into its file (its watchdog ends it; extract's
+    /// and load's writes have shorter deadlines), and two leases of slack cover clock skew and
+    /// a worker that has not noticed its lease is gone.
+    pub fn temp_cutoff_ms(&self, now_ms: i64) -> i64 {
+        now_ms - (self.copy.deadline.0 + self.ledger.lease.0 * 2).as_millis() as i64
+    }
+
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }

@@ -170,24 +170,28 @@ pub fn hdfs_error_class(e: &hdfs_native::HdfsError) -> ErrorClass {
     match e {
         IOError(io) => io_error_class(io),
         DataTransferError(_) | ChecksumError | BlocksNotFound(_) | OperationFailed(_) => ErrorClass::Transient,
-        // A RemoteException: retry the ones that say "try again later" (safe mode, standby,
-        // lease held by a writer being recovered, a replica not yet complete).
-        RPCError(class, msg) => {
-            let again = [
-                "SafeModeException",
-                "StandbyException",
-                "RetriableException",
-                "RecoveryInProgressException",
-                "AlreadyBeingCreatedException",
-                "NotReplicatedYetException",
-                "LeaseExpiredException",
+        // A RemoteException: the ones that a later attempt cannot change are permanent; the
+        // rest (safe mode, standby, "could only be written to 0 of the 1 minReplication
+        // nodes" while DataNodes restart, leases being recovered, plain IOExceptions) retry,
+        // bounded by max_attempts.
+        RPCError(class, _) => {
+            let never = [
+                "AccessControlException",
+                "AuthorizationException",
+                "FileNotFoundException",
+                "FileAlreadyExistsException",
+                "ParentNotDirectoryException",
+                "InvalidPathException",
+                "PathIsNotEmptyDirectoryException",
+                "UnresolvedLinkException",
+                "UnsupportedOperationException",
+                "HadoopIllegalArgumentException",
+                "IllegalArgumentException",
             ];
-            if again.iter().any(|k| class.ends_with(k) || msg.contains(k)) {
-                ErrorClass::Transient
-            } else {
-                ErrorClass::Permanent
-            }
+            if never.iter().any(|k| class.ends_with(k)) { ErrorClass::Permanent } else { ErrorClass::Transient }
         }
+        // An expired ticket cache before the next kinit, a KDC that is briefly away.
+        SASLError(_) | GSSAPIError(..) => ErrorClass::Transient,
         FatalRPCError(..) | InvalidRPCResponse(_) | InternalError(_) => ErrorClass::Transient,
         _ => ErrorClass::Permanent,
     }

@@ -129,7 +129,9 @@ impl Copy {
             if !src.exists() {
                 return Err(CopyError::Spool(format!("{} is missing; transform the chunk again (ferry requeue)", src.display())));
             }
-            let tmp = format!("_ferry/tmp/{}.{}.{i}", lease.chunk_id, lease.attempt);
+            // The lease's epoch, not its attempt number: only the epoch never repeats (a released
+            // or requeued task gets an attempt number again, and may find its old temp file).
+            let tmp = format!("_ferry/tmp/{}.{}.{i}", lease.chunk_id, lease.epoch);
             self.ship_hedged(&dest, &src, &tmp, &landed, p).await?;
             work.bytes += p.bytes;
             work.records += p.records;
@@ -230,6 +232,11 @@ impl Copy {
                 if !in_place {
                     let _ = dest.delete(tmp).await;
                 }
+                // Our own upload's target vanished mid-way (another process's gc, an operator):
+                // worth another attempt, not a quarantine.
+                if e.is_not_found() {
+                    return Err(CopyError::Verify(format!("{what}: the upload's target vanished ({e})")));
+                }
                 return Err(e.into());
             }
         };
@@ -237,8 +244,10 @@ impl Copy {
             if !in_place {
                 dest.delete(tmp).await?;
             }
-            return Err(CopyError::Verify(format!(
-                "{}: sent {n} bytes with hash {hash}, transform recorded {} bytes with hash {}",
+            // These are the bytes read from the spool file: it is not what transform wrote, and
+            // no retry of the copy changes that.
+            return Err(CopyError::Spool(format!(
+                "{}: holds {n} bytes with hash {hash}, transform recorded {} bytes with hash {}; transform the chunk again (ferry requeue --stage transform)",
                 src.display(),
                 p.bytes,
                 p.content_hash
@@ -268,19 +277,22 @@ impl Copy {
                 std::fs::remove_dir_all(&d).map_err(|e| Error::io(d.display(), e))?;
             }
         }
-        let cutoff = self.ledger.stale_before_ms();
+        let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
         self.dest.gc("_ferry/tmp", cutoff).await?;
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
         spool.remove_stale_temps(&self.cfg.table.name, cutoff).await?;
         Ok(())
     }
 
-    /// The after-commit hook: the chunk is recorded as copied, so its spool files can go.
+    /// The after-commit hook: the chunk is recorded as copied, so its spool files can go
+    /// (off the async threads: a slow disk must not hold up other chunks' heartbeats).
     pub fn remove_spool(&self, lease: &Lease) {
         let d = self.spool_dir(&lease.chunk_id);
-        if let Err(e) = std::fs::remove_dir_all(&d) {
-            tracing::warn!(dir = %d.display(), error = %e, "cannot remove spool files; gc will");
-        }
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = std::fs::remove_dir_all(&d) {
+                tracing::warn!(dir = %d.display(), error = %e, "cannot remove spool files; gc will");
+            }
+        });
     }
 }
 

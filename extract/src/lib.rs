@@ -63,7 +63,7 @@ impl Extract {
     /// One pass over the source: every finished, new file is chunked and recorded.
     pub async fn pass(&self) -> Result<Pass> {
         let mut pass = Pass::default();
-        self.staging.remove_stale_temps(&self.cfg.table.name, self.ledger.stale_before_ms()).await?;
+        self.staging.remove_stale_temps(&self.cfg.table.name, self.cfg.temp_cutoff_ms(self.ledger.now_ms())).await?;
         let entries = self.source.list("").await?;
         let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.rel.as_str()).collect();
         let now = self.ledger.now_ms();

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use ferry_common::config::Config;
 use ferry_common::error::{Classified, Error, ErrorClass};
-use ferry_common::ledger::{Lease, Ledger, Part, Work};
+use ferry_common::ledger::{Lease, Ledger, Part, Stage, Work};
 use ferry_common::storage::Store;
 
 #[derive(Debug, thiserror::Error)]
@@ -63,10 +63,24 @@ impl Load {
         Ok(Load { cfg, ledger, dest, ddl: tokio::sync::Mutex::new(None) })
     }
 
-    /// Removes manifest and DDL temp files left by a load that crashed.
+    /// Removes manifest and DDL temp files left by a load that crashed, and landed files of
+    /// chunks already published (a zombie copy that landed a chunk again after its load).
     pub async fn gc(&self) -> Result<(), LoadError> {
-        let dir = format!("{}/_ferry", self.cfg.table.name);
-        self.dest.remove_stale_temps(&dir, self.ledger.stale_before_ms()).await?;
+        let table = &self.cfg.table.name;
+        let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
+        self.dest.remove_stale_temps(&format!("{table}/_ferry"), cutoff).await?;
+        let landed = self.dest.list(&format!("_ferry/landed/{table}")).await?;
+        if !landed.is_empty() {
+            let done: std::collections::HashSet<String> = self.ledger.done_chunks(Stage::Load).await?.into_iter().collect();
+            let prefix = format!("_ferry/landed/{table}/");
+            for e in landed {
+                let chunk = e.rel.strip_prefix(&prefix).and_then(|r| r.split('/').next()).unwrap_or_default();
+                if e.mtime_ms < cutoff && done.contains(chunk) {
+                    tracing::info!(file = %self.dest.url(&e.rel), "removing a landed copy of a published chunk");
+                    self.dest.delete(&e.rel).await?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -126,6 +140,23 @@ impl Load {
     /// directly.
     pub async fn write_ddl(&self) -> Result<(), LoadError> {
         let mut last = self.ddl.lock().await;
+        // Rewritten only when the partition list differs from what this process last wrote:
+        // on HDFS every file write waits for a block report, and most chunks add no partition.
+        // After writing, look again: another load process may have written a newer list
+        // meanwhile and ours may have landed last. The ledger's list only grows, so the
+        // writer that sees no change after its own write leaves the newest list in place.
+        for _ in 0..5 {
+            let sql = self.render_ddl().await?;
+            if last.as_deref() == Some(sql.as_str()) {
+                return Ok(());
+            }
+            self.dest.put_atomic(&format!("{}/_ferry/ddl.sql", self.cfg.table.name), sql.clone().into_bytes()).await?;
+            *last = Some(sql);
+        }
+        Ok(())
+    }
+
+    async fn render_ddl(&self) -> Result<String, LoadError> {
         let table = &self.cfg.table.name;
         let location = self.dest.url(table);
         let partitions = self.ledger.table_partitions().await?;
@@ -173,14 +204,6 @@ impl Load {
                 p.partition
             ));
         }
-        // Rewritten only when the partition list changed since this process last wrote it:
-        // on HDFS every file write waits for a block report, and most chunks add no partition.
-        // A new process writes it once on its first chunk, so a crash never leaves it stale.
-        if last.as_deref() == Some(sql.as_str()) {
-            return Ok(());
-        }
-        self.dest.put_atomic(&format!("{table}/_ferry/ddl.sql"), sql.clone().into_bytes()).await?;
-        *last = Some(sql);
-        Ok(())
+        Ok(sql)
     }
 }

@@ -105,10 +105,11 @@ fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
     assert!(redone < chunks, "a reset redoes one chunk, not the job");
     assert_eq!(other, 0, "extract, transform and load never saw a fault");
 
-    // Nothing left behind on A once temp files are old enough (two leases = 6 s).
+    // Nothing left behind on A: `ferry gc` with an age that fits this test (by default a temp
+    // file must be a copy deadline plus two leases old before it counts as abandoned).
     std::thread::sleep(Duration::from_secs(7));
     let gc = std::process::Command::new(bin("ferry"))
-        .args(["--ledger", &p.ledger_url(), "gc", "--config"])
+        .args(["--ledger", &p.ledger_url(), "gc", "--older-than", "5s", "--config"])
         .arg(&p.config)
         .output()
         .unwrap();

@@ -86,6 +86,10 @@ fn csv_end_to_end() {
 #[test]
 fn kill_9_at_any_point_then_rerun_is_exactly_once() {
     let p = Pipeline::new("32KiB", "1s", "0s");
+    // Temp files count as abandoned after a copy deadline plus two leases: 4 s here.
+    let mut cfg = std::fs::read_to_string(&p.config).unwrap();
+    cfg.push_str("\n[copy]\ndeadline = \"2s\"\n");
+    std::fs::write(&p.config, cfg).unwrap();
     p.generate("in", "avro", "null", 4, 3000, 11);
     let want = input_digest("avro", &p.path("in"));
     let mut kills = 0;
@@ -105,14 +109,14 @@ fn kill_9_at_any_point_then_rerun_is_exactly_once() {
         }
     }
     assert!(kills >= 4, "only {kills} kills landed mid-run; the test proves nothing");
-    // Leases of killed workers expire after 1 s; temp files count as abandoned after 2 leases.
+    // Leases of killed workers expire after 1 s; temp files count as abandoned after 4 s.
     std::thread::sleep(Duration::from_millis(2500));
     let outs = p.drain(20);
     for (o, s) in outs.iter().zip(STAGES) {
         ok(o, s);
     }
     // One more pass so gc sees every temp file as stale.
-    std::thread::sleep(Duration::from_millis(2100));
+    std::thread::sleep(Duration::from_millis(4100));
     for s in STAGES {
         ok(&p.stage(s), s);
     }

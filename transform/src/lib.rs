@@ -88,7 +88,7 @@ impl Transform {
     /// Removes spool temp files left by a transform that crashed.
     pub async fn gc(&self) -> Result<(), TransformError> {
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
-        spool.remove_stale_temps(&self.cfg.table.name, self.ledger.stale_before_ms()).await?;
+        spool.remove_stale_temps(&self.cfg.table.name, self.cfg.temp_cutoff_ms(self.ledger.now_ms())).await?;
         Ok(())
     }
 

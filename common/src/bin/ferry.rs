@@ -144,18 +144,34 @@ async fn run(cli: Cli) -> ferry_common::Result<i32> {
             let cfg = ferry_common::config::Config::load(&config)?;
             let cutoff = match older_than {
                 Some(d) => chrono::Utc::now().timestamp_millis() - std::time::Duration::from(d).as_millis() as i64,
-                // Two of the configured leases: any writer still holding one has renewed it since.
-                None => chrono::Utc::now().timestamp_millis() - 2 * cfg.ledger.lease.0.as_millis() as i64,
+                // A live writer is at most a copy deadline into its file, plus two leases.
+                None => cfg.temp_cutoff_ms(chrono::Utc::now().timestamp_millis()),
             };
             let table = &cfg.table.name;
             let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
             let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
             let spool = Store::from_url(&cfg.spool.dir.to_string_lossy())?;
-            let mut n = staging.remove_stale_temps(table, cutoff).await?;
-            n += dest.gc("_ferry/tmp", cutoff).await?;
-            n += dest.remove_stale_temps(table, cutoff).await?;
-            n += spool.remove_stale_temps(table, cutoff).await?;
+            // Each place on its own: one store that is down does not stop the others' cleanup.
+            let (mut n, mut failed) = (0, 0);
+            let table_meta = format!("{table}/_ferry");
+            for (what, r) in [
+                ("staging", staging.remove_stale_temps(table, cutoff).await),
+                ("destination _ferry/tmp and uploads", dest.gc("_ferry/tmp", cutoff).await),
+                ("destination table metadata", dest.remove_stale_temps(&table_meta, cutoff).await),
+                ("spool", spool.remove_stale_temps(table, cutoff).await),
+            ] {
+                match r {
+                    Ok(k) => n += k,
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("gc of {what} failed: {e}");
+                    }
+                }
+            }
             println!("removed {n} abandoned file(s) or upload(s)");
+            if failed > 0 {
+                return Ok(exit::FATAL);
+            }
         }
         Cmd::Requeue { stage, chunk } => {
             let n = ledger.requeue(&RequeueFilter { stage, chunk_id: chunk }).await?;

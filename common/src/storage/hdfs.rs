@@ -359,9 +359,10 @@ impl HdfsStore {
         // Bounded like any transfer: a deadline that grows with the size (1 MiB/s floor) and
         // the no-progress watchdog.
         let deadline = self.opts.call_timeout.0 * 2 + Duration::from_secs(bytes.len() as u64 >> 20);
-        let mut once = Some(Bytes::from(bytes));
+        // In pieces, so the watchdog sees bytes move while a large chunk is written.
+        let mut rest = Bytes::from(bytes);
         let next = move || {
-            let b = once.take();
+            let b = if rest.is_empty() { None } else { Some(rest.split_to(rest.len().min(4 << 20))) };
             Box::pin(async move { Ok(b) }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Bytes>>> + Send>>
         };
         let res = super::watched(&format!("write of {}", self.url(rel)), deadline, self.opts.read_stall.0, progress.clone(), self.write_new(&tmp, next, &progress)).await;

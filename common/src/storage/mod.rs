@@ -29,6 +29,9 @@ pub enum Store {
 #[derive(Debug, Clone)]
 pub struct LocalStore {
     root: PathBuf,
+    /// A hard-mounted NAS that stops answering blocks a syscall forever: every call gets a
+    /// deadline (the thread may stay stuck, the caller does not).
+    call_timeout: Duration,
 }
 
 /// A file in a store.
@@ -65,7 +68,7 @@ impl Store {
         if path.is_empty() {
             return Err(Error::Config { file: url.to_string(), message: "empty storage path".into() });
         }
-        Ok(Store::Local(LocalStore { root: PathBuf::from(path) }))
+        Ok(Store::Local(LocalStore { root: PathBuf::from(path), call_timeout: opts.call_timeout.0 }))
     }
 
     /// The same store on its own connections, for one chunk's work: a connection that hangs
@@ -138,7 +141,7 @@ impl Store {
         match self {
             Store::Local(l) => {
                 let (root, start) = (l.root.clone(), l.abs(dir));
-                blocking(move || {
+                blocking(l.call_timeout * 4, "list", move || {
                     let mut out = Vec::new();
                     if start.exists() {
                         walk(&root, &start, &mut out)?;
@@ -158,7 +161,7 @@ impl Store {
             Store::Local(l) => {
                 let p = l.abs(rel);
                 let rel = rel.to_string();
-                blocking(move || match std::fs::metadata(&p) {
+                blocking(l.call_timeout, "stat", move || match std::fs::metadata(&p) {
                     Ok(m) => Ok(Some(Entry { rel, size: m.len(), mtime_ms: mtime_ms(&m) })),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                     Err(e) => Err(Error::io(p.display(), e)),
@@ -174,7 +177,7 @@ impl Store {
         match self {
             Store::Local(l) => {
                 let p = l.abs(rel);
-                blocking(move || std::fs::read(&p).map_err(|e| Error::io(p.display(), e))).await
+                blocking(l.call_timeout * 4, "read", move || std::fs::read(&p).map_err(|e| Error::io(p.display(), e))).await
             }
             Store::Hdfs(h) => h.read(rel).await,
             Store::S3(s) => s.read(rel).await,
@@ -200,7 +203,7 @@ impl Store {
         match self {
             Store::Local(l) => {
                 let p = l.abs(rel);
-                blocking(move || write_atomic(&p, &bytes)).await
+                blocking(l.call_timeout * 4, "write", move || write_atomic(&p, &bytes)).await
             }
             Store::Hdfs(h) => h.put_atomic(rel, bytes).await,
             Store::S3(s) => s.put_atomic(rel, bytes).await,
@@ -221,7 +224,7 @@ impl Store {
         match self {
             Store::Local(l) => {
                 let (a, b) = (l.abs(from), l.abs(to));
-                blocking(move || {
+                blocking(l.call_timeout, "rename", move || {
                     if let Some(dir) = b.parent() {
                         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
                     }
@@ -248,7 +251,7 @@ impl Store {
         match self {
             Store::Local(l) => {
                 let p = l.abs(rel);
-                blocking(move || match std::fs::remove_file(&p) {
+                blocking(l.call_timeout, "delete", move || match std::fs::remove_file(&p) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(p.display(), e)),
                     _ => Ok(()),
                 })
@@ -272,7 +275,8 @@ impl Store {
         match self {
             Store::Local(l) => {
                 let (src, dst) = (local.to_path_buf(), l.abs(rel));
-                blocking(move || {
+                // Bounded by the caller's deadline and watchdog (it moves `progress`).
+                blocking(Duration::MAX, "upload", move || {
                     if let Some(dir) = dst.parent() {
                         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
                     }
@@ -324,7 +328,7 @@ impl Store {
         match self {
             Store::Local(l) => {
                 let p = l.abs(rel);
-                blocking(move || hash_file(&p)).await
+                blocking(l.call_timeout * 4, "hash", move || hash_file(&p)).await
             }
             Store::Hdfs(h) => h.hash(rel).await,
             Store::S3(s) => s.hash(rel).await,
@@ -384,6 +388,16 @@ pub async fn watched<T>(
             }
         }
     };
+    // Dropped before it ends (a hedge lost, a lease was lost): tell the transfer to stop too.
+    struct CancelOnDrop(Progress, bool);
+    impl Drop for CancelOnDrop {
+        fn drop(&mut self) {
+            if !self.1 {
+                self.0.cancel();
+            }
+        }
+    }
+    let mut guard = CancelOnDrop(progress.clone(), false);
     let res = tokio::select! {
         r = tokio::time::timeout(deadline, fut) => match r {
             Ok(r) => r,
@@ -397,6 +411,7 @@ pub async fn watched<T>(
     if res.is_err() {
         progress.cancel();
     }
+    guard.1 = true;
     res
 }
 
@@ -508,8 +523,19 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<Entry>) -> Result<()> {
     Ok(())
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Other(format!("storage task failed: {e}")))?
+async fn blocking<T: Send + 'static>(deadline: Duration, op: &str, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    let task = tokio::task::spawn_blocking(f);
+    let joined = if deadline == Duration::MAX {
+        task.await
+    } else {
+        match tokio::time::timeout(deadline, task).await {
+            Ok(j) => j,
+            Err(_) => {
+                return Err(Error::Stalled { what: format!("local {op}"), reason: format!("no answer within {deadline:?} (a hung mount?)") });
+            }
+        }
+    };
+    joined.map_err(|e| Error::Other(format!("storage task failed: {e}")))?
 }
 
 #[cfg(test)]
