@@ -16,7 +16,7 @@
 //! A landed file that already has the recorded size and hash counts as copied, so a retry after
 //! a crash or a lost reply copies nothing twice. The spool files go only after the ledger
 //! commit (the runner's after-commit hook). A crash leaves at worst a temp file, which the
-//! next run removes once it is older than two leases. What "rename" means on each backend, and
+//! next run removes once it is older than a copy deadline plus two leases. What "rename" means on each backend, and
 //! how an ambiguous failure is settled there, is in `ferry_common::storage::{hdfs, s3}`.
 //!
 //! # Hedged copies
@@ -269,7 +269,7 @@ impl Copy {
     }
 
     /// Removes spool directories of chunks already copied (left by a crash between the
-    /// commit and the removal), and temp files in the destination older than two leases.
+    /// commit and the removal), and temp files in the destination older than a deadline plus two leases.
     pub async fn gc(&self) -> Result<(), CopyError> {
         for chunk in self.ledger.done_chunks(Stage::Copy).await? {
             let d = self.spool_dir(&chunk);

@@ -53,12 +53,12 @@ enum Cmd {
     },
     /// Remove what crashed writers left behind: temp files in staging, the destination's
     /// `_ferry/tmp` and the table (HDFS files possibly still under construction), spool temp
-    /// files, and abandoned S3 multipart uploads. Only what is older than two leases (or
+    /// files, and abandoned S3 multipart uploads. Only what is older than copy.deadline plus two leases (or
     /// `--older-than`) goes, so running writers are never disturbed.
     Gc {
         #[arg(long, env = "FERRY_CONFIG")]
         config: std::path::PathBuf,
-        /// Age instead of two leases, e.g. "1h".
+        /// Age instead of copy.deadline plus two leases, e.g. "1h".
         #[arg(long)]
         older_than: Option<humantime::Duration>,
     },

@@ -23,7 +23,7 @@
 //! An ambiguous `rename` is settled by looking at both names (the temp name is ours alone, so
 //! "temp gone, target there" means our rename went through). A crash at any step leaves at most
 //! a temp file, possibly under construction; the stage's gc (and `ferry gc`) deletes temp files
-//! older than two leases, which also ends their leases.
+//! older than a copy deadline plus two leases, which also ends their leases.
 //!
 //! Each chunk gets a client of its own ([`HdfsStore::isolated`]): hdfs-native multiplexes all
 //! calls of one client over one NameNode connection, so a connection that hangs would otherwise

@@ -29,7 +29,8 @@
 //! only if size and blake3 match; otherwise the chunk is retried under a new temp key. A
 //! multipart upload that fails is aborted; one cut off by a watchdog is aborted from a
 //! background task; one orphaned by a crash is found by gc (`ferry gc`, or copy's start) with
-//! ListMultipartUploads under the store's root and aborted once older than two leases. With
+//! ListMultipartUploads under the store's root and aborted once older than a copy deadline
+//! plus two leases (no live upload is older: its watchdog ends it). With
 //! only instance credentials (no static keys to sign that request) a bucket lifecycle rule
 //! (AbortIncompleteMultipartUpload) does it instead.
 //!
