@@ -95,7 +95,7 @@ esac
 
 run_copy() { # run_copy NAME PREFIX HOSTPORT
   rm -rf "$DIR/spool" "$DIR"/ledger.db* "$DIR/copy.log"; cp -al "$DIR/spool.orig" "$DIR/spool"; cp "$DIR/ledger.orig" "$DIR/ledger.db"
-  { cat "$DIR/base.toml"; dest_section "$3" "$2"; printf '[copy]\nconcurrency = %s\n' "${COPY_CONCURRENCY:-4}"; } > "$DIR/ferry.toml"
+  { cat "$DIR/base.toml"; dest_section "$3" "$2"; [ -z "${COPY_CONCURRENCY:-}" ] || printf '[copy]\nconcurrency = %s\n' "$COPY_CONCURRENCY"; } > "$DIR/ferry.toml"
   # Cron-style: --once until nothing is left (a retry waits out its backoff in the ledger).
   /usr/bin/time -f "%e %M %U %S" -o "$DIR/t.copy" bash -c '
     for round in $(seq 1 20); do

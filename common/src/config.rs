@@ -439,7 +439,10 @@ pub struct CopySection {
     pub deadline: HumanDuration,
     /// An attempt that moves no bytes for this long is abandoned (no-progress watchdog).
     pub stall_timeout: HumanDuration,
-    pub concurrency: usize,
+    /// Chunks copied at once. Default by destination: 16 for HDFS, where each file is one
+    /// stream and every close waits for the DataNode's block report (hdfs-native sleeps
+    /// 500 ms); 4 elsewhere (S3 already sends `part_concurrency` parts of each file at once).
+    pub concurrency: Option<usize>,
     /// Hedged copies: when a part's upload runs longer than `hedge_multiple` times the recent
     /// p95 for its size (and at least `hedge_min`), a second upload starts on new connections
     /// to its own temp name; the first to land wins, the other is cancelled and removed.
@@ -453,7 +456,7 @@ impl Default for CopySection {
         CopySection {
             deadline: HumanDuration(Duration::from_secs(600)),
             stall_timeout: HumanDuration(Duration::from_secs(30)),
-            concurrency: 4,
+            concurrency: None,
             // On by default: a hedge starts only for the slowest few percent of parts, so it
             // costs little, and it turns "one connection hung until its deadline" into
             // "one connection's worth of delay". See the copy stage's design note.
@@ -523,7 +526,7 @@ impl Config {
             ("transform.concurrency", self.transform.concurrency),
             ("transform.batch_size", self.transform.batch_size),
             ("transform.row_group_size", self.transform.row_group_size),
-            ("copy.concurrency", self.copy.concurrency),
+            ("copy.concurrency", self.copy_concurrency()),
             ("load.concurrency", self.load.concurrency),
         ] {
             if v == 0 {
@@ -538,6 +541,14 @@ impl Config {
         }
         crate::ledger::LedgerUrl::parse(&self.ledger.url).map_err(|e| format!("ledger.url: {e}"))?;
         Ok(())
+    }
+
+    /// `copy.concurrency`, or its default for the destination's kind.
+    pub fn copy_concurrency(&self) -> usize {
+        self.copy.concurrency.unwrap_or_else(|| {
+            let u = self.destination.url.as_str();
+            if u.starts_with("hdfs://") || u.starts_with("viewfs://") { 16 } else { 4 }
+        })
     }
 
     /// Temp files and uploads older than this (ms since the epoch) are a crashed writer's: a
@@ -644,7 +655,7 @@ name = "events"
         )
         .unwrap();
         let c: Config = toml::Value::Table(doc).try_into().unwrap();
-        assert_eq!(c.copy.concurrency, 9);
+        assert_eq!(c.copy_concurrency(), 9);
         assert_eq!(c.extract.chunk_size, ByteSize(1 << 20));
     }
 

@@ -29,7 +29,7 @@ async fn main() {
 
 async fn run(args: Args) -> ferry_common::Result<i32> {
     let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
-    let concurrency = cfg.copy.concurrency;
+    let concurrency = cfg.copy_concurrency();
     let c = Arc::new(Copy::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
     // Best effort: a store that is down right now must not stop the stage; the next start
     // collects what this one could not.
