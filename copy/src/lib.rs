@@ -284,15 +284,14 @@ impl Copy {
         Ok(())
     }
 
-    /// The after-commit hook: the chunk is recorded as copied, so its spool files can go
-    /// (off the async threads: a slow disk must not hold up other chunks' heartbeats).
+    /// The after-commit hook: the chunk is recorded as copied, so its spool files can go.
+    /// Done here and now (a few unlinks on local disk), not in a background task that a
+    /// `--once` run could exit before.
     pub fn remove_spool(&self, lease: &Lease) {
         let d = self.spool_dir(&lease.chunk_id);
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = std::fs::remove_dir_all(&d) {
-                tracing::warn!(dir = %d.display(), error = %e, "cannot remove spool files; gc will");
-            }
-        });
+        if let Err(e) = std::fs::remove_dir_all(&d) {
+            tracing::warn!(dir = %d.display(), error = %e, "cannot remove spool files; gc will");
+        }
     }
 }
 
