@@ -27,6 +27,14 @@ pub struct RunOptions {
     pub worker: String,
 }
 
+/// A stage's start-up cleanup of abandoned temp files, best effort: a store that is down
+/// right now must not stop the stage; the next start collects what this one could not.
+pub async fn cleanup<E: std::fmt::Display>(gc: impl Future<Output = std::result::Result<(), E>>) {
+    if let Err(e) = gc.await {
+        tracing::warn!(error = %e, "cleanup of abandoned temp files failed; continuing");
+    }
+}
+
 /// What one run did, for the summary line.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {

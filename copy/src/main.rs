@@ -31,11 +31,7 @@ async fn run(args: Args) -> ferry_common::Result<i32> {
     let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
     let concurrency = cfg.copy_concurrency();
     let c = Arc::new(Copy::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
-    // Best effort: a store that is down right now must not stop the stage; the next start
-    // collects what this one could not.
-    if let Err(e) = c.gc().await {
-        tracing::warn!(error = %e, "cleanup of abandoned temp files failed; continuing");
-    }
+    runner::cleanup(c.gc()).await;
     let (work, after) = (c.clone(), c);
     runner::serve(
         &ledger,

@@ -172,6 +172,18 @@ impl S3Server {
         }
     }
 
+    /// Store options for this server at `endpoint` (the server itself, or a proxy in front).
+    pub fn store_options(&self, endpoint: &str) -> ferry_common::config::StoreOptions {
+        let mut o = ferry_common::config::StoreOptions::default();
+        o.s3.endpoint = Some(endpoint.to_string());
+        o.s3.region = Some("us-east-1".into());
+        o.s3.path_style = true;
+        o.s3.ca_bundle = Some(self.ca.clone());
+        o.s3.access_key_id = Some(self.access_key.clone());
+        o.s3.secret_access_key = Some(self.secret_key.clone());
+        o
+    }
+
     /// A `[... .store.s3]` TOML body for this server at `endpoint` (the server itself, or a
     /// proxy in front of it).
     pub fn store_toml(&self, endpoint: &str) -> String {

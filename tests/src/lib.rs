@@ -154,6 +154,12 @@ max_bad_records = 5
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// A count (or any integer) from the ledger.
+    pub fn count(&self, q: &str) -> i64 {
+        let v = self.sql(q);
+        v.parse().unwrap_or_else(|_| panic!("{q}: not a number: {v:?}"))
+    }
+
     /// Digest of the published table read by pyarrow: rows, distinct ids, and a hash of all
     /// rows in a canonical form.
     pub fn table_digest(&self) -> serde_json::Value {

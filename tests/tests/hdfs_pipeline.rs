@@ -36,9 +36,6 @@ fn table_on(a: &MiniDfs, p: &Pipeline) -> serde_json::Value {
     table_digest(&local)
 }
 
-fn n(p: &Pipeline, q: &str) -> i64 {
-    p.sql(q).parse().unwrap_or(0)
-}
 
 #[test]
 fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
@@ -48,7 +45,7 @@ fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
     p.generate("in", "avro", "deflate", 4, 2000, 11);
     ok(&p.stage("ferry-extract"), "extract");
     ok(&p.stage("ferry-transform"), "transform");
-    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
     assert!(chunks >= 12, "want many chunks, got {chunks}");
     // Staged chunks are on cluster B, seen by Hadoop's own client.
     let ls = String::from_utf8_lossy(&b.fs(&["-ls", "-R", "/staging/events"]).stdout).to_string();
@@ -71,7 +68,7 @@ fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
             let o = p.stage(s);
             settled += String::from_utf8_lossy(&o.stderr).matches("ambiguous close settled").count();
         }
-        if n(&p, "SELECT COUNT(*) FROM tasks WHERE state IN ('available','running','retryable')") == 0 {
+        if p.count("SELECT COUNT(*) FROM tasks WHERE state IN ('available','running','retryable')") == 0 {
             break;
         }
         std::thread::sleep(Duration::from_millis(300));
@@ -84,14 +81,14 @@ fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
     assert_eq!(got["rows"], want["rows"], "rows");
     assert_eq!(got["distinct"], want["distinct"], "exactly once");
     assert_eq!(got["digest"], want["digest"], "every field");
-    assert_eq!(n(&p, "SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0, "everything done, nothing quarantined");
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0, "everything done, nothing quarantined");
 
     let faults = proxy.injected();
-    let failed = n(&p, "SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'");
-    let redone = n(&p, "SELECT COUNT(DISTINCT chunk_id) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'");
-    let other = n(&p, "SELECT COUNT(*) FROM attempts WHERE stage <> 'copy' AND outcome <> 'done'");
-    let unsettled = n(&p, "SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND error LIKE '%outcome unknown%'");
-    let redone_bytes = n(&p, "SELECT COALESCE(SUM(bytes), 0) FROM parts WHERE chunk_id IN (SELECT chunk_id FROM attempts WHERE stage = 'copy' AND outcome <> 'done')");
+    let failed = p.count("SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'");
+    let redone = p.count("SELECT COUNT(DISTINCT chunk_id) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'");
+    let other = p.count("SELECT COUNT(*) FROM attempts WHERE stage <> 'copy' AND outcome <> 'done'");
+    let unsettled = p.count("SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND error LIKE '%outcome unknown%'");
+    let redone_bytes = p.count("SELECT COALESCE(SUM(bytes), 0) FROM parts WHERE chunk_id IN (SELECT chunk_id FROM attempts WHERE stage = 'copy' AND outcome <> 'done')");
     eprintln!(
         "seed 001: {chunks} chunks in {took:?}; proxy: {}; ambiguous complete() settled in place by lease recovery: {settled}; \
          copy attempts failed and redone: {failed} on {redone} chunks ({redone_bytes} bytes; {unsettled} after an unsettled close); \
@@ -127,7 +124,7 @@ fn a_namenode_that_never_answers_costs_a_deadline_not_the_job() {
     p.generate("in", "jsonl", "null", 3, 1500, 12);
     ok(&p.stage("ferry-extract"), "extract");
     ok(&p.stage("ferry-transform"), "transform");
-    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
     // Connection 0 is the stage's own (gc); 1-4 are the four chunk workers' clients. Two of
     // those hang: their chunks end at the 3 s call deadline, the other two keep copying.
     proxy.set(Faults { hang_connections: vec![1, 3], ..Faults::default() });
@@ -135,8 +132,8 @@ fn a_namenode_that_never_answers_costs_a_deadline_not_the_job() {
     let out = p.command("ferry-copy").arg("--once").output().unwrap();
     let first_pass = t.elapsed();
     // One pass: the hung chunks fail at their 3 s call deadline; the others are copied.
-    let copied = n(&p, "SELECT COUNT(*) FROM tasks WHERE stage = 'load'");
-    let hung = n(&p, "SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND error LIKE '%no answer within%'");
+    let copied = p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load'");
+    let hung = p.count("SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND error LIKE '%no answer within%'");
     eprintln!(
         "hung NameNode: first copy pass {first_pass:?} (exit {:?}); {copied}/{chunks} chunks copied; {hung} attempts ended at the deadline; proxy: {}",
         out.status.code(),
@@ -163,10 +160,10 @@ fn a_copy_service_keeps_its_namenode_connections_bounded() {
     p.generate("in", "jsonl", "null", 4, 1500, 13);
     ok(&p.stage("ferry-extract"), "extract");
     ok(&p.stage("ferry-transform"), "transform");
-    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
     let mut svc = p.command("ferry-copy").args(["--watch", "--poll", "200ms"]).spawn().unwrap();
     let t = Instant::now();
-    while n(&p, "SELECT COUNT(*) FROM tasks WHERE stage = 'copy' AND state <> 'done'") > 0 {
+    while p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'copy' AND state <> 'done'") > 0 {
         assert!(t.elapsed() < Duration::from_secs(120), "copy did not finish");
         std::thread::sleep(Duration::from_millis(200));
     }

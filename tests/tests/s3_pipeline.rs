@@ -20,10 +20,6 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
-fn n(p: &Pipeline, q: &str) -> i64 {
-    let v = p.sql(q);
-    v.parse().unwrap_or_else(|_| panic!("{q}: not a number: {v:?}"))
-}
 
 fn sigterm(c: &mut Child) {
     let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
@@ -117,7 +113,7 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
         if drained == "1" {
             break;
         }
-        let (pending, files) = (n(&p, "SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), n(&p, "SELECT COUNT(*) FROM source_files"));
+        let (pending, files) = (p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), p.count("SELECT COUNT(*) FROM source_files"));
         assert!(drain_start.elapsed() < Duration::from_secs(240), "not drained after 240 s: {pending} pending, {files} files; proxy: {}", proxy.summary());
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -149,10 +145,10 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
     let mut lat: Vec<i64> = lat.split(',').filter_map(|x| x.parse().ok()).collect();
     lat.sort();
     let pct = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
-    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
-    let redone = n(&p, "SELECT COUNT(DISTINCT chunk_id) FROM attempts WHERE outcome <> 'done'");
-    let failed = n(&p, "SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'");
-    let longest = n(&p, "SELECT MAX(ended_at - started_at) FROM attempts WHERE stage IN ('copy', 'load')");
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
+    let redone = p.count("SELECT COUNT(DISTINCT chunk_id) FROM attempts WHERE outcome <> 'done'");
+    let failed = p.count("SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'");
+    let longest = p.count("SELECT MAX(ended_at - started_at) FROM attempts WHERE stage IN ('copy', 'load')");
     let backlog = max_backlog.load(Ordering::SeqCst);
     eprintln!(
         "seed 000: {secs} files x {rate} records landed in {landed_for:?}, drained {drained_after:?} later; {chunks} chunks; \
@@ -167,7 +163,7 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
     // Bounded: never more than ~15 s of landed chunks waiting (chunks arrive at ~chunks/secs per second).
     let per_sec = (chunks as f64 / secs as f64).ceil() as i64;
     assert!(backlog <= per_sec * 15 + 8, "backlog grew to {backlog} chunks ({per_sec} chunks land per second)");
-    assert_eq!(n(&p, "SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0);
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0);
 }
 
 /// Hedged copies: one upload stalls mid-body on its connection (the proxy stops forwarding it);
@@ -195,7 +191,7 @@ fn a_stalled_upload_is_overtaken_by_its_hedge() {
     for s in ["ferry-extract", "ferry-transform"] {
         assert!(p.stage(s).status.success(), "{s}");
     }
-    let chunks = n(&p, "SELECT COUNT(*) FROM chunks");
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
     proxy.set(Faults { stall_once_after: Some(1 << 20), ..Faults::default() });
     let t = Instant::now();
     let out = p.stage("ferry-copy");
@@ -208,8 +204,8 @@ fn a_stalled_upload_is_overtaken_by_its_hedge() {
     assert_eq!(proxy.counters().hangs.load(Ordering::SeqCst), 1, "one upload was stalled");
     assert!(hedged >= 1 && won >= 1, "the stalled upload was hedged and the hedge won:\n{log}");
     assert!(took < Duration::from_secs(10), "the hedge beat the 20 s deadline by far: {took:?}");
-    assert_eq!(n(&p, "SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'"), 0, "no attempt failed");
-    assert_eq!(n(&p, "SELECT COUNT(*) FROM tasks WHERE stage = 'load'"), chunks, "every chunk copied");
+    assert_eq!(p.count("SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'"), 0, "no attempt failed");
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load'"), chunks, "every chunk copied");
     // The loser's temp object is removed (in the background, right after the win).
     std::thread::sleep(Duration::from_secs(2));
     let left = s3_keys(&s3, &format!("{prefix}/_ferry/tmp/"));
@@ -263,12 +259,7 @@ fn s3_source_and_staging_with_delete_disposition() {
     std::fs::write(&p.config, &cfg).unwrap();
     p.generate("in", "avro", "snappy", 3, 2000, 31);
     // Upload the inputs with Ferry's own S3 store (the reader under test is extract).
-    let mut o = ferry_common::config::StoreOptions::default();
-    o.s3.endpoint = Some(s3.endpoint.clone());
-    o.s3.path_style = true;
-    o.s3.ca_bundle = Some(s3.ca.clone());
-    o.s3.access_key_id = Some(s3.access_key.clone());
-    o.s3.secret_access_key = Some(s3.secret_key.clone());
+    let o = s3.store_options(&s3.endpoint);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let landing = ferry_common::storage::Store::open(&format!("s3://{}/{prefix}/landing", s3.bucket), &o).unwrap();
     for e in std::fs::read_dir(p.path("in")).unwrap().flatten() {
@@ -279,9 +270,9 @@ fn s3_source_and_staging_with_delete_disposition() {
         let o = p.stage(s);
         assert!(o.status.success(), "{s}: {}", String::from_utf8_lossy(&o.stderr));
     }
-    assert!(n(&p, "SELECT COUNT(*) FROM chunks") > 3);
+    assert!(p.count("SELECT COUNT(*) FROM chunks") > 3);
     assert!(p.sql("SELECT MIN(location) FROM chunks").starts_with("s3://"), "chunks staged on S3");
-    assert_eq!(n(&p, "SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0);
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0);
     let want = input_digest("avro", &p.path("in"));
     let got = p.table_digest();
     assert_eq!((got["rows"].clone(), got["digest"].clone()), (want["rows"].clone(), want["digest"].clone()));

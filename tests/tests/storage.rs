@@ -147,13 +147,7 @@ fn hdfs_ha_nameservice_across_a_failover() {
 }
 
 fn s3_opts(s3: &S3Server, endpoint: &str) -> StoreOptions {
-    let mut o = StoreOptions::default();
-    o.s3.endpoint = Some(endpoint.to_string());
-    o.s3.region = Some("us-east-1".into());
-    o.s3.path_style = true;
-    o.s3.ca_bundle = Some(s3.ca.clone());
-    o.s3.access_key_id = Some(s3.access_key.clone());
-    o.s3.secret_access_key = Some(s3.secret_key.clone());
+    let mut o = s3.store_options(endpoint);
     o.s3.part_size = ferry_common::config::ByteSize(5 << 20);
     o
 }

@@ -209,16 +209,10 @@ impl HdfsStore {
     }
 
     pub async fn read(&self, rel: &str) -> Result<Vec<u8>> {
-        let (len, mut s) = self.stream(rel).await?;
+        let (len, s) = self.stream(rel).await?;
         let mut out = Vec::with_capacity(len);
-        let stall = self.opts.read_stall.0;
-        loop {
-            match tokio::time::timeout(stall, s.next()).await {
-                Err(_) => return Err(Error::Stalled { what: format!("read of {}", self.url(rel)), reason: format!("no bytes for {stall:?}") }),
-                Ok(None) => return Ok(out),
-                Ok(Some(b)) => out.extend_from_slice(&b?),
-            }
-        }
+        super::drain(&format!("read of {}", self.url(rel)), self.opts.read_stall.0, s, |b| out.extend_from_slice(b)).await?;
+        Ok(out)
     }
 
     pub fn open_blocking(&self, rel: &str) -> Result<Box<dyn std::io::Read + Send>> {
@@ -228,21 +222,8 @@ impl HdfsStore {
     }
 
     pub async fn hash(&self, rel: &str) -> Result<(u64, String)> {
-        let (_, mut s) = self.stream(rel).await?;
-        let mut h = blake3::Hasher::new();
-        let mut n = 0u64;
-        let stall = self.opts.read_stall.0;
-        loop {
-            match tokio::time::timeout(stall, s.next()).await {
-                Err(_) => return Err(Error::Stalled { what: format!("read of {}", self.url(rel)), reason: format!("no bytes for {stall:?}") }),
-                Ok(None) => return Ok((n, h.finalize().to_hex().to_string())),
-                Ok(Some(b)) => {
-                    let b = b?;
-                    n += b.len() as u64;
-                    h.update(&b);
-                }
-            }
-        }
+        let (_, s) = self.stream(rel).await?;
+        super::drain_hash(&format!("read of {}", self.url(rel)), self.opts.read_stall.0, s).await
     }
 
     /// Writes a whole file from `pieces` to `rel` (which must not exist), following the

@@ -101,14 +101,7 @@ impl Store {
     /// Removes what crashed writers left behind below `dir`: temp files older than
     /// `cutoff_ms` and, on S3, multipart uploads started before it. Returns how many went.
     pub async fn gc(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
-        let mut n = 0;
-        for e in self.list(dir).await? {
-            if e.mtime_ms < cutoff_ms {
-                tracing::info!(file = %self.url(&e.rel), "removing an abandoned temp file");
-                self.delete(&e.rel).await?;
-                n += 1;
-            }
-        }
+        let mut n = self.remove_old(dir, cutoff_ms, |_| true).await?;
         if let Store::S3(s) = self {
             n += s.abort_uploads(cutoff_ms).await?;
         }
@@ -311,11 +304,16 @@ impl Store {
     /// Removes temp files (`.<name>.tmp`, left by a writer that crashed) below `dir` whose
     /// mtime is before `cutoff_ms`. Returns how many went.
     pub async fn remove_stale_temps(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
+        self.remove_old(dir, cutoff_ms, |base| base.starts_with('.') && base.ends_with(".tmp")).await
+    }
+
+    /// Deletes the files below `dir` older than `cutoff_ms` whose base name passes `take`.
+    async fn remove_old(&self, dir: &str, cutoff_ms: i64, take: impl Fn(&str) -> bool) -> Result<usize> {
         let mut n = 0;
         for e in self.list(dir).await? {
             let base = e.rel.rsplit('/').next().unwrap_or(&e.rel);
-            if base.starts_with('.') && base.ends_with(".tmp") && e.mtime_ms < cutoff_ms {
-                tracing::info!(file = %e.rel, "removing an abandoned temp file");
+            if e.mtime_ms < cutoff_ms && take(base) {
+                tracing::info!(file = %self.url(&e.rel), "removing an abandoned temp file");
                 self.delete(&e.rel).await?;
                 n += 1;
             }
@@ -413,6 +411,43 @@ pub async fn watched<T>(
     }
     guard.1 = true;
     res
+}
+
+/// Feeds every piece of `s` to `f`, waiting at most `stall` for each one (a read's
+/// no-progress watchdog); returns the bytes seen.
+pub(crate) async fn drain(
+    what: &str,
+    stall: Duration,
+    mut s: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+    mut f: impl FnMut(&[u8]),
+) -> Result<u64> {
+    use futures::StreamExt;
+    let mut n = 0u64;
+    loop {
+        match tokio::time::timeout(stall, s.next()).await {
+            Err(_) => return Err(Error::Stalled { what: what.to_string(), reason: format!("no bytes for {stall:?}") }),
+            Ok(None) => return Ok(n),
+            Ok(Some(b)) => {
+                let b = b?;
+                n += b.len() as u64;
+                f(&b);
+            }
+        }
+    }
+}
+
+/// Size and blake3 of a stream, read under [`drain`]'s watchdog.
+pub(crate) async fn drain_hash(
+    what: &str,
+    stall: Duration,
+    s: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+) -> Result<(u64, String)> {
+    let mut h = blake3::Hasher::new();
+    let n = drain(what, stall, s, |b| {
+        h.update(b);
+    })
+    .await?;
+    Ok((n, h.finalize().to_hex().to_string()))
 }
 
 /// A blocking [`Read`] over an async byte stream, for callers on a blocking thread (the

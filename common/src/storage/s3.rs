@@ -244,21 +244,10 @@ impl S3Store {
     }
 
     pub async fn read(&self, rel: &str) -> Result<Vec<u8>> {
-        let mut s = self.stream(rel).await?;
+        let s = self.stream(rel).await?;
         let mut out = Vec::new();
-        while let Some(b) = self.next_piece(rel, &mut s).await? {
-            out.extend_from_slice(&b);
-        }
+        super::drain(&format!("read of {}", self.url(rel)), self.opts.read_stall.0, s, |b| out.extend_from_slice(b)).await?;
         Ok(out)
-    }
-
-    async fn next_piece(&self, rel: &str, s: &mut futures::stream::BoxStream<'static, Result<Bytes>>) -> Result<Option<Bytes>> {
-        let stall = self.opts.read_stall.0;
-        match tokio::time::timeout(stall, s.next()).await {
-            Err(_) => Err(Error::Stalled { what: format!("read of {}", self.url(rel)), reason: format!("no bytes for {stall:?}") }),
-            Ok(None) => Ok(None),
-            Ok(Some(b)) => b.map(Some),
-        }
     }
 
     pub fn open_blocking(&self, rel: &str) -> Result<Box<dyn std::io::Read + Send>> {
@@ -275,14 +264,8 @@ impl S3Store {
         if let Some(h) = r.attributes.get(&Attribute::Metadata(HASH_META.into())) {
             return Ok((r.meta.size, h.as_ref().to_string()));
         }
-        let mut s = self.stream(rel).await?;
-        let mut h = blake3::Hasher::new();
-        let mut n = 0u64;
-        while let Some(b) = self.next_piece(rel, &mut s).await? {
-            n += b.len() as u64;
-            h.update(&b);
-        }
-        Ok((n, h.finalize().to_hex().to_string()))
+        let s = self.stream(rel).await?;
+        super::drain_hash(&format!("read of {}", self.url(rel)), self.opts.read_stall.0, s).await
     }
 
     pub async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
