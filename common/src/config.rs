@@ -409,6 +409,8 @@ pub struct TransformSection {
     pub row_group_size: usize,
     /// Rows decoded per Arrow batch.
     pub batch_size: usize,
+    /// Chunks in flight. Default: one more than the cores, so that while one chunk's files are
+    /// fsynced (no CPU) the cores stay busy; decoding and encoding take one core each at most.
     pub concurrency: usize,
 }
 
@@ -427,7 +429,7 @@ impl Default for TransformSection {
             compression_level: 1,
             row_group_size: 1 << 20,
             batch_size: 8192,
-            concurrency: 2,
+            concurrency: std::thread::available_parallelism().map_or(2, |n| n.get()) + 1,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Decoding a staged chunk into Arrow record batches in the table's column types.
 //!
-//! Avro goes through arrow-avro straight into Arrow. JSON lines and CSV are parsed record by
+//! Avro goes through [`crate::avro`] straight into Arrow. JSON lines and CSV are parsed record by
 //! record; a record that does not fit the table (bad JSON, a wrong column count, a value of
 //! the wrong type, a missing required field) is set aside as a reject with its position and
 //! reason, and the rest of the chunk flows on.
@@ -8,8 +8,7 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder,
-    TimestampMillisecondBuilder,
+    ArrayRef, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
@@ -176,7 +175,9 @@ impl<'a> Rows<'a> {
                     return self.reject(position(), format!("column {:?} is required but missing or null", field.name()));
                 }
                 Ok(c) => checked.push(c),
-                Err(why) => return self.reject(position(), format!("column {:?}: {why}", field.name())),
+                Err(why) => {
+                    return self.reject(position(), format!("column {:?}: {why}", field.name()));
+                }
             }
         }
         for (col, c) in self.cols.iter_mut().zip(checked) {
@@ -274,7 +275,9 @@ pub fn csv<'a>(
         match header.iter().position(|h| h == f.name()) {
             Some(i) => index.push(i),
             None if f.is_nullable() => index.push(usize::MAX),
-            None => return Err(TransformError::BadInput(format!("CSV header has no column {:?}", f.name()))),
+            None => {
+                return Err(TransformError::BadInput(format!("CSV header has no column {:?}", f.name())));
+            }
         }
     }
     let mut rec = csv::StringRecord::new();
@@ -305,17 +308,4 @@ pub fn csv<'a>(
         }
     }
     rows.finish()
-}
-
-/// An Avro object container file (one chunk), streamed block by block. Decoding errors mean a
-/// corrupt block: the whole chunk is bad input.
-pub fn avro(data: impl std::io::BufRead, batch_size: usize, sink: &mut Sink<'_>) -> Result<(), TransformError> {
-    let reader = arrow_avro::reader::ReaderBuilder::new()
-        .with_batch_size(batch_size)
-        .build(data)
-        .map_err(|e| TransformError::BadInput(format!("Avro header: {e}")))?;
-    for b in reader {
-        sink(b.map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?)?;
-    }
-    Ok(())
 }

@@ -7,8 +7,11 @@
 //! reason, in the ledger's `rejects` table and a rejects file; more than that, or a chunk that
 //! cannot be decoded at all, quarantines the chunk. Other chunks never wait for it.
 
+pub mod avro;
 pub mod decode;
+pub mod encode;
 pub mod ops;
+mod pool;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -63,6 +66,8 @@ pub struct Transform {
     plan: ops::Plan,
     declared: Option<SchemaRef>,
     props: WriterProperties,
+    /// Permits for decoding and encoding at once: one per core, at most `concurrency`.
+    cpu: tokio::sync::Semaphore,
 }
 
 impl Transform {
@@ -72,17 +77,20 @@ impl Transform {
         let declared = (!cfg.table.columns.is_empty()).then(|| decode::table_schema(&cfg.table.columns));
         let t = &cfg.transform;
         let compression = match t.compression.as_str() {
-            "zstd" => Compression::ZSTD(ZstdLevel::try_new(t.compression_level).map_err(|e| TransformError::Config(format!("transform.compression_level: {e}")))?),
-            "gzip" => Compression::GZIP(GzipLevel::try_new(t.compression_level as u32).map_err(|e| TransformError::Config(format!("transform.compression_level: {e}")))?),
+            "zstd" => Compression::ZSTD(
+                ZstdLevel::try_new(t.compression_level).map_err(|e| TransformError::Config(format!("transform.compression_level: {e}")))?,
+            ),
+            "gzip" => Compression::GZIP(
+                GzipLevel::try_new(t.compression_level as u32).map_err(|e| TransformError::Config(format!("transform.compression_level: {e}")))?,
+            ),
             "snappy" => Compression::SNAPPY,
             "lz4" => Compression::LZ4_RAW,
             _ => Compression::UNCOMPRESSED,
         };
-        let props = WriterProperties::builder()
-            .set_compression(compression)
-            .set_max_row_group_row_count(Some(t.row_group_size))
-            .build();
-        Ok(Transform { cfg, ledger, staging, plan, declared, props })
+        let props = WriterProperties::builder().set_compression(compression).set_max_row_group_row_count(Some(t.row_group_size)).build();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu = tokio::sync::Semaphore::new(cores.min(cfg.transform.concurrency).max(1));
+        Ok(Transform { cfg, ledger, staging, plan, declared, props, cpu })
     }
 
     /// Removes spool temp files left by a transform that crashed.
@@ -107,13 +115,20 @@ impl Transform {
             .ok_or_else(|| TransformError::BadInput(format!("unknown format {:?} of {}", chunk.format, chunk.file_uri)))?;
         let this = self.clone();
         let c = chunk.clone();
-        let (parts, rejects) = tokio::task::spawn_blocking(move || this.transform_blocking(&c, &rel, format))
+        // The CPU-bound part runs under a permit per core; a chunk whose files are being fsynced
+        // (no CPU, no buffers) has given its permit to the next one already.
+        let cpu = self.cpu.acquire().await.map_err(TransformError::internal)?;
+        let (written, rejects) = tokio::task::spawn_blocking(move || this.transform_blocking(&c, &rel, format))
             .await
             .map_err(TransformError::internal)?
             .map_err(|e| match e {
                 TransformError::BadInput(m) => TransformError::BadInput(format!("{}: {m}", chunk.file_uri)),
                 other => other,
             })?;
+        drop(cpu);
+        let parts = tokio::task::spawn_blocking(move || written.into_iter().map(Written::publish).collect::<Result<Vec<_>, _>>())
+            .await
+            .map_err(TransformError::internal)??;
         let rejects: Vec<Reject> =
             rejects.into_iter().map(|r| Reject { position: r.position, reason: format!("{}: {}", chunk.file_uri, r.reason) }).collect();
         if !rejects.is_empty() {
@@ -124,7 +139,7 @@ impl Transform {
         Ok(Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum() })
     }
 
-    fn transform_blocking(&self, chunk: &Chunk, rel: &str, format: Format) -> Result<(Vec<Part>, Vec<Reject>), TransformError> {
+    fn transform_blocking(&self, chunk: &Chunk, rel: &str, format: Format) -> Result<(Vec<Written>, Vec<Reject>), TransformError> {
         // The staged bytes must be the ones extract recorded. They are hashed as they are
         // decoded (one read, not two) and checked before any part is recorded.
         let hasher = std::sync::Arc::new(std::sync::Mutex::new(blake3::Hasher::new()));
@@ -139,9 +154,8 @@ impl Transform {
             Ok(())
         };
         let t = &self.cfg.transform;
-        let need_schema = || {
-            self.declared.clone().ok_or_else(|| TransformError::Config(format!("table.columns must be declared for {} input", format.as_str())))
-        };
+        let need_schema =
+            || self.declared.clone().ok_or_else(|| TransformError::Config(format!("table.columns must be declared for {} input", format.as_str())));
         let read_all = || -> Result<Vec<u8>, TransformError> {
             let mut v = Vec::with_capacity(chunk.bytes as usize);
             std::io::Read::read_to_end(&mut self.staging.open_blocking(rel)?, &mut v).map_err(|e| Error::io(&chunk.location, e))?;
@@ -162,13 +176,9 @@ impl Transform {
                 Format::Jsonl => decode::jsonl(&read_all()?, need_schema()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
                 Format::Csv => decode::csv(&read_all()?, need_schema()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
                 Format::Avro => {
-                    let mut r = std::io::BufReader::with_capacity(
-                        1 << 20,
-                        HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() },
-                    );
-                    decode::avro(&mut r, t.batch_size, &mut sink)?;
-                    // Whatever the decoder did not need still counts for the hash.
-                    std::io::copy(&mut r, &mut std::io::sink()).map_err(|e| Error::io(&chunk.location, e))?;
+                    // Reads to the end, so the hash covers bytes the decoder did not need.
+                    let r = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
+                    avro::decode(r, t.batch_size, &mut sink)?;
                     verify(&hasher)?;
                     vec![]
                 }
@@ -232,7 +242,37 @@ struct PartWriters<'a> {
     t: &'a Transform,
     chunk: String,
     props: Option<WriterProperties>,
-    open: std::collections::BTreeMap<String, (PathBuf, ArrowWriter<HashingWriter>, i64)>,
+    open: std::collections::BTreeMap<String, (PathBuf, FileWriter, i64)>,
+}
+
+/// Ferry's own page encoder for flat tables, ArrowWriter for everything else (see `encode`).
+enum FileWriter {
+    Flat(encode::FlatWriter<HashingWriter>),
+    Arrow(ArrowWriter<HashingWriter>),
+}
+
+impl FileWriter {
+    fn new(f: HashingWriter, schema: SchemaRef, props: WriterProperties, row_group_size: usize) -> Result<Self, TransformError> {
+        Ok(if encode::FlatWriter::<HashingWriter>::supports(&schema, &props) {
+            FileWriter::Flat(encode::FlatWriter::try_new(f, schema, &props, row_group_size).map_err(TransformError::internal)?)
+        } else {
+            FileWriter::Arrow(ArrowWriter::try_new(f, schema, Some(props)).map_err(TransformError::internal)?)
+        })
+    }
+
+    fn write(&mut self, b: &RecordBatch) -> Result<(), TransformError> {
+        match self {
+            FileWriter::Flat(w) => w.write(b).map_err(TransformError::internal),
+            FileWriter::Arrow(w) => w.write(b).map_err(TransformError::internal),
+        }
+    }
+
+    fn into_inner(self) -> Result<HashingWriter, TransformError> {
+        match self {
+            FileWriter::Flat(w) => w.into_inner().map_err(TransformError::internal),
+            FileWriter::Arrow(w) => w.into_inner().map_err(TransformError::internal),
+        }
+    }
 }
 
 impl<'a> PartWriters<'a> {
@@ -254,31 +294,46 @@ impl<'a> PartWriters<'a> {
                 let tmp = pdir.join(format!(".part-{}.{}.tmp", self.chunk, std::process::id()));
                 let f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
                 let f = HashingWriter { inner: std::io::BufWriter::with_capacity(1 << 20, f), hasher: blake3::Hasher::new(), bytes: 0 };
-                let w = ArrowWriter::try_new(f, rows.schema(), Some(props)).map_err(TransformError::internal)?;
+                let w = FileWriter::new(f, rows.schema(), props, self.t.cfg.transform.row_group_size)?;
                 self.open.insert(partition.clone(), (tmp, w, 0));
             }
             let (_, w, n) = self.open.get_mut(&partition).expect("inserted");
-            w.write(&rows).map_err(TransformError::internal)?;
+            w.write(&rows)?;
             *n += rows.num_rows() as i64;
         }
         Ok(())
     }
 
-    /// Closes every file and renames it to its deterministic name.
-    fn finish(self) -> Result<Vec<Part>, TransformError> {
+    /// Closes every file; [`Written::publish`] makes each durable under its final name.
+    fn finish(self) -> Result<Vec<Written>, TransformError> {
         let name = format!("part-{}.parquet", self.chunk);
         let mut parts = Vec::with_capacity(self.open.len());
         for (partition, (tmp, w, records)) in self.open {
-            let hw = w.into_inner().map_err(TransformError::internal)?;
+            let hw = w.into_inner()?;
             let (bytes, content_hash) = (hw.bytes, hw.hasher.finalize().to_hex().to_string());
             let f = hw.inner.into_inner().map_err(|e| Error::io(tmp.display(), e.into_error()))?;
-            // Durable before the ledger says so: copy trusts the recorded hash of this file.
-            f.sync_all().map_err(|e| Error::io(tmp.display(), e))?;
-            let fin = tmp.with_file_name(&name);
-            std::fs::rename(&tmp, &fin).map_err(|e| Error::io(fin.display(), e))?;
-            parts.push(Part { chunk_id: self.chunk.clone(), partition, name: name.clone(), records, bytes: bytes as i64, content_hash });
+            let part = Part { chunk_id: self.chunk.clone(), partition, name: name.clone(), records, bytes: bytes as i64, content_hash };
+            parts.push(Written { file: f, tmp, part });
         }
         Ok(parts)
+    }
+}
+
+/// A part file written under its temp name, not yet durable.
+struct Written {
+    file: std::fs::File,
+    tmp: PathBuf,
+    part: Part,
+}
+
+impl Written {
+    /// fsync, then the deterministic name: durable before the ledger says so, because copy
+    /// trusts the recorded hash of this file.
+    fn publish(self) -> Result<Part, TransformError> {
+        self.file.sync_all().map_err(|e| Error::io(self.tmp.display(), e))?;
+        let fin = self.tmp.with_file_name(&self.part.name);
+        std::fs::rename(&self.tmp, &fin).map_err(|e| Error::io(fin.display(), e))?;
+        Ok(self.part)
     }
 }
 
@@ -317,12 +372,12 @@ fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, Transform
     let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
         match b.schema().index_of(f.name()) {
-            Ok(i) => cols.push(
-                arrow::compute::cast(b.column(i), f.data_type())
-                    .map_err(|e| TransformError::BadInput(format!("column {:?}: {e}", f.name())))?,
-            ),
+            Ok(i) => cols
+                .push(arrow::compute::cast(b.column(i), f.data_type()).map_err(|e| TransformError::BadInput(format!("column {:?}: {e}", f.name())))?),
             Err(_) if f.is_nullable() => cols.push(new_null_array(f.data_type(), b.num_rows())),
-            Err(_) => return Err(TransformError::BadInput(format!("the Avro schema has no required column {:?}", f.name()))),
+            Err(_) => {
+                return Err(TransformError::BadInput(format!("the Avro schema has no required column {:?}", f.name())));
+            }
         }
     }
     RecordBatch::try_new(schema.clone(), cols).map_err(|e| TransformError::BadInput(e.to_string()))

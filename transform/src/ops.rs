@@ -76,20 +76,14 @@ impl Plan {
         for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
             let name = self.rename.get(f.name()).cloned().unwrap_or_else(|| f.name().clone());
             let (col, dt) = match self.cast.get(&name) {
-                Some(dt) => (
-                    arrow::compute::cast(c, dt).map_err(|e| TransformError::BadInput(format!("cast of {name} to {dt}: {e}")))?,
-                    dt.clone(),
-                ),
+                Some(dt) => (arrow::compute::cast(c, dt).map_err(|e| TransformError::BadInput(format!("cast of {name} to {dt}: {e}")))?, dt.clone()),
                 None => (c.clone(), f.data_type().clone()),
             };
             fields.push(Field::new(name, dt, true));
             cols.push(col);
         }
         for (name, func, arg) in &self.derive {
-            let i = fields
-                .iter()
-                .position(|f| f.name() == arg)
-                .ok_or_else(|| config_err(&format!("derive.{name}"), format!("no column {arg:?}")))?;
+            let i = fields.iter().position(|f| f.name() == arg).ok_or_else(|| config_err(&format!("derive.{name}"), format!("no column {arg:?}")))?;
             let src = &cols[i];
             let col: ArrayRef = match func.as_str() {
                 "date" => arrow::compute::cast(src, &DataType::Date32),
@@ -138,41 +132,50 @@ impl Plan {
             return Ok(vec![(String::new(), batch.clone())]);
         }
         let schema = batch.schema();
-        let mut keys: Vec<StringArray> = Vec::new();
+        let mut keys: Vec<ArrayRef> = Vec::new();
         for p in &self.partition_by {
             let i = schema.index_of(p).map_err(|_| TransformError::Config(format!("table.partition_by: no column {p:?} (derive it?)")))?;
-            let s = arrow::compute::cast(batch.column(i), &DataType::Utf8).map_err(TransformError::internal)?;
-            keys.push(s.as_any().downcast_ref::<StringArray>().expect("utf8").clone());
+            keys.push(batch.column(i).clone());
         }
-        // Group rows by their partition values without building a string per row: most
-        // batches hold one or two values, so paths are formatted once per group.
-        let mut groups: BTreeMap<Vec<Option<&str>>, Vec<u32>> = BTreeMap::new();
-        let mut key: Vec<Option<&str>> = Vec::with_capacity(keys.len());
+        // Group rows on the partition columns' raw values (a date is 4 bytes, not a formatted
+        // string per row: a profile showed that formatting at ~2% of transform's CPU), then
+        // format each group's path once. Most batches hold one or two values.
+        let raw = keys.iter().map(RawKey::new).collect::<Result<Vec<_>, _>>()?;
+        let mut index: BTreeMap<Vec<Option<&[u8]>>, usize> = BTreeMap::new();
+        let mut groups: Vec<(usize, Vec<u32>)> = Vec::new(); // (first row, rows)
+        let mut prev: Option<(Vec<Option<&[u8]>>, usize)> = None;
+        let mut key: Vec<Option<&[u8]>> = Vec::with_capacity(keys.len());
         for row in 0..batch.num_rows() {
             key.clear();
-            key.extend(keys.iter().map(|k| (!k.is_null(row)).then(|| k.value(row))));
-            match groups.get_mut(&key) {
-                Some(rows) => rows.push(row as u32),
-                None => {
-                    groups.insert(key.clone(), vec![row as u32]);
+            key.extend(raw.iter().map(|k| k.get(row)));
+            let g = match &prev {
+                Some((k, g)) if *k == key => *g,
+                _ => {
+                    let g = *index.entry(key.clone()).or_insert_with(|| {
+                        groups.push((row, Vec::new()));
+                        groups.len() - 1
+                    });
+                    prev = Some((key.clone(), g));
+                    g
                 }
-            }
+            };
+            groups[g].1.push(row as u32);
         }
-        let groups: Vec<(String, Vec<u32>)> = groups
-            .into_iter()
-            .map(|(values, rows)| {
-                let path = self
-                    .partition_by
-                    .iter()
-                    .zip(values)
-                    .map(|(p, v)| format!("{p}={}", v.map(escape).unwrap_or_else(|| "__HIVE_DEFAULT_PARTITION__".into())))
-                    .collect::<Vec<_>>()
-                    .join("/");
-                (path, rows)
-            })
-            .collect();
-        let data_cols: Vec<usize> =
-            (0..schema.fields().len()).filter(|&i| !self.partition_by.contains(schema.field(i).name())).collect();
+        let mut formatted = Vec::with_capacity(groups.len());
+        for (first, rows) in groups {
+            let mut parts = Vec::with_capacity(keys.len());
+            for (p, k) in self.partition_by.iter().zip(&keys) {
+                let v = arrow::compute::cast(&k.slice(first, 1), &DataType::Utf8).map_err(TransformError::internal)?;
+                let v = v.as_any().downcast_ref::<StringArray>().expect("utf8");
+                let v = if v.is_null(0) { "__HIVE_DEFAULT_PARTITION__".to_string() } else { escape(v.value(0)) };
+                parts.push(format!("{p}={v}"));
+            }
+            formatted.push((parts.join("/"), rows));
+        }
+        // Paths in order, as before (the same rows always land in the same files).
+        formatted.sort_by(|a, b| a.0.cmp(&b.0));
+        let groups = formatted;
+        let data_cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| !self.partition_by.contains(schema.field(i).name())).collect();
         let data = batch.project(&data_cols).map_err(TransformError::internal)?;
         let mut out = Vec::with_capacity(groups.len());
         for (path, rows) in groups {
@@ -191,6 +194,41 @@ impl Plan {
             out.push((path, part));
         }
         Ok(out)
+    }
+}
+
+/// A partition column's values as raw bytes, to group rows without formatting each value.
+struct RawKey {
+    data: arrow::array::ArrayData,
+    /// Bytes per value; 0 for strings (offsets + values).
+    width: usize,
+}
+
+impl RawKey {
+    fn new(col: &ArrayRef) -> Result<RawKey, TransformError> {
+        if let Some(width) = col.data_type().primitive_width() {
+            return Ok(RawKey { data: col.to_data(), width });
+        }
+        // Strings as they are; anything else (booleans, ...) as its text.
+        let s = if col.data_type() == &DataType::Utf8 {
+            col.clone()
+        } else {
+            arrow::compute::cast(col, &DataType::Utf8).map_err(TransformError::internal)?
+        };
+        Ok(RawKey { data: s.to_data(), width: 0 })
+    }
+
+    #[inline]
+    fn get(&self, row: usize) -> Option<&[u8]> {
+        if self.data.is_null(row) {
+            return None;
+        }
+        Some(if self.width > 0 {
+            &self.data.buffers()[0].as_slice()[(self.data.offset() + row) * self.width..][..self.width]
+        } else {
+            let o = self.data.buffer::<i32>(0);
+            &self.data.buffers()[1].as_slice()[o[row] as usize..o[row + 1] as usize]
+        })
     }
 }
 
@@ -244,14 +282,12 @@ fn eval(batch: &RecordBatch, f: &Filter) -> Result<BooleanArray, TransformError>
         Filter::Cmp { col: c, op, lit } => {
             let a = col(c)?;
             let (a, b): (ArrayRef, Box<dyn arrow::array::Datum>) = match lit {
-                Literal::Str(s) => (
-                    arrow::compute::cast(&a, &DataType::Utf8).map_err(TransformError::internal)?,
-                    Box::new(StringArray::new_scalar(s.as_str())),
-                ),
-                Literal::Num(n) => (
-                    arrow::compute::cast(&a, &DataType::Float64).map_err(TransformError::internal)?,
-                    Box::new(Float64Array::new_scalar(*n)),
-                ),
+                Literal::Str(s) => {
+                    (arrow::compute::cast(&a, &DataType::Utf8).map_err(TransformError::internal)?, Box::new(StringArray::new_scalar(s.as_str())))
+                }
+                Literal::Num(n) => {
+                    (arrow::compute::cast(&a, &DataType::Float64).map_err(TransformError::internal)?, Box::new(Float64Array::new_scalar(*n)))
+                }
             };
             let r = match op.as_str() {
                 "==" => cmp::eq(&a, b.as_ref()),

@@ -1,0 +1,661 @@
+//! Avro object container files into Arrow, block by block.
+//!
+//! Most staged chunks are flat records of primitive fields (with nullable unions and logical
+//! types on top), and for those this module decodes straight from its read buffer into Arrow
+//! buffers sized from the previous batch. arrow-avro copies each block into a fresh growing
+//! Vec and grows every string buffer from 1 KiB per batch: a profile of the benchmark put
+//! those reallocations at ~14% of transform's CPU. Any other schema (nested records, arrays,
+//! maps, enums, fixed, decimals, named references) goes through arrow-avro unchanged, and
+//! the fast path takes arrow-avro's own Arrow schema for the file, so both paths give the
+//! same types, names and metadata.
+
+use std::io::{BufRead, Read};
+use std::sync::Arc;
+
+use arrow::array::{ArrayData, ArrayRef, BinaryArray, StringArray, make_array};
+use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::record_batch::RecordBatch;
+
+use crate::TransformError;
+use crate::decode::Sink;
+
+/// Decodes one container file, reading `r` to its end (a hashing reader sees every byte).
+pub fn decode(r: impl Read, batch_size: usize, sink: &mut Sink<'_>) -> Result<(), TransformError> {
+    let mut input = Input::new(r);
+    let header = Header::read(&mut input)?;
+    match Plan::new(&header)? {
+        Some(plan) => {
+            input.consume(header.len);
+            plan.decode(&mut input, &header, batch_size.max(1), sink)?;
+        }
+        None => {
+            // Not flat: arrow-avro reads the header again from the same buffer.
+            let reader = arrow_avro::reader::ReaderBuilder::new()
+                .with_batch_size(batch_size)
+                .build(&mut input)
+                .map_err(|e| TransformError::BadInput(format!("Avro header: {e}")))?;
+            for b in reader {
+                sink(b.map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?)?;
+            }
+        }
+    }
+    input.drain()
+}
+
+/// A read buffer that can hand out a whole block as one slice, refilled in large reads.
+/// Bytes are moved only when a block straddles the end of the buffer (about one block per
+/// buffer fill), never block by block.
+struct Input<R> {
+    inner: R,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    eof: bool,
+    /// File offset of `buf[pos]`, for error messages.
+    offset: u64,
+}
+
+const READ_BUFFER: usize = 4 << 20;
+
+impl<R> Drop for Input<R> {
+    fn drop(&mut self) {
+        crate::pool::give(std::mem::take(&mut self.buf));
+    }
+}
+
+impl<R: Read> Input<R> {
+    fn new(inner: R) -> Self {
+        let mut buf = crate::pool::take(READ_BUFFER);
+        buf.resize(buf.capacity(), 0);
+        Input { inner, buf, pos: 0, end: 0, eof: false, offset: 0 }
+    }
+
+    /// At least `n` bytes from the current position, or fewer only at the end of the file.
+    fn ensure(&mut self, n: usize) -> Result<&[u8], TransformError> {
+        if self.end - self.pos < n && !self.eof {
+            if self.buf.len() - self.pos < n {
+                self.buf.copy_within(self.pos..self.end, 0);
+                self.end -= self.pos;
+                self.pos = 0;
+                if self.buf.len() < n.max(READ_BUFFER) {
+                    self.buf.resize(n.max(READ_BUFFER), 0);
+                }
+            }
+            while self.end - self.pos < n {
+                match self.inner.read(&mut self.buf[self.end..]) {
+                    Ok(0) => {
+                        self.eof = true;
+                        break;
+                    }
+                    Ok(k) => self.end += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        return Err(TransformError::Common(ferry_common::error::Error::io("staged Avro chunk", e)));
+                    }
+                }
+            }
+        }
+        Ok(&self.buf[self.pos..self.end])
+    }
+
+    /// Reads whatever is left (normally nothing) so the hash covers the whole file.
+    fn drain(mut self) -> Result<(), TransformError> {
+        self.pos = self.end;
+        std::io::copy(&mut self.inner, &mut std::io::sink())
+            .map_err(|e| TransformError::Common(ferry_common::error::Error::io("staged Avro chunk", e)))?;
+        Ok(())
+    }
+}
+
+impl<R: Read> Read for Input<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = std::io::Read::read(&mut self.fill_buf()?, out)?;
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl<R: Read> BufRead for Input<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.ensure(1).map_err(|e| std::io::Error::other(e.to_string()))
+    }
+    fn consume(&mut self, n: usize) {
+        self.pos += n;
+        self.offset += n as u64;
+    }
+}
+
+fn corrupt(msg: String) -> TransformError {
+    TransformError::BadInput(msg)
+}
+
+/// A position in a slice being decoded; every read is bounds-checked.
+struct Cursor<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+/// Read past the end of the slice being decoded.
+struct Short;
+
+impl<'a> Cursor<'a> {
+    #[inline]
+    fn long(&mut self) -> Result<i64, Short> {
+        let mut v: u64 = 0;
+        let mut shift = 0;
+        loop {
+            let b = *self.data.get(self.pos).ok_or(Short)?;
+            self.pos += 1;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b < 0x80 {
+                return Ok(((v >> 1) as i64) ^ -((v & 1) as i64));
+            }
+            shift += 7;
+            if shift > 63 {
+                return Err(Short);
+            }
+        }
+    }
+
+    #[inline]
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], Short> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len()).ok_or(Short)?;
+        let s = &self.data[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    #[inline]
+    fn len_prefixed(&mut self) -> Result<&'a [u8], Short> {
+        let n = self.long()?;
+        if n < 0 {
+            return Err(Short);
+        }
+        self.bytes(n as usize)
+    }
+}
+
+/// The file header: metadata and the sync marker.
+struct Header {
+    /// Bytes from the start of the file to the first block.
+    len: usize,
+    schema: String,
+    codec: String,
+    sync: [u8; 16],
+    /// The raw header, for arrow-avro to derive the Arrow schema from.
+    raw: Vec<u8>,
+}
+
+impl Header {
+    fn read<R: Read>(input: &mut Input<R>) -> Result<Header, TransformError> {
+        let mut want = 64 << 10;
+        loop {
+            let avail = input.ensure(want)?;
+            match Header::parse(avail) {
+                Ok(h) => return Ok(h),
+                Err(Some(e)) => return Err(e),
+                // The header is longer than what is buffered: read more, unless there is no more.
+                Err(None) if avail.len() < want => {
+                    return Err(corrupt("truncated Avro header".into()));
+                }
+                Err(None) => want *= 4,
+            }
+        }
+    }
+
+    /// `Err(None)`: need more bytes.
+    fn parse(data: &[u8]) -> Result<Header, Option<TransformError>> {
+        if data.len() >= 4 && &data[..4] != b"Obj\x01" {
+            return Err(Some(corrupt("not an Avro object container file (bad magic)".into())));
+        }
+        let mut c = Cursor { data, pos: 4 };
+        let (mut schema, mut codec) = (None, None);
+        let short = |_: Short| None;
+        loop {
+            let mut count = c.long().map_err(short)?;
+            if count == 0 {
+                break;
+            }
+            if count < 0 {
+                count = -count;
+                c.long().map_err(short)?;
+            }
+            for _ in 0..count {
+                let k = c.len_prefixed().map_err(short)?;
+                let v = c.len_prefixed().map_err(short)?;
+                match k {
+                    b"avro.schema" => schema = Some(String::from_utf8_lossy(v).into_owned()),
+                    b"avro.codec" => codec = Some(String::from_utf8_lossy(v).into_owned()),
+                    _ => {}
+                }
+            }
+        }
+        let sync: [u8; 16] = c.bytes(16).map_err(short)?.try_into().expect("16 bytes");
+        let schema = schema.ok_or_else(|| Some(corrupt("Avro header has no avro.schema".into())))?;
+        Ok(Header { len: c.pos, schema, codec: codec.unwrap_or_else(|| "null".into()), sync, raw: data[..c.pos].to_vec() })
+    }
+}
+
+/// The physical Avro encoding of a flat field.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Prim {
+    Boolean,
+    Int,
+    Long,
+    Float,
+    Double,
+    Bytes,
+    String,
+}
+
+impl Prim {
+    fn parse(t: &serde_json::Value) -> Option<Prim> {
+        let name = match t {
+            serde_json::Value::String(s) => s.as_str(),
+            // {"type": "long", "logicalType": ...}: the logical type only changes the Arrow
+            // type, which is checked against arrow-avro's below.
+            serde_json::Value::Object(o) => o.get("type")?.as_str()?,
+            _ => return None,
+        };
+        Some(match name {
+            "boolean" => Prim::Boolean,
+            "int" => Prim::Int,
+            "long" => Prim::Long,
+            "float" => Prim::Float,
+            "double" => Prim::Double,
+            "bytes" => Prim::Bytes,
+            "string" => Prim::String,
+            _ => return None,
+        })
+    }
+
+    /// Whether this encoding fills the Arrow type as is (no value conversion).
+    fn fills(self, dt: &DataType) -> bool {
+        matches!(
+            (self, dt),
+            (Prim::Boolean, DataType::Boolean)
+                | (Prim::Int, DataType::Int32 | DataType::Date32 | DataType::Time32(_))
+                | (Prim::Long, DataType::Int64 | DataType::Timestamp(_, _) | DataType::Time64(_))
+                | (Prim::Float, DataType::Float32)
+                | (Prim::Double, DataType::Float64)
+                | (Prim::Bytes, DataType::Binary)
+                | (Prim::String, DataType::Utf8)
+        )
+    }
+}
+
+/// How each field of a flat record is decoded.
+struct Plan {
+    schema: SchemaRef,
+    fields: Vec<(Prim, Option<i64>)>, // (encoding, union branch that means null)
+}
+
+impl Plan {
+    /// `None` when the schema is not a flat record of primitives: arrow-avro takes the file.
+    fn new(h: &Header) -> Result<Option<Plan>, TransformError> {
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(&h.schema) else {
+            return Ok(None);
+        };
+        let Some(fields) = json.get("fields").and_then(|f| f.as_array()).filter(|_| json.get("type").and_then(|t| t.as_str()) == Some("record"))
+        else {
+            return Ok(None);
+        };
+        let mut plan = Vec::with_capacity(fields.len());
+        for f in fields {
+            let Some(t) = f.get("type") else {
+                return Ok(None);
+            };
+            let field = match t {
+                serde_json::Value::Array(branches) if branches.len() == 2 => {
+                    let null = branches.iter().position(|b| b.as_str() == Some("null"));
+                    match null {
+                        Some(i) => match Prim::parse(&branches[1 - i]) {
+                            Some(p) => (p, Some(i as i64)),
+                            None => return Ok(None),
+                        },
+                        None => return Ok(None),
+                    }
+                }
+                t => match Prim::parse(t) {
+                    Some(p) => (p, None),
+                    None => return Ok(None),
+                },
+            };
+            plan.push(field);
+        }
+        if !matches!(h.codec.as_str(), "null" | "deflate" | "snappy" | "zstandard") {
+            return Ok(None);
+        }
+        // arrow-avro's Arrow schema for this header, so both paths agree on types and metadata.
+        let schema =
+            arrow_avro::reader::ReaderBuilder::new().build(&h.raw[..]).map_err(|e| TransformError::BadInput(format!("Avro header: {e}")))?.schema();
+        if schema.fields().len() != plan.len()
+            || !schema.fields().iter().zip(&plan).all(|(f, (p, null))| p.fills(f.data_type()) && (null.is_some() || !f.is_nullable()))
+        {
+            return Ok(None);
+        }
+        Ok(Some(Plan { schema, fields: plan }))
+    }
+
+    fn decode<R: Read>(&self, input: &mut Input<R>, h: &Header, batch_size: usize, sink: &mut Sink<'_>) -> Result<(), TransformError> {
+        let mut cols: Vec<Column> = self.fields.iter().map(|&(p, null)| Column::new(p, null)).collect();
+        let mut rows = 0usize;
+        let mut scratch = Vec::new();
+        let mut index = 0u64;
+        for c in cols.iter_mut() {
+            c.reserve(batch_size);
+        }
+        loop {
+            let at = input.offset;
+            let head = input.ensure(20)?;
+            if head.is_empty() {
+                break;
+            }
+            let mut c = Cursor { data: head, pos: 0 };
+            let block_err = |what: &str| corrupt(format!("Avro block {index} at byte {at}: {what}"));
+            let (count, size) = match (c.long(), c.long()) {
+                (Ok(n), Ok(s)) if n >= 0 && s >= 0 => (n as u64, s as usize),
+                (Ok(_), Ok(_)) => return Err(block_err("negative record count or size")),
+                _ => return Err(block_err("truncated block header")),
+            };
+            let start = c.pos;
+            let total = start + size + 16;
+            let block = input.ensure(total)?;
+            if block.len() < total {
+                return Err(block_err(&format!("truncated: the file ends inside the block ({} of {total} bytes)", block.len())));
+            }
+            if block[start + size..total] != h.sync {
+                return Err(block_err("does not end with the file's sync marker"));
+            }
+            let data = &block[start..start + size];
+            let data: &[u8] = match h.codec.as_str() {
+                "null" => data,
+                codec => {
+                    decompress(codec, data, &mut scratch).map_err(|e| block_err(&format!("{codec}: {e}")))?;
+                    &scratch
+                }
+            };
+            let mut cur = Cursor { data, pos: 0 };
+            for i in 0..count {
+                for col in cols.iter_mut() {
+                    col.decode(&mut cur).map_err(|_| block_err(&format!("record {i} is malformed or runs past the end of the block")))?;
+                }
+                rows += 1;
+                if rows == batch_size {
+                    sink(self.flush(&mut cols, rows, batch_size)?)?;
+                    rows = 0;
+                }
+            }
+            if cur.pos != data.len() {
+                return Err(block_err(&format!("{} bytes left after its {count} records", data.len() - cur.pos)));
+            }
+            input.consume(total);
+            index += 1;
+        }
+        if rows > 0 {
+            sink(self.flush(&mut cols, rows, batch_size)?)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self, cols: &mut [Column], rows: usize, batch_size: usize) -> Result<RecordBatch, TransformError> {
+        let arrays =
+            cols.iter_mut().zip(self.schema.fields()).map(|(c, f)| c.finish(f.data_type(), rows, batch_size)).collect::<Result<Vec<_>, _>>()?;
+        RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))
+    }
+}
+
+fn decompress(codec: &str, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    out.clear();
+    match codec {
+        "deflate" => {
+            flate2::read::DeflateDecoder::new(data).read_to_end(out).map_err(|e| e.to_string())?;
+        }
+        "zstandard" => {
+            zstd::stream::read::Decoder::with_buffer(data).and_then(|mut d| d.read_to_end(out)).map_err(|e| e.to_string())?;
+        }
+        "snappy" => {
+            // Snappy blocks end with the CRC-32 of the uncompressed bytes, big-endian.
+            let (body, crc) = data.split_at(data.len().checked_sub(4).ok_or("shorter than its checksum")?);
+            let n = snap::raw::decompress_len(body).map_err(|e| e.to_string())?;
+            out.resize(n, 0);
+            snap::raw::Decoder::new().decompress(body, out).map_err(|e| e.to_string())?;
+            if crc32fast::hash(out) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
+                return Err("checksum mismatch".into());
+            }
+        }
+        other => return Err(format!("unsupported codec {other}")),
+    }
+    Ok(())
+}
+
+/// One field's values for the batch being built.
+struct Column {
+    prim: Prim,
+    null_branch: Option<i64>,
+    valid: Vec<bool>,
+    /// Fixed-width values as little-endian bytes; variable-width values' bytes.
+    data: Vec<u8>,
+    offsets: Vec<i32>,
+    /// Bytes per row of the last batch, to size the next one's buffer once.
+    bytes_per_row: usize,
+}
+
+impl Column {
+    fn new(prim: Prim, null_branch: Option<i64>) -> Column {
+        Column { prim, null_branch, valid: Vec::new(), data: Vec::new(), offsets: vec![0], bytes_per_row: 0 }
+    }
+
+    fn width(&self) -> usize {
+        match self.prim {
+            Prim::Int | Prim::Float => 4,
+            Prim::Long | Prim::Double => 8,
+            Prim::Boolean => 1,
+            Prim::Bytes | Prim::String => 0,
+        }
+    }
+
+    fn reserve(&mut self, rows: usize) {
+        if self.null_branch.is_some() {
+            self.valid.reserve(rows);
+        }
+        match self.width() {
+            0 => {
+                self.offsets.reserve(rows + 1);
+                // A little over the last batch's size, in whole MiB: variable-width buffers
+                // rarely grow, and batches ask glibc for the same sizes again, which it then
+                // serves from memory it already has rather than freshly mapped pages.
+                let want = self.bytes_per_row * rows / 8 * 9 + 1024;
+                self.data.reserve(want.next_multiple_of(1 << 20));
+            }
+            w => self.data.reserve(rows * w),
+        }
+    }
+
+    #[inline]
+    fn decode(&mut self, c: &mut Cursor<'_>) -> Result<(), Short> {
+        if let Some(null) = self.null_branch {
+            let branch = c.long()?;
+            if branch == null {
+                self.valid.push(false);
+                match self.prim {
+                    Prim::Bytes | Prim::String => self.offsets.push(self.data.len() as i32),
+                    _ => self.data.extend(std::iter::repeat_n(0, self.width())),
+                }
+                return Ok(());
+            }
+            if branch != 1 - null {
+                return Err(Short);
+            }
+            self.valid.push(true);
+        }
+        match self.prim {
+            Prim::Boolean => self.data.push((c.bytes(1)?[0] != 0) as u8),
+            Prim::Int => {
+                let v = c.long()?;
+                let v = i32::try_from(v).map_err(|_| Short)?;
+                self.data.extend_from_slice(&v.to_le_bytes());
+            }
+            Prim::Long => {
+                let v = c.long()?;
+                self.data.extend_from_slice(&v.to_le_bytes());
+            }
+            Prim::Float => self.data.extend_from_slice(c.bytes(4)?),
+            Prim::Double => self.data.extend_from_slice(c.bytes(8)?),
+            Prim::Bytes | Prim::String => {
+                let s = c.len_prefixed()?;
+                self.data.extend_from_slice(s);
+                // Offsets are i32: a batch holds at most 2 GiB of one column.
+                self.offsets.push(i32::try_from(self.data.len()).map_err(|_| Short)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, dt: &DataType, rows: usize, batch_size: usize) -> Result<ArrayRef, TransformError> {
+        let nulls = self.null_branch.map(|_| NullBuffer::from(std::mem::take(&mut self.valid)));
+        let bad = |e: arrow::error::ArrowError| TransformError::BadInput(format!("Avro data: {e}"));
+        let array: ArrayRef = match self.prim {
+            Prim::Bytes | Prim::String => {
+                self.bytes_per_row = self.data.len() / rows.max(1);
+                let offsets = OffsetBuffer::new(ScalarBuffer::from(std::mem::replace(&mut self.offsets, vec![0])));
+                let values = Buffer::from_vec(std::mem::take(&mut self.data));
+                if self.prim == Prim::String {
+                    // try_new checks the bytes are UTF-8, as Avro strings must be.
+                    Arc::new(StringArray::try_new(offsets, values, nulls).map_err(bad)?)
+                } else {
+                    Arc::new(BinaryArray::try_new(offsets, values, nulls).map_err(bad)?)
+                }
+            }
+            Prim::Boolean => {
+                let bits = arrow::buffer::BooleanBuffer::from_iter(self.data.drain(..).map(|b| b != 0));
+                Arc::new(arrow::array::BooleanArray::new(bits, nulls))
+            }
+            _ => {
+                let data = ArrayData::builder(dt.clone())
+                    .len(rows)
+                    .add_buffer(Buffer::from_vec(std::mem::take(&mut self.data)))
+                    .nulls(nulls)
+                    .build()
+                    .map_err(bad)?;
+                make_array(data)
+            }
+        };
+        self.reserve(batch_size);
+        Ok(array)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn both(file: &[u8], batch: usize) -> (Vec<RecordBatch>, Vec<RecordBatch>) {
+        let mut fast = Vec::new();
+        decode(file, batch, &mut |b| {
+            fast.push(b);
+            Ok(())
+        })
+        .unwrap();
+        let reference: Vec<RecordBatch> =
+            arrow_avro::reader::ReaderBuilder::new().with_batch_size(batch).build(file).unwrap().map(|b| b.unwrap()).collect();
+        (fast, reference)
+    }
+
+    fn concat(b: &[RecordBatch]) -> RecordBatch {
+        arrow::compute::concat_batches(&b[0].schema(), b).unwrap()
+    }
+
+    #[test]
+    fn flat_records_match_arrow_avro_for_every_codec() {
+        use ferry_common::sample::{AvroCodec, events, write_events};
+        for codec in [AvroCodec::Null, AvroCodec::Deflate, AvroCodec::Snappy, AvroCodec::Zstandard] {
+            let mut file = Vec::new();
+            write_events(&mut file, ferry_common::config::Format::Avro, events(7, 2_345, 0), codec, 300).unwrap();
+            for batch in [1, 100, 1000, 8192] {
+                let (fast, reference) = both(&file, batch);
+                assert_eq!(concat(&fast), concat(&reference), "{codec:?} batch {batch}");
+                assert!(fast.iter().all(|b| b.num_rows() <= batch));
+            }
+        }
+    }
+
+    /// Writes a one-block container file by hand: schema, then records already encoded.
+    fn container(schema: &str, codec: &str, count: i64, records: &[u8]) -> Vec<u8> {
+        let mut f = b"Obj\x01".to_vec();
+        let long = |f: &mut Vec<u8>, v: i64| {
+            let mut z = ((v << 1) ^ (v >> 63)) as u64;
+            while z >= 0x80 {
+                f.push((z as u8) | 0x80);
+                z >>= 7;
+            }
+            f.push(z as u8);
+        };
+        let bytes = |f: &mut Vec<u8>, b: &[u8]| {
+            long(f, b.len() as i64);
+            f.extend_from_slice(b);
+        };
+        long(&mut f, 2);
+        bytes(&mut f, b"avro.schema");
+        bytes(&mut f, schema.as_bytes());
+        bytes(&mut f, b"avro.codec");
+        bytes(&mut f, codec.as_bytes());
+        long(&mut f, 0);
+        let sync = [7u8; 16];
+        f.extend_from_slice(&sync);
+        long(&mut f, count);
+        bytes(&mut f, records);
+        f.extend_from_slice(&sync);
+        f
+    }
+
+    #[test]
+    fn every_primitive_and_union_order_matches_arrow_avro() {
+        let schema = r#"{"type":"record","name":"R","fields":[
+            {"name":"b","type":"boolean"},{"name":"i","type":["int","null"]},{"name":"d","type":{"type":"int","logicalType":"date"}},
+            {"name":"l","type":["null",{"type":"long","logicalType":"timestamp-micros"}]},{"name":"f","type":"float"},
+            {"name":"x","type":"double"},{"name":"y","type":["null","bytes"]},{"name":"s","type":["string","null"]}]}"#;
+        // Two records: all values, then every nullable one null.
+        let mut r = vec![1u8, 0, 0x54, 0x02, 0x02, 0x80, 0x01];
+        r.extend_from_slice(&1.5f32.to_le_bytes());
+        r.extend_from_slice(&(-2.25f64).to_le_bytes());
+        r.extend_from_slice(&[0x02, 0x04, 0xff, 0x00, 0x00, 0x06]);
+        r.extend_from_slice("é!".as_bytes());
+        r.extend_from_slice(&[0, 0x02, 0x01, 0x00]);
+        r.extend_from_slice(&0f32.to_le_bytes());
+        r.extend_from_slice(&0f64.to_le_bytes());
+        r.extend_from_slice(&[0x00, 0x02]);
+        let file = container(schema, "null", 2, &r);
+        let (fast, reference) = both(&file, 10);
+        assert_eq!(concat(&fast), concat(&reference));
+        assert_eq!(concat(&fast).column(1).null_count(), 1);
+        assert_eq!(concat(&fast).column(7).null_count(), 1);
+    }
+
+    #[test]
+    fn other_schemas_go_through_arrow_avro() {
+        let schema = r#"{"type":"record","name":"R","fields":[{"name":"a","type":{"type":"array","items":"long"}}]}"#;
+        let file = container(schema, "null", 1, &[0x04, 0x02, 0x04, 0x00]);
+        let (fast, reference) = both(&file, 10);
+        assert_eq!(concat(&fast), concat(&reference));
+        assert!(Plan::new(&Header::parse(&file).ok().unwrap()).unwrap().is_none());
+    }
+
+    #[test]
+    fn corrupt_blocks_are_bad_input_naming_the_block() {
+        let schema = r#"{"type":"record","name":"R","fields":[{"name":"s","type":"string"}]}"#;
+        let good = container(schema, "null", 1, &[0x02, b'a']);
+        let run = |f: &[u8]| decode(f, 10, &mut |_| Ok(())).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(run(&good[..good.len() - 3]).contains("truncated"), "{}", run(&good[..good.len() - 3]));
+        let mut extra = container(schema, "null", 1, &[0x02, b'a', b'b']);
+        assert!(run(&extra).contains("1 bytes left"), "{}", run(&extra));
+        let n = extra.len();
+        extra[n - 1] ^= 1;
+        assert!(run(&extra).contains("sync marker"), "{}", run(&extra));
+        let long = container(schema, "null", 2, &[0x02, b'a']);
+        assert!(run(&long).contains("runs past the end"), "{}", run(&long));
+        let bad_utf8 = container(schema, "null", 1, &[0x02, 0xff]);
+        assert!(run(&bad_utf8).contains("Avro data"), "{}", run(&bad_utf8));
+    }
+}
