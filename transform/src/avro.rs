@@ -57,6 +57,9 @@ struct Input<R> {
 }
 
 const READ_BUFFER: usize = 4 << 20;
+/// Limits on what a file can claim, so that corrupt sizes fail as bad input, not allocations.
+const MAX_HEADER: usize = 16 << 20;
+const MAX_BLOCK: usize = 512 << 20;
 
 impl<R> Drop for Input<R> {
     fn drop(&mut self) {
@@ -67,7 +70,7 @@ impl<R> Drop for Input<R> {
 impl<R: Read> Input<R> {
     fn new(inner: R) -> Self {
         let mut buf = crate::pool::take(READ_BUFFER);
-        buf.resize(buf.capacity(), 0);
+        buf.resize(READ_BUFFER, 0);
         Input { inner, buf, pos: 0, end: 0, eof: false, offset: 0 }
     }
 
@@ -78,11 +81,14 @@ impl<R: Read> Input<R> {
                 self.buf.copy_within(self.pos..self.end, 0);
                 self.end -= self.pos;
                 self.pos = 0;
-                if self.buf.len() < n.max(READ_BUFFER) {
-                    self.buf.resize(n.max(READ_BUFFER), 0);
-                }
             }
             while self.end - self.pos < n {
+                if self.end == self.buf.len() {
+                    // Grown as bytes arrive, never to a size a (corrupt) block header merely
+                    // claims: a bogus size ends in "truncated", not in a huge allocation.
+                    let want = (self.buf.len() * 2).min(self.pos + n).max(self.end + 1);
+                    self.buf.resize(want, 0);
+                }
                 match self.inner.read(&mut self.buf[self.end..]) {
                     Ok(0) => {
                         self.eof = true;
@@ -196,7 +202,7 @@ impl Header {
                 Ok(h) => return Ok(h),
                 Err(Some(e)) => return Err(e),
                 // The header is longer than what is buffered: read more, unless there is no more.
-                Err(None) if avail.len() < want => {
+                Err(None) if avail.len() < want || want > MAX_HEADER => {
                     return Err(corrupt("truncated Avro header".into()));
                 }
                 Err(None) => want *= 4,
@@ -212,18 +218,24 @@ impl Header {
         let mut c = Cursor { data, pos: 4 };
         let (mut schema, mut codec) = (None, None);
         let short = |_: Short| None;
+        let bad = || Some(corrupt("corrupt Avro header: a negative or oversized count or length".into()));
         loop {
             let mut count = c.long().map_err(short)?;
             if count == 0 {
                 break;
             }
             if count < 0 {
-                count = -count;
+                count = count.checked_neg().ok_or_else(bad)?;
                 c.long().map_err(short)?;
             }
             for _ in 0..count {
-                let k = c.len_prefixed().map_err(short)?;
-                let v = c.len_prefixed().map_err(short)?;
+                let mut item = || -> Result<&[u8], Option<TransformError>> {
+                    let n = c.long().map_err(short)?;
+                    let n = usize::try_from(n).ok().filter(|&n| n <= MAX_HEADER).ok_or_else(bad)?;
+                    c.bytes(n).map_err(short)
+                };
+                let k = item()?;
+                let v = item()?;
                 match k {
                     b"avro.schema" => schema = Some(String::from_utf8_lossy(v).into_owned()),
                     b"avro.codec" => codec = Some(String::from_utf8_lossy(v).into_owned()),
@@ -301,6 +313,9 @@ impl Plan {
         else {
             return Ok(None);
         };
+        if fields.is_empty() {
+            return Ok(None); // a batch of no columns has no row count: arrow-avro's case
+        }
         let mut plan = Vec::with_capacity(fields.len());
         for f in fields {
             let Some(t) = f.get("type") else {
@@ -355,8 +370,8 @@ impl Plan {
             let mut c = Cursor { data: head, pos: 0 };
             let block_err = |what: &str| corrupt(format!("Avro block {index} at byte {at}: {what}"));
             let (count, size) = match (c.long(), c.long()) {
-                (Ok(n), Ok(s)) if n >= 0 && s >= 0 => (n as u64, s as usize),
-                (Ok(_), Ok(_)) => return Err(block_err("negative record count or size")),
+                (Ok(n), Ok(s)) if n >= 0 && s >= 0 && (s as u64) <= MAX_BLOCK as u64 => (n as u64, s as usize),
+                (Ok(_), Ok(s)) => return Err(block_err(&format!("negative record count, or a size of {s} bytes (limit {MAX_BLOCK})"))),
                 _ => return Err(block_err("truncated block header")),
             };
             let start = c.pos;
@@ -383,7 +398,7 @@ impl Plan {
                 }
                 rows += 1;
                 if rows == batch_size {
-                    sink(self.flush(&mut cols, rows, batch_size)?)?;
+                    sink(self.flush(&mut cols, rows, batch_size, index)?)?;
                     rows = 0;
                 }
             }
@@ -392,16 +407,33 @@ impl Plan {
             }
             input.consume(total);
             index += 1;
+            // Arrow offsets are i32: a batch ends before a column could pass 2 GiB (a block
+            // adds at most MAX_BLOCK).
+            if rows > 0 && cols.iter().any(|c| c.data.len() > 1 << 30) {
+                sink(self.flush(&mut cols, rows, batch_size, index - 1)?)?;
+                rows = 0;
+            }
         }
         if rows > 0 {
-            sink(self.flush(&mut cols, rows, batch_size)?)?;
+            sink(self.flush(&mut cols, rows, batch_size, index.saturating_sub(1))?)?;
         }
         Ok(())
     }
 
-    fn flush(&self, cols: &mut [Column], rows: usize, batch_size: usize) -> Result<RecordBatch, TransformError> {
-        let arrays =
-            cols.iter_mut().zip(self.schema.fields()).map(|(c, f)| c.finish(f.data_type(), rows, batch_size)).collect::<Result<Vec<_>, _>>()?;
+    /// The batch so far; `block` is the block being decoded, for error messages.
+    fn flush(&self, cols: &mut [Column], rows: usize, batch_size: usize, block: u64) -> Result<RecordBatch, TransformError> {
+        let arrays = cols
+            .iter_mut()
+            .zip(self.schema.fields())
+            .map(|(c, f)| {
+                c.finish(f.data_type(), rows, batch_size).map_err(|e| match e {
+                    TransformError::BadInput(m) => {
+                        TransformError::BadInput(format!("column {:?}, in Avro block {block} or the {rows} records before it: {m}", f.name()))
+                    }
+                    e => e,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))
     }
 }
@@ -410,15 +442,18 @@ fn decompress(codec: &str, data: &[u8], out: &mut Vec<u8>) -> Result<(), String>
     out.clear();
     match codec {
         "deflate" => {
-            flate2::read::DeflateDecoder::new(data).read_to_end(out).map_err(|e| e.to_string())?;
+            flate2::read::DeflateDecoder::new(data).take(MAX_BLOCK as u64 + 1).read_to_end(out).map_err(|e| e.to_string())?;
         }
         "zstandard" => {
-            zstd::stream::read::Decoder::with_buffer(data).and_then(|mut d| d.read_to_end(out)).map_err(|e| e.to_string())?;
+            zstd::stream::read::Decoder::with_buffer(data).and_then(|d| d.take(MAX_BLOCK as u64 + 1).read_to_end(out)).map_err(|e| e.to_string())?;
         }
         "snappy" => {
             // Snappy blocks end with the CRC-32 of the uncompressed bytes, big-endian.
             let (body, crc) = data.split_at(data.len().checked_sub(4).ok_or("shorter than its checksum")?);
             let n = snap::raw::decompress_len(body).map_err(|e| e.to_string())?;
+            if n > MAX_BLOCK {
+                return Err(format!("claims {n} bytes uncompressed (limit {MAX_BLOCK})"));
+            }
             out.resize(n, 0);
             snap::raw::Decoder::new().decompress(body, out).map_err(|e| e.to_string())?;
             if crc32fast::hash(out) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
@@ -426,6 +461,9 @@ fn decompress(codec: &str, data: &[u8], out: &mut Vec<u8>) -> Result<(), String>
             }
         }
         other => return Err(format!("unsupported codec {other}")),
+    }
+    if out.len() > MAX_BLOCK {
+        return Err(format!("more than {MAX_BLOCK} bytes uncompressed"));
     }
     Ok(())
 }
@@ -466,7 +504,7 @@ impl Column {
                 // A little over the last batch's size, in whole MiB: variable-width buffers
                 // rarely grow, and batches ask glibc for the same sizes again, which it then
                 // serves from memory it already has rather than freshly mapped pages.
-                let want = self.bytes_per_row * rows / 8 * 9 + 1024;
+                let want = (self.bytes_per_row * rows / 8 * 9 + 1024).min(1 << 30);
                 self.data.reserve(want.next_multiple_of(1 << 20));
             }
             w => self.data.reserve(rows * w),
@@ -518,7 +556,9 @@ impl Column {
         let bad = |e: arrow::error::ArrowError| TransformError::BadInput(format!("Avro data: {e}"));
         let array: ArrayRef = match self.prim {
             Prim::Bytes | Prim::String => {
-                self.bytes_per_row = self.data.len() / rows.max(1);
+                if rows == batch_size {
+                    self.bytes_per_row = self.data.len() / rows;
+                }
                 let offsets = OffsetBuffer::new(ScalarBuffer::from(std::mem::replace(&mut self.offsets, vec![0])));
                 let values = Buffer::from_vec(std::mem::take(&mut self.data));
                 if self.prim == Prim::String {
@@ -656,6 +696,17 @@ mod tests {
         let long = container(schema, "null", 2, &[0x02, b'a']);
         assert!(run(&long).contains("runs past the end"), "{}", run(&long));
         let bad_utf8 = container(schema, "null", 1, &[0x02, 0xff]);
-        assert!(run(&bad_utf8).contains("Avro data"), "{}", run(&bad_utf8));
+        assert!(run(&bad_utf8).contains("Avro block 0"), "{}", run(&bad_utf8));
+        // Sizes a corrupt file claims are checked before anything is allocated for them.
+        let header_len = good.len() - 2 - 2 - 16; // count, size, record, sync
+        let mut huge = good[..header_len].to_vec();
+        huge.extend_from_slice(&[0x02, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x02]); // 1 record, 2^42 bytes
+        assert!(run(&huge).contains("limit"), "{}", run(&huge));
+        let mut big = good[..header_len].to_vec();
+        big.extend_from_slice(&[0x02, 0x80, 0x80, 0x80, 0x20, b'a']); // 1 record, 32 MiB, file ends
+        assert!(run(&big).contains("truncated"), "{}", run(&big));
+        let mut bad_header = good[..4].to_vec();
+        bad_header.extend_from_slice(&[0x02, 0x01]); // one entry, key of length -1
+        assert!(run(&bad_header).contains("corrupt Avro header"), "{}", run(&bad_header));
     }
 }

@@ -125,7 +125,8 @@ impl<W: Write> FlatWriter<W> {
             && schema.fields().iter().all(|f| Kind::of(f.data_type()).is_some())
     }
 
-    /// Starts a file. Dictionary encoding and compression are taken from `props` per column.
+    /// Starts a file. Dictionary encoding is taken from `props` per column; compression from
+    /// its default (Ferry sets no per-column codec).
     pub fn try_new(mut out: W, schema: SchemaRef, props: &WriterProperties, max_group_rows: usize) -> Result<Self> {
         let descr = std::sync::Arc::new(parquet::arrow::ArrowSchemaConverter::new().convert(&schema).map_err(pq_err)?);
         let mut cols = Vec::with_capacity(schema.fields().len());
@@ -160,6 +161,9 @@ impl<W: Write> FlatWriter<W> {
     }
 
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.schema().fields() != self.schema.fields() {
+            return Err(std::io::Error::other(format!("batch schema {:?} is not the file's {:?}", batch.schema(), self.schema)));
+        }
         let mut off = 0;
         while off < batch.num_rows() {
             let n = (self.max_group_rows - self.group_rows).min(batch.num_rows() - off);
@@ -210,7 +214,12 @@ impl<W: Write> FlatWriter<W> {
         let created_by = format!("ferry version {} (Parquet pages by ferry, footer by parquet-rs)", env!("CARGO_PKG_VERSION"));
         let file = FileMetaData::new(1, self.rows, Some(created_by), Some(kv), self.descr.clone(), None);
         let meta = ParquetMetaData::new(file, std::mem::take(&mut self.row_groups));
-        ParquetMetaDataWriter::new(&mut self.out, &meta).finish().map_err(pq_err)?;
+        // Into memory first: the footer writer buffers internally and would drop a late write
+        // error (a full disk) on the floor, leaving a file without its footer.
+        let mut footer = Vec::new();
+        ParquetMetaDataWriter::new(&mut footer, &meta).finish().map_err(pq_err)?;
+        self.out.write_all(&footer)?;
+        self.out.flush()?;
         Ok(self.out)
     }
 }
@@ -317,6 +326,9 @@ impl Column {
     #[inline]
     fn put(&mut self, v: Option<&[u8]>, codec: &mut Codec) -> Result<()> {
         if let Some(v) = v {
+            if matches!(self.kind, Kind::F32 | Kind::F64) && as_f64(self.kind, v).is_nan() {
+                self.stats.nans += 1; // every one, dictionary or not
+            }
             if self.dict_on {
                 match self.dict.index(v, self.kind) {
                     Some((i, new)) => {
@@ -654,14 +666,14 @@ impl Stats {
     #[inline]
     fn update(&mut self, kind: Kind, v: &[u8]) {
         if matches!(kind, Kind::F32 | Kind::F64) && as_f64(kind, v).is_nan() {
-            self.nans += 1; // counted instead of ordered
-            return;
+            return; // counted in `nans` instead (Column::put)
         }
         let less = |a: &[u8], b: &[u8]| match kind {
             Kind::Bool => a[0] < b[0],
             Kind::I32 => i32::from_le_bytes(a.try_into().expect("4")) < i32::from_le_bytes(b.try_into().expect("4")),
             Kind::I64 => i64::from_le_bytes(a.try_into().expect("8")) < i64::from_le_bytes(b.try_into().expect("8")),
-            Kind::F32 | Kind::F64 => as_f64(kind, a) < as_f64(kind, b),
+            // IEEE 754 total order, which parquet-rs declares for floats: -0.0 < +0.0.
+            Kind::F32 | Kind::F64 => as_f64(kind, a).total_cmp(&as_f64(kind, b)).is_lt(),
             Kind::Bytes => a < b,
         };
         match &mut self.min {
@@ -677,10 +689,9 @@ impl Stats {
     fn finish(&self, kind: Kind, utf8: bool) -> Statistics {
         let nulls = Some(self.nulls);
         let (min, max) = (self.min.as_deref(), self.max.as_deref());
-        let float = |v: Option<&[u8]>, zero: f64| {
-            // Parquet: a zero minimum is written as -0.0, a zero maximum as +0.0.
-            v.map(|v| as_f64(kind, v)).map(|f| if f == 0.0 { zero } else { f })
-        };
+        // The values seen, ordered as IEEE 754 total order (-0.0 < +0.0), which parquet-rs
+        // declares for floats.
+        let float = |v: Option<&[u8]>| v.map(|v| as_f64(kind, v));
         match kind {
             Kind::Bool => Statistics::boolean(min.map(|v| v[0] != 0), max.map(|v| v[0] != 0), None, nulls, false),
             Kind::I32 => {
@@ -694,12 +705,10 @@ impl Stats {
             // parquet-rs declares floats in IEEE 754 total order, under which readers (pyarrow)
             // trust min/max only with the NaN count beside them.
             Kind::F32 => Statistics::Float(
-                ValueStatistics::new(float(min, -0.0).map(|f| f as f32), float(max, 0.0).map(|f| f as f32), None, nulls, false)
+                ValueStatistics::new(float(min).map(|f| f as f32), float(max).map(|f| f as f32), None, nulls, false)
                     .with_nan_count(Some(self.nans)),
             ),
-            Kind::F64 => {
-                Statistics::Double(ValueStatistics::new(float(min, -0.0), float(max, 0.0), None, nulls, false).with_nan_count(Some(self.nans)))
-            }
+            Kind::F64 => Statistics::Double(ValueStatistics::new(float(min), float(max), None, nulls, false).with_nan_count(Some(self.nans))),
             Kind::Bytes => {
                 // Long values are cut, as ArrowWriter does: the min to a prefix (still <= every
                 // value), the max to a prefix with its last character or byte incremented.
@@ -853,6 +862,10 @@ mod tests {
                 let st = c.statistics().unwrap();
                 assert!(st.min_bytes_opt().is_some() && st.max_bytes_opt().is_some(), "column {i} has no min/max: {st:?}");
             }
+            // Every NaN counted, dictionary or not (column 5 has one value in 9 NaN).
+            let f = all.column(5).as_primitive::<arrow::datatypes::Float32Type>().slice(0, rg.num_rows() as usize);
+            let nans = f.iter().filter(|v| v.is_some_and(f32::is_nan)).count() as u64;
+            assert_eq!(rg.column(5).statistics().unwrap().nan_count_opt(), Some(nans), "dict {dict}");
             let host = rg.column(1).statistics().unwrap();
             assert_eq!(host.null_count_opt(), Some(all.column(1).slice(0, rg.num_rows() as usize).null_count() as u64));
         }

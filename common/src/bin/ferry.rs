@@ -50,6 +50,10 @@ enum Cmd {
         /// Records per Avro block.
         #[arg(long, default_value_t = 1000)]
         block_records: usize,
+        /// Payload text: words (compresses like logs or JSON) or letters (random, the worst
+        /// case for a codec).
+        #[arg(long, value_enum, default_value = "words")]
+        payload: ferry_common::sample::Payload,
     },
     /// Remove what crashed writers left behind: temp files in staging, the destination's
     /// `_ferry/tmp` and the table (HDFS files possibly still under construction), spool temp
@@ -94,8 +98,8 @@ async fn run(cli: Cli) -> ferry_common::Result<i32> {
             print!("{}", cfg.to_toml());
             return Ok(exit::OK);
         }
-        Cmd::Gen { format, out, files, records, seed, codec, block_records } => {
-            gen_files(format, out, *files, *records, *seed, *codec, *block_records)?;
+        Cmd::Gen { format, out, files, records, seed, codec, block_records, payload } => {
+            gen_files(format, out, *files, *records, *seed, *codec, *block_records, *payload)?;
             return Ok(exit::OK);
         }
         _ => {}
@@ -181,6 +185,7 @@ async fn run(cli: Cli) -> ferry_common::Result<i32> {
     Ok(exit::OK)
 }
 
+#[allow(clippy::too_many_arguments)] // one per `ferry gen` flag
 fn gen_files(
     format: &str,
     out: &std::path::Path,
@@ -189,6 +194,7 @@ fn gen_files(
     seed: u64,
     codec: ferry_common::sample::AvroCodec,
     block_records: usize,
+    payload: ferry_common::sample::Payload,
 ) -> ferry_common::Result<()> {
     use ferry_common::config::Format;
     use ferry_common::error::Error;
@@ -203,7 +209,7 @@ fn gen_files(
         let f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
         let mut w = std::io::BufWriter::new(f);
         let file_seed = seed.wrapping_mul(1_000_003).wrapping_add(i);
-        let events = ferry_common::sample::events(file_seed, records, start_ms + i as i64 * 3_600_000);
+        let events = ferry_common::sample::events_with(file_seed, records, start_ms + i as i64 * 3_600_000, payload);
         ferry_common::sample::write_events(&mut w, fmt, events, codec, block_records)
             .and_then(|_| std::io::Write::flush(&mut w))
             .map_err(|e| Error::io(tmp.display(), e))?;
