@@ -83,11 +83,15 @@ impl Workers {
     fn new(n: usize) -> Workers {
         let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
         let rx = Arc::new(std::sync::Mutex::new(rx));
+        // HDFS and S3 readers block on the runtime's handle: the threads run inside it.
+        let runtime = tokio::runtime::Handle::try_current().ok();
         for i in 0..n {
             let rx = rx.clone();
+            let runtime = runtime.clone();
             std::thread::Builder::new()
                 .name(format!("ferry-transform-{i}"))
                 .spawn(move || {
+                    let _inside = runtime.as_ref().map(|r| r.enter());
                     loop {
                         let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                         match job {
