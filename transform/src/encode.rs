@@ -378,7 +378,9 @@ impl Column {
         if self.page_rows == 0 {
             return Ok(());
         }
-        let encoding = if self.dict_on {
+        // A page of nulls only, before any value: PLAIN (no values), so that a column chunk
+        // with no values has no empty dictionary page.
+        let encoding = if self.dict_on && !self.indices.is_empty() {
             let width = bit_width(self.dict.len.saturating_sub(1) as u32);
             self.page.push(width);
             bit_packed(&self.indices, width, &mut self.page);
@@ -806,6 +808,8 @@ mod tests {
             Field::new("ok", DataType::Boolean, true),
             Field::new("blob", DataType::Binary, true),
             Field::new("big", DataType::Int64, false),
+            Field::new("none", DataType::Utf8, true),
+            Field::new("none_i", DataType::Int64, true),
         ]));
         let rows: Vec<[u64; 8]> = (0..n).map(|_| std::array::from_fn(|_| take())).collect();
         let cols: Vec<ArrayRef> = vec![
@@ -824,6 +828,8 @@ mod tests {
             Arc::new(BooleanArray::from_iter(rows.iter().map(|r| (r[7] % 3 != 0).then_some(r[7] % 2 == 0)))),
             Arc::new(BinaryArray::from_iter(rows.iter().map(|r| (r[0] % 3 != 0).then(|| r[1].to_le_bytes()[..(r[2] % 8) as usize].to_vec())))),
             Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r[3] as i64 * 1_000_000_007))),
+            Arc::new(StringArray::from(vec![None::<&str>; n])),
+            Arc::new(Int64Array::from(vec![None; n])),
         ];
         RecordBatch::try_new(schema, cols).unwrap()
     }
@@ -858,7 +864,7 @@ mod tests {
             let first = all.column(2).as_primitive::<arrow::datatypes::TimestampMillisecondType>().slice(0, rg.num_rows() as usize);
             assert_eq!(ts.min_bytes_opt().unwrap(), arrow::compute::min(&first).unwrap().to_le_bytes());
             assert_eq!(ts.max_bytes_opt().unwrap(), arrow::compute::max(&first).unwrap().to_le_bytes());
-            for (i, c) in rg.columns().iter().enumerate() {
+            for (i, c) in rg.columns().iter().enumerate().take(10) {
                 let st = c.statistics().unwrap();
                 assert!(st.min_bytes_opt().is_some() && st.max_bytes_opt().is_some(), "column {i} has no min/max: {st:?}");
             }
@@ -866,6 +872,12 @@ mod tests {
             let f = all.column(5).as_primitive::<arrow::datatypes::Float32Type>().slice(0, rg.num_rows() as usize);
             let nans = f.iter().filter(|v| v.is_some_and(f32::is_nan)).count() as u64;
             assert_eq!(rg.column(5).statistics().unwrap().nan_count_opt(), Some(nans), "dict {dict}");
+            // All-null columns: no dictionary page, no min/max, every row counted as null.
+            for c in [rg.column(10), rg.column(11)] {
+                assert!(c.dictionary_page_offset().is_none());
+                assert_eq!(c.statistics().unwrap().null_count_opt(), Some(rg.num_rows() as u64));
+                assert!(c.statistics().unwrap().min_bytes_opt().is_none());
+            }
             let host = rg.column(1).statistics().unwrap();
             assert_eq!(host.null_count_opt(), Some(all.column(1).slice(0, rg.num_rows() as usize).null_count() as u64));
         }
