@@ -109,7 +109,10 @@ impl Workers {
     async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, TransformError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Box<dyn FnOnce() + Send> = Box::new(move || {
-            let _ = tx.send(f());
+            // Not started for a chunk whose future is gone (lease lost, shutting down).
+            if !tx.is_closed() {
+                let _ = tx.send(f());
+            }
         });
         self.jobs.lock().unwrap_or_else(|e| e.into_inner()).send(job).map_err(TransformError::internal)?;
         rx.await.map_err(|_| TransformError::Internal("a transform thread panicked".into()))
@@ -329,8 +332,11 @@ impl<'a> PartWriters<'a> {
                 let dir = self.t.chunk_dir(&self.chunk);
                 let pdir = if partition.is_empty() { dir } else { dir.join(&partition) };
                 std::fs::create_dir_all(&pdir).map_err(|e| Error::io(pdir.display(), e))?;
-                // Unique per process, so a zombie writing the same chunk never shares a temp file.
-                let tmp = pdir.join(format!(".part-{}.{}.tmp", self.chunk, std::process::id()));
+                // Unique per process and job: a zombie job (its chunk's lease lost, the chunk
+                // claimed again, even by this process) never shares a temp file.
+                static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let job = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let tmp = pdir.join(format!(".part-{}.{}-{job}.tmp", self.chunk, std::process::id()));
                 let f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
                 // A small buffer: it only gathers page headers and the footer; pages (hundreds of
                 // KiB) are bigger and go straight to the file instead of being copied into it.
