@@ -13,8 +13,7 @@ PAYLOAD=${PAYLOAD:-words}; ROUNDS=${ROUNDS:-3}
 N=$((FILES * RECORDS))
 python3 -c 'import polars' 2>/dev/null || python3 -m pip install -q polars >&2
 ferry_python_deps
-cargo build --release --workspace --bins >&2
-BIN=$CARGO_TARGET_DIR/release
+ferry_release_bins
 rm -rf "$DIR" && mkdir -p "$DIR"
 "$BIN/ferry" gen --format avro --codec null --payload "$PAYLOAD" --out "$DIR/in" --files "$FILES" --records "$RECORDS" --block-records 4000 >/dev/null
 echo "input: $N events, $(du -sb "$DIR/in" | cut -f1) bytes of Avro (null codec), $PAYLOAD payloads"

@@ -9,9 +9,7 @@ cd "$(dirname "$0")/.."
 EVENTS=${1:-1700000}; CHUNK=${2:-64MiB}
 . scripts/services.sh
 . scripts/minidfs.sh
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${FERRY_CACHE:-/work/cache}/target}
-cargo build --release --workspace --bins >&2
-BIN=$CARGO_TARGET_DIR/release
+ferry_release_bins
 DIR=$(mktemp -d /tmp/ferry-hdfs-bench.XXXXXX)
 trap 'ferry_stop_minidfs; rm -rf "$DIR"' EXIT
 ferry_build_minidfs

@@ -8,8 +8,7 @@ cd "$(dirname "$0")/.."
 . scripts/services.sh
 DIR=${1:-/tmp/ferry-demo}; FORMAT=${2:-avro}; FILES=${3:-4}; RECORDS=${4:-25000}
 ferry_python_deps
-cargo build --release --workspace --bins
-BIN=$CARGO_TARGET_DIR/release
+ferry_release_bins
 rm -rf "$DIR" && mkdir -p "$DIR"
 "$BIN/ferry" gen --format "$FORMAT" --codec deflate --out "$DIR/in" --files "$FILES" --records "$RECORDS" >/dev/null
 sed -e "s#sqlite://ferry-ledger.db#sqlite://$DIR/ledger.db#" -e "s#\"/data/incoming\"#\"$DIR/in\"#" \

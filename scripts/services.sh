@@ -7,6 +7,11 @@ mkdir -p "$FERRY_CACHE" 2>/dev/null || FERRY_CACHE=$HOME/.cache/ferry
 mkdir -p "$FERRY_CACHE"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$FERRY_CACHE/target}
 
+ferry_release_bins() { # builds Ferry's binaries (release) and sets BIN to their directory
+  cargo build --release --workspace --bins >&2
+  BIN=$CARGO_TARGET_DIR/release
+}
+
 ferry_apt() { # ferry_apt CMD PACKAGE...: installs PACKAGEs unless CMD already exists
   local cmd=$1; shift
   if ! command -v "$cmd" >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/"$cmd" >/dev/null 2>&1; then

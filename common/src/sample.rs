@@ -192,7 +192,8 @@ pub fn write_events(
     }
 }
 
-fn zigzag(buf: &mut Vec<u8>, v: i64) {
+/// An Avro `long` (also an `int`, a count, a length): zigzag, then a base-128 varint.
+pub fn zigzag(buf: &mut Vec<u8>, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     while z >= 0x80 {
         buf.push((z as u8) | 0x80);
@@ -201,7 +202,8 @@ fn zigzag(buf: &mut Vec<u8>, v: i64) {
     buf.push(z as u8);
 }
 
-fn avro_bytes(buf: &mut Vec<u8>, b: &[u8]) {
+/// Avro `bytes` or `string`: the length, then the bytes.
+pub fn avro_bytes(buf: &mut Vec<u8>, b: &[u8]) {
     zigzag(buf, b.len() as i64);
     buf.extend_from_slice(b);
 }

@@ -623,19 +623,8 @@ mod tests {
 
     /// Writes a one-block container file by hand: schema, then records already encoded.
     fn container(schema: &str, codec: &str, count: i64, records: &[u8]) -> Vec<u8> {
+        use ferry_common::sample::{avro_bytes as bytes, zigzag as long};
         let mut f = b"Obj\x01".to_vec();
-        let long = |f: &mut Vec<u8>, v: i64| {
-            let mut z = ((v << 1) ^ (v >> 63)) as u64;
-            while z >= 0x80 {
-                f.push((z as u8) | 0x80);
-                z >>= 7;
-            }
-            f.push(z as u8);
-        };
-        let bytes = |f: &mut Vec<u8>, b: &[u8]| {
-            long(f, b.len() as i64);
-            f.extend_from_slice(b);
-        };
         long(&mut f, 2);
         bytes(&mut f, b"avro.schema");
         bytes(&mut f, schema.as_bytes());

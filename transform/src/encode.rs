@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Write;
 
-use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanBufferBuilder};
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use parquet::basic::{Compression, Encoding, Type as PhysicalType};
@@ -235,10 +235,11 @@ struct Column {
     use_dict: bool,
     /// `GAP` bytes kept for the levels, then this page's PLAIN values.
     page: Vec<u8>,
-    /// Definition levels of this page (nullable columns), one bit per row.
-    levels: Bits,
+    /// Definition levels of this page (nullable columns), one bit per row: Arrow's bitmaps
+    /// and Parquet's bit-packing both put the first value in the least significant bit.
+    levels: BooleanBufferBuilder,
     /// Boolean values of this page: PLAIN booleans are bit-packed.
-    bools: Bits,
+    bools: BooleanBufferBuilder,
     /// Dictionary indices of this page, while the dictionary is in use.
     indices: Vec<u32>,
     dict: Dict,
@@ -268,8 +269,8 @@ impl Column {
                 page.resize(GAP, 0);
                 page
             },
-            levels: Bits::default(),
-            bools: Bits::default(),
+            levels: BooleanBufferBuilder::new(0),
+            bools: BooleanBufferBuilder::new(0),
             indices: Vec::new(),
             dict: Dict::default(),
             dict_on: use_dict,
@@ -351,10 +352,10 @@ impl Column {
             self.stats.nulls += 1;
         }
         if self.nullable {
-            self.levels.push(v.is_some());
+            self.levels.append(v.is_some());
         }
         self.page_rows += 1;
-        if self.page_rows >= PAGE_ROWS || self.page.len() - GAP + self.bools.bytes.len() >= PAGE_BYTES {
+        if self.page_rows >= PAGE_ROWS || self.page.len() - GAP + self.bools.as_slice().len() >= PAGE_BYTES {
             self.flush_page(codec)?;
         }
         Ok(())
@@ -364,7 +365,7 @@ impl Column {
     fn push_plain(&mut self, v: &[u8]) {
         self.stats.update(self.kind, v);
         match self.kind {
-            Kind::Bool => self.bools.push(v[0] != 0),
+            Kind::Bool => self.bools.append(v[0] != 0),
             Kind::Bytes => {
                 self.page.extend_from_slice(&(v.len() as u32).to_le_bytes());
                 self.page.extend_from_slice(v);
@@ -389,8 +390,8 @@ impl Column {
             Encoding::PLAIN_DICTIONARY
         } else {
             if self.kind == Kind::Bool {
-                self.page.extend_from_slice(&self.bools.bytes);
-                self.bools.clear();
+                self.page.extend_from_slice(self.bools.as_slice());
+                self.bools.truncate(0);
             }
             self.plain_pages = true;
             Encoding::PLAIN
@@ -398,13 +399,14 @@ impl Column {
         let start = if self.nullable {
             // <4-byte length><run header: groups of 8, bit-packed><one bit per row>
             let mut run = Vec::with_capacity(10);
-            varint(&mut run, ((self.levels.bytes.len() as u64) << 1) | 1);
-            let len = run.len() + self.levels.bytes.len();
+            let bits = self.levels.as_slice();
+            varint(&mut run, ((bits.len() as u64) << 1) | 1);
+            let len = run.len() + bits.len();
             let start = GAP - 4 - len;
             self.page[start..start + 4].copy_from_slice(&(len as u32).to_le_bytes());
             self.page[start + 4..start + 4 + run.len()].copy_from_slice(&run);
-            self.page[start + 4 + run.len()..GAP].copy_from_slice(&self.levels.bytes);
-            self.levels.clear();
+            self.page[start + 4 + run.len()..GAP].copy_from_slice(bits);
+            self.levels.truncate(0);
             start
         } else {
             GAP
@@ -562,31 +564,6 @@ fn bit_packed(values: &[u32], width: u8, out: &mut Vec<u8>) {
             acc >>= 8;
             bits -= 8;
         }
-    }
-}
-
-/// A growing bitmap, least significant bit first (Parquet's bit-packing order).
-#[derive(Default)]
-struct Bits {
-    bytes: Vec<u8>,
-    n: usize,
-}
-
-impl Bits {
-    #[inline]
-    fn push(&mut self, bit: bool) {
-        if self.n.is_multiple_of(8) {
-            self.bytes.push(0);
-        }
-        if bit {
-            *self.bytes.last_mut().expect("pushed") |= 1 << (self.n % 8);
-        }
-        self.n += 1;
-    }
-
-    fn clear(&mut self) {
-        self.bytes.clear();
-        self.n = 0;
     }
 }
 

@@ -161,7 +161,7 @@ impl Plan {
             };
             groups[g].1.push(row as u32);
         }
-        let mut formatted = Vec::with_capacity(groups.len());
+        let mut paths = Vec::with_capacity(groups.len());
         for (first, rows) in groups {
             let mut parts = Vec::with_capacity(keys.len());
             for (p, k) in self.partition_by.iter().zip(&keys) {
@@ -170,15 +170,14 @@ impl Plan {
                 let v = if v.is_null(0) { "__HIVE_DEFAULT_PARTITION__".to_string() } else { escape(v.value(0)) };
                 parts.push(format!("{p}={v}"));
             }
-            formatted.push((parts.join("/"), rows));
+            paths.push((parts.join("/"), rows));
         }
-        // Paths in order, as before (the same rows always land in the same files).
-        formatted.sort_by(|a, b| a.0.cmp(&b.0));
-        let groups = formatted;
+        // In path order, as before (the same rows always land in the same files).
+        paths.sort_by(|a, b| a.0.cmp(&b.0));
         let data_cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| !self.partition_by.contains(schema.field(i).name())).collect();
         let data = batch.project(&data_cols).map_err(TransformError::internal)?;
-        let mut out = Vec::with_capacity(groups.len());
-        for (path, rows) in groups {
+        let mut out = Vec::with_capacity(paths.len());
+        for (path, rows) in paths {
             let part = if rows.len() == data.num_rows() {
                 data.clone()
             } else {
