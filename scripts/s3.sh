@@ -8,14 +8,10 @@
 #              FERRY_TEST_S3_CA (PEM of the CA), FERRY_TEST_S3_ACCESS_KEY/_SECRET_KEY, and the
 #              same as AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION=us-east-1.
 # Options:     FERRY_S3_ARGS (default --keep-alive) replaces versitygw's extra global flags;
-#              FERRY_S3_PORT picks the port; FERRY_CACHE (default /work/cache) holds the binary.
+#              FERRY_S3_PORT picks the port; FERRY_CACHE (default ~/.cache/ferry) holds the binary.
 # rclone:      ferry_rclone_s3_env; rclone copy --checksum DIR ferrys3:ferry/PREFIX
-# Check:       python3 "$FERRY_S3_SCRIPTS/s3_check.py" (needs boto3; conditional writes, multipart,
-#              TLS, PUT throughput against the running server)
 
-FERRY_S3_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd) # for scripts/s3_check.py
-FERRY_CACHE=${FERRY_CACHE:-/work/cache}
-mkdir -p "$FERRY_CACHE" 2>/dev/null || FERRY_CACHE=$HOME/.cache/ferry
+FERRY_CACHE=${FERRY_CACHE:-$HOME/.cache/ferry}
 mkdir -p "$FERRY_CACHE"
 
 # Pinned: the version whose behaviour scripts/S3_SERVER.md describes.

@@ -2,8 +2,8 @@
 # Installs and starts what Ferry's tests and benchmarks need, on a fresh Debian machine.
 # Source it: `. scripts/services.sh; ferry_start_postgres`. Everything listens on loopback only.
 
-FERRY_CACHE=${FERRY_CACHE:-/work/cache}
-mkdir -p "$FERRY_CACHE" 2>/dev/null || FERRY_CACHE=$HOME/.cache/ferry
+# Downloads and builds kept between runs (the cargo target dir, versitygw); FERRY_CACHE moves it.
+FERRY_CACHE=${FERRY_CACHE:-$HOME/.cache/ferry}
 mkdir -p "$FERRY_CACHE"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$FERRY_CACHE/target}
 

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ferry_common::ledger::{Ledger, LedgerOptions, NewChunk, NewSourceFile, RangeKind, Stage, Work, chunk_id};
+use ferry_ledger::{Ledger, LedgerOptions, NewChunk, NewSourceFile, RangeKind, Stage, Work, chunk_id};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -25,11 +25,8 @@ struct Args {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let opts = LedgerOptions {
-        max_connections: args.workers as u32 + 2,
-        reclaim_interval: Duration::from_secs(5),
-        ..LedgerOptions::default()
-    };
+    let opts =
+        LedgerOptions { max_connections: args.workers as u32 + 2, reclaim_interval: Duration::from_secs(5), ..LedgerOptions::default() };
     let ledger = Ledger::connect(&args.ledger, opts).await.expect("connect");
     let run = format!("{:x}", std::process::id() as u64 ^ ledger.now_ms() as u64);
 
@@ -43,7 +40,7 @@ async fn main() {
                 size: per_file * 1000,
                 mtime_ms: 0,
                 content_hash: hash.clone(),
-                format: "avro".into(),
+                format: Some(ferry_common::config::Format::Avro),
             })
             .await
             .expect("register");

@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 
-use crate::error::Error;
+use crate::error::{Classified, ConfigError};
 
 /// Exit codes, the same for every Ferry binary.
 pub mod exit {
@@ -41,8 +41,7 @@ pub struct CommonArgs {
 
 /// Sets up `tracing` on stderr; `RUST_LOG` filters (default `info`).
 pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
@@ -51,7 +50,7 @@ pub fn init_logging(format: LogFormat) {
 }
 
 /// Prints an error with its causes and picks the exit code for it.
-pub fn report(e: &Error) -> i32 {
+pub fn report(e: &dyn Classified) -> i32 {
     let mut msg = format!("error: {e}");
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
@@ -59,10 +58,7 @@ pub fn report(e: &Error) -> i32 {
         src = s.source();
     }
     eprintln!("{msg}");
-    match e {
-        Error::Config { .. } | Error::LedgerUrl { .. } => exit::CONFIG,
-        _ => exit::FATAL,
-    }
+    if e.is_config() { exit::CONFIG } else { exit::FATAL }
 }
 
 /// Flags of the four stage binaries.
@@ -96,27 +92,13 @@ pub struct StageArgs {
 
 impl StageArgs {
     /// A stage that cannot start with this configuration (a bad URL, an unusable transform).
-    pub fn config_error(&self, e: impl std::fmt::Display) -> crate::Error {
-        crate::Error::Config { file: self.config.display().to_string(), message: e.to_string() }
+    pub fn config_error(&self, e: impl std::fmt::Display) -> ConfigError {
+        ConfigError::new(self.config.display().to_string(), e.to_string())
     }
-}
-
-/// What every stage binary does first: load the config (flags and env win), connect to the
-/// ledger and migrate it.
-pub async fn open_stage(
-    common: &CommonArgs,
-    args: &StageArgs,
-) -> crate::Result<(crate::config::Config, crate::ledger::Ledger)> {
-    let mut cfg = crate::config::Config::load(&args.config)?;
-    if let Some(url) = &common.ledger {
-        cfg.ledger.url = url.clone();
-    }
-    let ledger = crate::ledger::Ledger::connect(&cfg.ledger.url, cfg.ledger.options()).await?;
-    Ok((cfg, ledger))
 }
 
 /// Runs a binary's body and exits with its code; errors are reported with their causes.
-pub fn exit_with(res: crate::Result<i32>) -> ! {
+pub fn exit_with<E: Classified>(res: Result<i32, E>) -> ! {
     let code = match res {
         Ok(c) => c,
         Err(e) => report(&e),

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::ledger::{Backoff, LedgerOptions};
+use crate::error::ConfigError;
+
+type Result<T, E = ConfigError> = std::result::Result<T, E>;
 
 /// A duration written for people: "30s", "5m", "1h 30m", "250ms".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -110,6 +111,133 @@ impl Format {
     }
 }
 
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Format, String> {
+        Format::parse(s).ok_or_else(|| format!("unknown format {s:?} (avro, jsonl or csv)"))
+    }
+}
+
+impl TryFrom<String> for Format {
+    type Error = String;
+    fn try_from(s: String) -> std::result::Result<Format, String> {
+        s.parse()
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `source.format`: one format for every file, or `auto` (by file extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SourceFormat {
+    #[default]
+    Auto,
+    Fixed(Format),
+}
+
+impl SourceFormat {
+    /// The format of the source file `name`, if it can be told.
+    pub fn of(self, name: &str) -> Option<Format> {
+        match self {
+            SourceFormat::Auto => Format::from_name(name),
+            SourceFormat::Fixed(f) => Some(f),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SourceFormat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "auto" => Ok(SourceFormat::Auto),
+            f => Format::parse(f)
+                .map(SourceFormat::Fixed)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown format {s:?} (avro, jsonl, csv or auto)"))),
+        }
+    }
+}
+
+impl Serialize for SourceFormat {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            SourceFormat::Auto => "auto",
+            SourceFormat::Fixed(f) => f.as_str(),
+        })
+    }
+}
+
+/// The type of a table column (`table.columns[].type`, `transform.cast`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ColumnType {
+    String,
+    /// int64
+    Long,
+    /// int32
+    Int,
+    Double,
+    Float,
+    Boolean,
+    /// UTC, milliseconds
+    Timestamp,
+    Date,
+}
+
+impl ColumnType {
+    pub const ALL: [ColumnType; 8] = [
+        ColumnType::String,
+        ColumnType::Long,
+        ColumnType::Int,
+        ColumnType::Double,
+        ColumnType::Float,
+        ColumnType::Boolean,
+        ColumnType::Timestamp,
+        ColumnType::Date,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ColumnType::String => "string",
+            ColumnType::Long => "long",
+            ColumnType::Int => "int",
+            ColumnType::Double => "double",
+            ColumnType::Float => "float",
+            ColumnType::Boolean => "boolean",
+            ColumnType::Timestamp => "timestamp",
+            ColumnType::Date => "date",
+        }
+    }
+
+    /// The Hive / Spark SQL type of a column of this type.
+    pub fn hive(self) -> &'static str {
+        match self {
+            ColumnType::String => "STRING",
+            ColumnType::Long => "BIGINT",
+            ColumnType::Int => "INT",
+            ColumnType::Double => "DOUBLE",
+            ColumnType::Float => "FLOAT",
+            ColumnType::Boolean => "BOOLEAN",
+            ColumnType::Timestamp => "TIMESTAMP",
+            ColumnType::Date => "DATE",
+        }
+    }
+}
+
+/// The Parquet codec of transform's output (`transform.compression`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    Zstd,
+    Snappy,
+    Gzip,
+    Lz4,
+    None,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -147,27 +275,41 @@ pub struct LedgerSection {
 
 impl Default for LedgerSection {
     fn default() -> Self {
-        let d = LedgerOptions::default();
         LedgerSection {
             url: crate::cli::DEFAULT_LEDGER.to_string(),
-            lease: HumanDuration(d.lease),
-            max_attempts: d.max_attempts,
-            backoff_min: HumanDuration(d.backoff.min),
-            backoff_max: HumanDuration(d.backoff.max),
-            call_timeout: HumanDuration(d.call_timeout),
+            // Long enough that a heartbeat (every third of it) survives a slow ledger call,
+            // short enough that a crashed worker's chunk is picked up within a minute.
+            lease: HumanDuration(Duration::from_secs(60)),
+            max_attempts: 8,
+            // 1 s doubling to 5 min: a few quick retries for a flapping link, then patience.
+            backoff_min: HumanDuration(Duration::from_secs(1)),
+            backoff_max: HumanDuration(Duration::from_secs(300)),
+            call_timeout: HumanDuration(Duration::from_secs(30)),
         }
     }
 }
 
-impl LedgerSection {
-    pub fn options(&self) -> LedgerOptions {
-        LedgerOptions {
-            lease: self.lease.0,
-            max_attempts: self.max_attempts,
-            backoff: Backoff { min: self.backoff_min.0, max: self.backoff_max.0, factor: 2.0 },
-            call_timeout: self.call_timeout.0,
-            reclaim_interval: (self.lease.0 / 4).max(Duration::from_millis(100)),
-            ..LedgerOptions::default()
+/// Where the ledger lives, from `ledger.url`, `--ledger` or `FERRY_LEDGER`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerUrl {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl LedgerUrl {
+    pub fn parse(url: &str) -> Result<LedgerUrl> {
+        let bad = |reason: &str| ConfigError::new(format!("ledger URL {url:?}"), reason);
+        if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+            let path = path.split('?').next().unwrap_or("");
+            if path.is_empty() {
+                return Err(bad("no database file path after sqlite://"));
+            }
+            Ok(LedgerUrl::Sqlite(path.into()))
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+            Ok(LedgerUrl::Postgres(url.to_string()))
+        } else {
+            Err(bad("expected sqlite://PATH or postgres://USER@HOST/DB"))
         }
     }
 }
@@ -190,8 +332,8 @@ pub struct SourceSection {
     #[serde(default = "default_glob")]
     pub glob: String,
     /// avro, jsonl, csv, or auto (by file extension).
-    #[serde(default = "default_format")]
-    pub format: String,
+    #[serde(default)]
+    pub format: SourceFormat,
     /// A file is finished when its size and mtime have not changed for this long...
     #[serde(default = "default_settle")]
     pub settle: HumanDuration,
@@ -211,9 +353,6 @@ pub struct SourceSection {
 
 fn default_glob() -> String {
     "**/*".into()
-}
-fn default_format() -> String {
-    "auto".into()
 }
 fn default_settle() -> HumanDuration {
     HumanDuration(Duration::from_secs(10))
@@ -363,7 +502,7 @@ pub struct ColumnSpec {
     pub name: String,
     /// string, long (int64), int (int32), double, float, boolean, timestamp (UTC, ms), date
     #[serde(rename = "type")]
-    pub ty: String,
+    pub ty: ColumnType,
     #[serde(default = "yes")]
     pub nullable: bool,
 }
@@ -395,7 +534,7 @@ pub struct TransformSection {
     /// Old name -> new name.
     pub rename: BTreeMap<String, String>,
     /// Column -> type (see `table.columns`).
-    pub cast: BTreeMap<String, String>,
+    pub cast: BTreeMap<String, ColumnType>,
     /// Row filters, all of which must hold: `col == value`, `col != value`, `col > 3`,
     /// `col is null`, `col is not null`.
     pub filter: Vec<String>,
@@ -404,7 +543,7 @@ pub struct TransformSection {
     /// Bad records per chunk that go to a rejects file; one more quarantines the chunk.
     pub max_bad_records: u64,
     /// Parquet codec: zstd, snappy, gzip, lz4, none.
-    pub compression: String,
+    pub compression: Compression,
     pub compression_level: i32,
     pub row_group_size: usize,
     /// Rows decoded per Arrow batch.
@@ -423,7 +562,7 @@ impl Default for TransformSection {
             filter: vec![],
             derive: BTreeMap::new(),
             max_bad_records: 100,
-            compression: "zstd".into(),
+            compression: Compression::Zstd,
             // zstd's own default, and Spark's and polars'. Measured on the 1.7M-event benchmark
             // (bench/pipeline.sh): on text-like payloads level 1 writes 20% more bytes (430 vs
             // 359 MB) in 70% of the time, level 2 0.9% more in 87%; on random letters all three
@@ -488,7 +627,7 @@ impl Config {
     /// validates. Every error names the file and the key.
     pub fn load(path: &Path) -> Result<Config> {
         let file = path.display().to_string();
-        let err = |message: String| Error::Config { file: file.clone(), message };
+        let err = |message: String| ConfigError::new(file.clone(), message);
         let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
         // Deserializing the text itself first gives errors with the line and the key in it.
         toml::from_str::<Config>(&text).map_err(|e| err(e.to_string().trim_end().to_string()))?;
@@ -502,28 +641,12 @@ impl Config {
     }
 
     fn validate(&self) -> std::result::Result<(), String> {
-        if self.source.format != "auto" && Format::parse(&self.source.format).is_none() {
-            return Err(format!("source.format: unknown format {:?} (avro, jsonl, csv or auto)", self.source.format));
-        }
         if self.source.disposition == Disposition::Archive && self.source.archive_url.is_none() {
             return Err("source.archive_url: required when source.disposition = \"archive\"".into());
         }
         globset::Glob::new(&self.source.glob).map_err(|e| format!("source.glob: {e}"))?;
         if self.table.name.is_empty() || self.table.name.contains('/') {
             return Err(format!("table.name: {:?} must be a non-empty name without '/'", self.table.name));
-        }
-        for (i, c) in self.table.columns.iter().enumerate() {
-            if !COLUMN_TYPES.contains(&c.ty.as_str()) {
-                return Err(format!("table.columns[{i}].type: unknown type {:?} for column {:?} ({})", c.ty, c.name, COLUMN_TYPES.join(", ")));
-            }
-        }
-        for (col, ty) in &self.transform.cast {
-            if !COLUMN_TYPES.contains(&ty.as_str()) {
-                return Err(format!("transform.cast.{col}: unknown type {ty:?} ({})", COLUMN_TYPES.join(", ")));
-            }
-        }
-        if !["zstd", "snappy", "gzip", "lz4", "none"].contains(&self.transform.compression.as_str()) {
-            return Err(format!("transform.compression: unknown codec {:?} (zstd, snappy, gzip, lz4, none)", self.transform.compression));
         }
         for (name, v) in [
             ("extract.concurrency", self.extract.concurrency),
@@ -537,13 +660,14 @@ impl Config {
                 return Err(format!("{name}: must be at least 1"));
             }
         }
-        if !(self.copy.hedge_multiple >= 0.0) {
+        // Also refuses NaN, which compares false with everything.
+        if self.copy.hedge_multiple.is_nan() || self.copy.hedge_multiple < 0.0 {
             return Err("copy.hedge_multiple: must be 0 (off) or positive".into());
         }
         if self.ledger.max_attempts < 1 {
             return Err("ledger.max_attempts: must be at least 1".into());
         }
-        crate::ledger::LedgerUrl::parse(&self.ledger.url).map_err(|e| format!("ledger.url: {e}"))?;
+        LedgerUrl::parse(&self.ledger.url).map_err(|e| format!("ledger.url: {}", e.message))?;
         Ok(())
     }
 
@@ -568,13 +692,10 @@ impl Config {
     }
 }
 
-pub const COLUMN_TYPES: &[&str] = &["string", "long", "int", "double", "float", "boolean", "timestamp", "date"];
-
 /// `FERRY_COPY_CONCURRENCY=8` sets `copy.concurrency`. Section and key are matched against the
 /// known sections; values are parsed as TOML when they can be (numbers, booleans), else strings.
 fn apply_env(doc: &mut toml::Table, vars: impl Iterator<Item = (String, String)>) -> std::result::Result<(), String> {
-    const SECTIONS: &[&str] =
-        &["ledger", "source", "staging", "spool", "destination", "table", "extract", "transform", "copy", "load"];
+    const SECTIONS: &[&str] = &["ledger", "source", "staging", "spool", "destination", "table", "extract", "transform", "copy", "load"];
     // Variables that are flags of the binaries, not config keys.
     const NOT_KEYS: &[&str] = &["FERRY_CONFIG", "FERRY_LEDGER", "FERRY_LOG_FORMAT"];
     for (k, v) in vars {
@@ -583,16 +704,13 @@ fn apply_env(doc: &mut toml::Table, vars: impl Iterator<Item = (String, String)>
             continue;
         }
         let lower = rest.to_ascii_lowercase();
-        let Some((section, key)) = SECTIONS.iter().find_map(|s| {
-            lower.strip_prefix(s).and_then(|r| r.strip_prefix('_')).map(|key| (*s, key.to_string()))
-        }) else {
+        let Some((section, key)) =
+            SECTIONS.iter().find_map(|s| lower.strip_prefix(s).and_then(|r| r.strip_prefix('_')).map(|key| (*s, key.to_string())))
+        else {
             continue;
         };
-        let value = format!("v = {v}")
-            .parse::<toml::Table>()
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or(toml::Value::String(v.clone()));
+        let value =
+            format!("v = {v}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v")).unwrap_or(toml::Value::String(v.clone()));
         let table = doc
             .entry(section)
             .or_insert_with(|| toml::Value::Table(Default::default()))
@@ -632,7 +750,7 @@ name = "events"
         let c = load_str(MIN).unwrap();
         assert_eq!(c.extract.chunk_size, ByteSize(64 << 20));
         assert_eq!(c.copy.stall_timeout, HumanDuration(Duration::from_secs(30)));
-        assert_eq!(c.source.format, "auto");
+        assert_eq!(c.source.format, SourceFormat::Auto);
     }
 
     #[test]
@@ -654,13 +772,36 @@ name = "events"
         let mut doc: toml::Table = MIN.parse().unwrap();
         apply_env(
             &mut doc,
-            vec![("FERRY_COPY_CONCURRENCY".to_string(), "9".to_string()), ("FERRY_EXTRACT_CHUNK_SIZE".into(), "1MiB".into())]
-                .into_iter(),
+            vec![("FERRY_COPY_CONCURRENCY".to_string(), "9".to_string()), ("FERRY_EXTRACT_CHUNK_SIZE".into(), "1MiB".into())].into_iter(),
         )
         .unwrap();
         let c: Config = toml::Value::Table(doc).try_into().unwrap();
         assert_eq!(c.copy_concurrency(), 9);
         assert_eq!(c.extract.chunk_size, ByteSize(1 << 20));
+    }
+
+    #[test]
+    fn formats_types_and_codecs_are_parsed_once_and_named_when_wrong() {
+        let c = load_str(&format!("{MIN}\n[transform]\ncompression = \"snappy\"\ncast = {{ n = \"long\" }}\n")).unwrap();
+        assert_eq!(c.transform.compression, Compression::Snappy);
+        assert_eq!(c.transform.cast["n"], ColumnType::Long);
+        for (extra, key) in [
+            ("[transform]\ncompression = \"lzma\"", "compression"),
+            ("[transform]\ncast = { n = \"decimal\" }", "decimal"),
+            ("[[table.columns]]\nname = \"a\"\ntype = \"varchar\"", "varchar"),
+        ] {
+            let text = if extra.starts_with("[[table") {
+                MIN.replace("[table]\nname = \"events\"", &format!("[table]\nname = \"events\"\n{extra}"))
+            } else {
+                format!("{MIN}\n{extra}\n")
+            };
+            let e = load_str(&text).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("ferry.toml"), "{e}");
+        }
+        let e = load_str(&MIN.replace("url = \"/data/in\"", "url = \"/data/in\"\nformat = \"xml\"")).unwrap_err().to_string();
+        assert!(e.contains("xml") && e.contains("auto"), "{e}");
+        assert_eq!(SourceFormat::Fixed(Format::Csv).of("x.avro"), Some(Format::Csv));
+        assert_eq!(SourceFormat::Auto.of("x.ndjson"), Some(Format::Jsonl));
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! The one error type of `ferry-common`, and the one place that decides retry-or-not.
-
-use std::time::Duration;
+//! What every Ferry error shares: whether a retry can help, and whether it is the user's
+//! configuration. Each crate has one error type of its own and one `class()` that decides
+//! retry-or-not for it; this module holds only the vocabulary they share.
 
 /// Whether a failure is worth another attempt.
 ///
@@ -13,6 +13,9 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    pub const ALL: [ErrorClass; 2] = [ErrorClass::Transient, ErrorClass::Permanent];
+
+    /// The value stored in the ledger's `error_class` columns.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorClass::Transient => "transient",
@@ -21,191 +24,38 @@ impl ErrorClass {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The caller's lease is no longer the current one: the lease expired and was reclaimed,
-    /// or another worker holds a newer epoch. Its work must not be committed.
-    #[error("lease lost on task {task_id} ({stage} of chunk {chunk_id}): held epoch {held_epoch}, ledger has epoch {current_epoch} in state {current_state}")]
-    LeaseLost {
-        task_id: i64,
-        stage: String,
-        chunk_id: String,
-        held_epoch: i64,
-        current_epoch: i64,
-        current_state: String,
-    },
+/// An error as the stage runner and the binaries need it.
+pub trait Classified: std::error::Error + Send + 'static {
+    /// Retry or not: the one decision per error type.
+    fn class(&self) -> ErrorClass;
 
-    #[error("ledger call `{op}` did not finish within {deadline:?}")]
-    LedgerTimeout { op: &'static str, deadline: Duration },
-
-    #[error("ledger database error in `{op}`: {source}")]
-    Database {
-        op: &'static str,
-        #[source]
-        source: sqlx::Error,
-    },
-
-    /// A batched ledger write failed; every caller in the batch gets this copy of the error.
-    #[error("ledger batch write failed: {message}")]
-    LedgerBatch { message: String, class: ErrorClass },
-
-    #[error("ledger migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-
-    #[error("invalid ledger URL {url:?}: {reason}")]
-    LedgerUrl { url: String, reason: String },
-
-    #[error("configuration error in {file}: {message}")]
-    Config { file: String, message: String },
-
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-
-    /// An HDFS call that failed (the NameNode or a DataNode answered with an error, or the
-    /// connection broke).
-    #[error("HDFS {op} {path}: {}", brief(source))]
-    Hdfs {
-        op: &'static str,
-        path: String,
-        #[source]
-        source: hdfs_native::HdfsError,
-    },
-
-    /// An object-store (S3) call that failed after object_store's own retries.
-    #[error("S3 {op} {path}: {source}")]
-    ObjectStore {
-        op: &'static str,
-        path: String,
-        #[source]
-        source: object_store::Error,
-    },
-
-    /// A storage call whose outcome is unknown (a timeout or reset after the request went
-    /// out). The caller must look before it redoes anything.
-    #[error("{what}: outcome unknown ({reason})")]
-    Ambiguous { what: String, reason: String },
-
-    /// A transfer that missed its deadline or stopped making progress.
-    #[error("{what}: {reason}")]
-    Stalled { what: String, reason: String },
-
-    #[error("{0}")]
-    Other(String),
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-impl Error {
-    pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
-        Error::Io { path: path.to_string(), source }
-    }
-
-    /// The single retry-or-not decision for everything in this crate.
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            Error::LedgerTimeout { .. } | Error::Stalled { .. } | Error::Ambiguous { .. } => ErrorClass::Transient,
-            Error::Hdfs { source, .. } => hdfs_error_class(source),
-            Error::ObjectStore { source, .. } => object_store_error_class(source),
-            Error::LedgerBatch { class, .. } => *class,
-            Error::Database { source, .. } => db_error_class(source),
-            Error::Io { source, .. } => io_error_class(source),
-            Error::LeaseLost { .. }
-            | Error::Migrate(_)
-            | Error::LedgerUrl { .. }
-            | Error::Config { .. }
-            | Error::Other(_) => ErrorClass::Permanent,
-        }
-    }
-
-    pub fn is_transient(&self) -> bool {
-        self.class() == ErrorClass::Transient
-    }
-
-    /// The file or object is not there, whichever backend said so.
-    pub fn is_not_found(&self) -> bool {
-        match self {
-            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
-            Error::Hdfs { source, .. } => match source {
-                hdfs_native::HdfsError::FileNotFound(_) => true,
-                hdfs_native::HdfsError::RPCError(class, _) => class.ends_with("FileNotFoundException"),
-                _ => false,
-            },
-            Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
-            _ => false,
-        }
-    }
-
-    /// The target already exists (a no-overwrite rename or conditional create lost).
-    pub fn is_already_exists(&self) -> bool {
-        match self {
-            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::AlreadyExists,
-            Error::Hdfs { source, .. } => match source {
-                hdfs_native::HdfsError::AlreadyExists(_) => true,
-                hdfs_native::HdfsError::RPCError(class, _) => class.ends_with("FileAlreadyExistsException"),
-                _ => false,
-            },
-            Error::ObjectStore { source, .. } => {
-                matches!(source, object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. })
-            }
-            _ => false,
-        }
+    /// Bad flags, configuration or ledger URL: the binary exits with
+    /// [`crate::cli::exit::CONFIG`] instead of [`crate::cli::exit::FATAL`].
+    fn is_config(&self) -> bool {
+        false
     }
 }
 
-/// The first line of an error: a NameNode's RemoteException carries its whole Java stack.
-fn brief(e: &dyn std::fmt::Display) -> String {
-    let s = e.to_string();
-    s.lines().next().unwrap_or_default().to_string()
+/// A configuration the binaries cannot work with; `file` names the file, flag or URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration error in {file}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    pub message: String,
 }
 
-/// HDFS: broken connections and server-side trouble retry; a missing file, a bad path, a
-/// permission or a checksum that keeps failing after hdfs-native's own replica retries do not.
-pub fn hdfs_error_class(e: &hdfs_native::HdfsError) -> ErrorClass {
-    use hdfs_native::HdfsError::*;
-    match e {
-        IOError(io) => io_error_class(io),
-        DataTransferError(_) | ChecksumError | BlocksNotFound(_) | OperationFailed(_) => ErrorClass::Transient,
-        // A RemoteException: the ones that a later attempt cannot change are permanent; the
-        // rest (safe mode, standby, "could only be written to 0 of the 1 minReplication
-        // nodes" while DataNodes restart, leases being recovered, plain IOExceptions) retry,
-        // bounded by max_attempts.
-        RPCError(class, _) => {
-            let never = [
-                "AccessControlException",
-                "AuthorizationException",
-                "FileNotFoundException",
-                "FileAlreadyExistsException",
-                "ParentNotDirectoryException",
-                "InvalidPathException",
-                "PathIsNotEmptyDirectoryException",
-                "UnresolvedLinkException",
-                "UnsupportedOperationException",
-                "HadoopIllegalArgumentException",
-                "IllegalArgumentException",
-            ];
-            if never.iter().any(|k| class.ends_with(k)) { ErrorClass::Permanent } else { ErrorClass::Transient }
-        }
-        // An expired ticket cache before the next kinit, a KDC that is briefly away.
-        SASLError(_) | GSSAPIError(..) => ErrorClass::Transient,
-        FatalRPCError(..) | InvalidRPCResponse(_) | InternalError(_) => ErrorClass::Transient,
-        _ => ErrorClass::Permanent,
+impl ConfigError {
+    pub fn new(file: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError { file: file.into(), message: message.into() }
     }
 }
 
-/// S3: what reaches us has already used object_store's retry budget (5xx, 429, connect
-/// errors, idempotent timeouts), so only errors a later attempt of the chunk can get past retry.
-pub fn object_store_error_class(e: &object_store::Error) -> ErrorClass {
-    use object_store::Error::*;
-    match e {
-        NotFound { .. } | InvalidPath { .. } | NotSupported { .. } | NotImplemented { .. } | PermissionDenied { .. }
-        | Unauthenticated { .. } | UnknownConfigurationKey { .. } => ErrorClass::Permanent,
-        // Generic covers transport failures and exhausted retries: the network may come back.
-        _ => ErrorClass::Transient,
+impl Classified for ConfigError {
+    fn class(&self) -> ErrorClass {
+        ErrorClass::Permanent
+    }
+    fn is_config(&self) -> bool {
+        true
     }
 }
 
@@ -213,45 +63,8 @@ pub fn object_store_error_class(e: &object_store::Error) -> ErrorClass {
 pub fn io_error_class(e: &std::io::Error) -> ErrorClass {
     use std::io::ErrorKind::*;
     match e.kind() {
-        NotFound | PermissionDenied | InvalidInput | InvalidData | Unsupported | AlreadyExists => {
-            ErrorClass::Permanent
-        }
+        NotFound | PermissionDenied | InvalidInput | InvalidData | Unsupported | AlreadyExists => ErrorClass::Permanent,
         // Everything else (resets, timeouts, a full disk, interrupted calls) may clear up.
         _ => ErrorClass::Transient,
-    }
-}
-
-/// Lost connections, pool exhaustion, SQLite lock contention and Postgres serialization or
-/// shutdown errors are retried; constraint violations and bad SQL are not.
-fn db_error_class(e: &sqlx::Error) -> ErrorClass {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::WorkerCrashed => ErrorClass::Transient,
-        sqlx::Error::Database(db) => {
-            let code = db.code().map(|c| c.to_string()).unwrap_or_default();
-            let transient = matches!(
-                code.as_str(),
-                // SQLite: SQLITE_BUSY, SQLITE_LOCKED and their extended codes
-                "5" | "6" | "261" | "262" | "517" | "773"
-                // Postgres: serialization, deadlock, statement timeout, connection, shutdown
-                | "40001" | "40P01" | "57014" | "57P01" | "57P02" | "57P03" | "53300"
-            ) || code.starts_with("08");
-            if transient { ErrorClass::Transient } else { ErrorClass::Permanent }
-        }
-        _ => ErrorClass::Permanent,
-    }
-}
-
-/// A stage's error as the runner needs it: a message and whether to retry.
-pub trait Classified: std::fmt::Display + Send + 'static {
-    fn class(&self) -> ErrorClass;
-}
-
-impl Classified for Error {
-    fn class(&self) -> ErrorClass {
-        Error::class(self)
     }
 }

@@ -1,13 +1,9 @@
-//! What every Ferry stage shares: the work ledger, errors, time, and the command-line plumbing.
+//! What every Ferry crate shares: the configuration, the paths Ferry writes, error classes
+//! and the command-line plumbing. Nothing here talks to a store or the ledger.
 
 pub mod cli;
-pub mod clock;
 pub mod config;
 pub mod error;
-pub mod ledger;
-pub mod runner;
-pub mod sample;
-pub mod storage;
+pub mod paths;
 
-pub use error::{Error, ErrorClass, Result};
-pub use ledger::{Lease, Ledger, LedgerOptions, Stage};
+pub use error::{Classified, ConfigError, ErrorClass};

@@ -7,7 +7,7 @@
 //!  spool/<table>/<chunk>/<k=v>/part-<chunk>.parquet
 //!     │ upload under a deadline and a no-progress watchdog, hashing every byte
 //!     ▼
-//!  dest/_ferry/tmp/<chunk>.<attempt>.<i>         (attempt-unique: two attempts never share it)
+//!  dest/_ferry/tmp/<chunk>.<epoch>.<i>           (the lease's epoch: two attempts never share it)
 //!     │ size and hash equal what transform recorded? else delete, retry the chunk
 //!     ▼ rename without overwrite
 //!  dest/_ferry/landed/<table>/<chunk>/<k=v>/part-<chunk>.parquet
@@ -16,8 +16,9 @@
 //! A landed file that already has the recorded size and hash counts as copied, so a retry after
 //! a crash or a lost reply copies nothing twice. The spool files go only after the ledger
 //! commit (the runner's after-commit hook). A crash leaves at worst a temp file, which the
-//! next run removes once it is older than a copy deadline plus two leases. What "rename" means on each backend, and
-//! how an ambiguous failure is settled there, is in `ferry_common::storage::{hdfs, s3}`.
+//! next run removes once it is older than a copy deadline plus two leases. What "rename" means
+//! on each backend, and how an ambiguous failure is settled there, is in `ferry_storage::{hdfs, s3}`;
+//! every name above is built in `ferry_common::paths`.
 //!
 //! # Hedged copies
 //!
@@ -35,10 +36,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_common::config::Config;
-use ferry_common::error::{Classified, Error, ErrorClass};
-use ferry_common::ledger::{Lease, Ledger, Part, Stage, Work};
-use ferry_common::storage::{Progress, Store, watched};
+use ferry_common::error::{Classified, ConfigError, ErrorClass};
+use ferry_common::paths;
+use ferry_ledger::{Lease, Ledger, Part, Stage, Work};
+use ferry_storage::{Progress, Store, watched};
 
+/// The copy stage's one error type; [`Classified::class`] decides retry-or-not.
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {
     /// What transform left in the spool is gone or wrong; the chunk needs a new transform.
@@ -48,7 +51,17 @@ pub enum CopyError {
     #[error("verify: {0}")]
     Verify(String),
     #[error(transparent)]
-    Common(#[from] Error),
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Ledger(#[from] ferry_ledger::Error),
+    #[error(transparent)]
+    Storage(#[from] ferry_storage::Error),
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Classified for CopyError {
@@ -56,12 +69,23 @@ impl Classified for CopyError {
         match self {
             CopyError::Spool(_) => ErrorClass::Permanent,
             CopyError::Verify(_) => ErrorClass::Transient,
-            CopyError::Common(e) => e.class(),
+            CopyError::Config(e) => e.class(),
+            CopyError::Ledger(e) => e.class(),
+            CopyError::Storage(e) => e.class(),
+            CopyError::Io { source, .. } => ferry_common::error::io_error_class(source),
+        }
+    }
+    fn is_config(&self) -> bool {
+        match self {
+            CopyError::Config(_) => true,
+            CopyError::Ledger(e) => e.is_config(),
+            CopyError::Storage(e) => e.is_config(),
+            _ => false,
         }
     }
 }
 
-pub struct Copy {
+pub struct Copier {
     cfg: Config,
     ledger: Ledger,
     dest: Store,
@@ -99,17 +123,17 @@ impl Recent {
 
 /// Where copy lands a part, relative to the destination.
 pub fn landed_path(table: &str, p: &Part) -> String {
-    format!("_ferry/landed/{table}/{}/{}", p.chunk_id, p.rel_path())
+    paths::landed(table, &p.chunk_id, &p.rel_path())
 }
 
-impl Copy {
-    pub fn new(cfg: Config, ledger: Ledger) -> Result<Copy, CopyError> {
+impl Copier {
+    pub fn new(cfg: Config, ledger: Ledger) -> Result<Copier, CopyError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-        Ok(Copy { cfg, ledger, dest, recent: Recent::default(), hedges: Default::default() })
+        Ok(Copier { cfg, ledger, dest, recent: Recent::default(), hedges: Default::default() })
     }
 
     fn spool_dir(&self, chunk: &str) -> PathBuf {
-        self.cfg.spool.dir.join(&self.cfg.table.name).join(chunk)
+        paths::spool_chunk_dir(&self.cfg.spool.dir, &self.cfg.table.name, chunk)
     }
 
     pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, CopyError> {
@@ -125,13 +149,13 @@ impl Copy {
                 }
                 dest.delete(&landed).await?;
             }
-            let src = self.spool_dir(&p.chunk_id).join(p.rel_path());
+            let src = paths::spool_part(&self.cfg.spool.dir, &self.cfg.table.name, &p.chunk_id, &p.rel_path());
             if !src.exists() {
                 return Err(CopyError::Spool(format!("{} is missing; transform the chunk again (ferry requeue)", src.display())));
             }
             // The lease's epoch, not its attempt number: only the epoch never repeats (a released
             // or requeued task gets an attempt number again, and may find its old temp file).
-            let tmp = format!("_ferry/tmp/{}.{}.{i}", lease.chunk_id, lease.epoch);
+            let tmp = paths::copy_temp(&lease.chunk_id, lease.epoch, i);
             self.ship_hedged(&dest, &src, &tmp, &landed, p).await?;
             work.bytes += p.bytes;
             work.records += p.records;
@@ -139,7 +163,7 @@ impl Copy {
         Ok(work)
     }
 
-    /// [`Copy::ship`], hedged: if it runs past the hedge delay for its size, a second one
+    /// [`Copier::ship`], hedged: if it runs past the hedge delay for its size, a second one
     /// starts on new connections to `<tmp>.h`; the first to land wins and the other is
     /// cancelled, its temp file removed. Without hedging (or before the delay) it is one ship.
     async fn ship_hedged(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part) -> Result<(), CopyError> {
@@ -152,7 +176,7 @@ impl Copy {
                 tokio::select! {
                     r = &mut first => r,
                     _ = tokio::time::sleep(delay) => {
-                        let hedge_tmp = format!("{tmp}.h");
+                        let hedge_tmp = paths::hedge_temp(tmp);
                         let hedge_dest = dest.isolated()?;
                         tracing::info!(chunk = %p.chunk_id, part = %p.rel_path(), after = ?delay, "copy is slow; starting a hedged upload");
                         self.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -274,11 +298,11 @@ impl Copy {
         for chunk in self.ledger.done_chunks(Stage::Copy).await? {
             let d = self.spool_dir(&chunk);
             if d.exists() {
-                std::fs::remove_dir_all(&d).map_err(|e| Error::io(d.display(), e))?;
+                std::fs::remove_dir_all(&d).map_err(|source| CopyError::Io { path: d.display().to_string(), source })?;
             }
         }
         let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
-        self.dest.gc("_ferry/tmp", cutoff).await?;
+        self.dest.gc(paths::COPY_TEMP_DIR, cutoff).await?;
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
         spool.remove_stale_temps(&self.cfg.table.name, cutoff).await?;
         Ok(())
@@ -294,4 +318,3 @@ impl Copy {
         }
     }
 }
-

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_common::ledger::Stage;
-use ferry_common::runner;
-use ferry_copy::Copy;
+use ferry_copy::{Copier, CopyError};
+use ferry_ledger::Stage;
+use ferry_ledger::runner::{self, open_stage};
 
 /// Move each transformed chunk from the local spool to the destination (cluster A): upload to
 /// a temp name under a deadline and a no-progress watchdog, verify size and hash, rename into
@@ -27,13 +27,13 @@ async fn main() {
     cli::exit_with(run(args).await)
 }
 
-async fn run(args: Args) -> ferry_common::Result<i32> {
-    let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
+async fn run(args: Args) -> Result<i32, CopyError> {
+    let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
     let concurrency = cfg.copy_concurrency();
-    let c = Arc::new(Copy::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
+    let c = Arc::new(Copier::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
     runner::cleanup(c.gc()).await;
     let (work, after) = (c.clone(), c);
-    runner::serve(
+    Ok(runner::serve(
         &ledger,
         &args.stage,
         Stage::Copy,
@@ -41,5 +41,5 @@ async fn run(args: Args) -> ferry_common::Result<i32> {
         move |lease| Box::pin(work.clone().chunk(lease)),
         Arc::new(move |lease| after.remove_spool(lease)),
     )
-    .await
+    .await?)
 }

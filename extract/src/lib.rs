@@ -6,15 +6,62 @@
 //! are written under a temp name and renamed, so a crash leaves whole chunks or none; chunk ids
 //! are derived from the file's content hash, so a re-run after a crash names the same chunks.
 
-pub mod split;
-
 use std::time::Duration;
 
-use ferry_common::config::{Config, Disposition, Format};
-use ferry_common::error::{Error, Result};
-use ferry_common::ledger::{Ledger, NewChunk, NewSourceFile, RangeKind, Stage, chunk_id};
-use ferry_common::storage::{Entry, Store};
-use split::{Piece, SplitError};
+use ferry_common::config::{Config, Disposition};
+use ferry_common::error::{Classified, ConfigError, ErrorClass};
+use ferry_common::paths;
+use ferry_formats::{Piece, SplitError};
+use ferry_ledger::{FileState, Ledger, NewChunk, NewSourceFile, RangeKind, Stage, chunk_id};
+use ferry_storage::{Entry, Store};
+
+/// The extract stage's one error type; [`Classified::class`] decides retry-or-not.
+#[derive(Debug, thiserror::Error)]
+pub enum ExtractError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Ledger(#[from] ferry_ledger::Error),
+    #[error(transparent)]
+    Storage(#[from] ferry_storage::Error),
+    /// Reading a source file failed part-way.
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl Classified for ExtractError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            ExtractError::Config(e) => e.class(),
+            ExtractError::Ledger(e) => e.class(),
+            ExtractError::Storage(e) => e.class(),
+            ExtractError::Read { source, .. } => ferry_common::error::io_error_class(source),
+            ExtractError::Internal(_) => ErrorClass::Permanent,
+        }
+    }
+    fn is_config(&self) -> bool {
+        match self {
+            ExtractError::Config(_) => true,
+            ExtractError::Ledger(e) => e.is_config(),
+            ExtractError::Storage(e) => e.is_config(),
+            _ => false,
+        }
+    }
+}
+
+impl ExtractError {
+    fn is_transient(&self) -> bool {
+        self.class() == ErrorClass::Transient
+    }
+}
+
+type Result<T, E = ExtractError> = std::result::Result<T, E>;
 
 /// Files seen by one pass over the source.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -40,7 +87,7 @@ impl Pass {
     }
 }
 
-pub struct Extract {
+pub struct Extractor {
     cfg: Config,
     ledger: Ledger,
     source: Store,
@@ -48,16 +95,16 @@ pub struct Extract {
     glob: globset::GlobMatcher,
 }
 
-impl Extract {
-    pub fn new(cfg: Config, ledger: Ledger) -> Result<Extract> {
+impl Extractor {
+    pub fn new(cfg: Config, ledger: Ledger) -> Result<Extractor> {
         let source = Store::open(&cfg.source.url, &cfg.source.store)?;
         let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
         let glob = globset::GlobBuilder::new(&cfg.source.glob)
             .literal_separator(false)
             .build()
-            .map_err(|e| Error::Config { file: "source.glob".into(), message: e.to_string() })?
+            .map_err(|e| ConfigError::new("source.glob", e.to_string()))?
             .compile_matcher();
-        Ok(Extract { cfg, ledger, source, staging, glob })
+        Ok(Extractor { cfg, ledger, source, staging, glob })
     }
 
     /// One pass over the source: every finished, new file is chunked and recorded.
@@ -110,27 +157,24 @@ impl Extract {
 
     async fn file(&self, e: &Entry, pass: &mut Pass) -> Result<()> {
         let uri = self.source.url(&e.rel);
-        if let Some(known) = self.ledger.find_file(&uri, e.size as i64, e.mtime_ms).await? {
-            if known.state != "registered" {
-                pass.skipped += 1;
-                return self.dispose(e, &known.state).await;
-            }
+        if let Some(known) = self.ledger.find_file(&uri, e.size as i64, e.mtime_ms).await?
+            && known.state != FileState::Registered
+        {
+            pass.skipped += 1;
+            return self.dispose(e, known.state).await;
         }
-        let format = match self.cfg.source.format.as_str() {
-            "auto" => Format::from_name(&e.rel),
-            f => Format::parse(f),
-        };
+        let format = self.cfg.source.format.of(&e.rel);
         let (size, hash) = {
             let store = self.source.clone();
             let rel = e.rel.clone();
             tokio::task::spawn_blocking(move || -> Result<(u64, String)> {
                 let mut r = store.open_blocking(&rel)?;
                 let mut h = blake3::Hasher::new();
-                let n = std::io::copy(&mut r, &mut h).map_err(|err| Error::io(&rel, err))?;
+                let n = std::io::copy(&mut r, &mut h).map_err(|source| ExtractError::Read { path: rel, source })?;
                 Ok((n, h.finalize().to_hex().to_string()))
             })
             .await
-            .map_err(|err| Error::Other(err.to_string()))??
+            .map_err(|err| ExtractError::Internal(err.to_string()))??
         };
         if size != e.size {
             pass.unfinished += 1; // still growing after all
@@ -138,17 +182,11 @@ impl Extract {
         }
         let file = self
             .ledger
-            .register_file(&NewSourceFile {
-                uri: uri.clone(),
-                size: size as i64,
-                mtime_ms: e.mtime_ms,
-                content_hash: hash.clone(),
-                format: format.map(|f| f.as_str()).unwrap_or("unknown").to_string(),
-            })
+            .register_file(&NewSourceFile { uri: uri.clone(), size: size as i64, mtime_ms: e.mtime_ms, content_hash: hash.clone(), format })
             .await?;
-        if file.state != "registered" {
+        if file.state != FileState::Registered {
             pass.skipped += 1;
-            return self.dispose(e, &file.state).await;
+            return self.dispose(e, file.state).await;
         }
         let Some(format) = format else {
             let reason = format!("{}: cannot tell the format from the file name (set source.format)", e.rel);
@@ -162,11 +200,11 @@ impl Extract {
         let split = tokio::task::spawn_blocking(move || -> Result<std::result::Result<Vec<NewChunk>, String>> {
             let r = source.open_blocking(&rel)?;
             let mut chunks = Vec::new();
-            let emit = |p: Piece| -> std::result::Result<(), SplitError> {
+            let emit = |p: Piece| -> ferry_storage::Result<()> {
                 let seq = chunks.len() as i64;
                 let id = chunk_id(&fhash, seq);
-                let name = format!("{table}/{id}.{}", format.as_str());
-                staging.put_atomic_blocking(&name, &p.bytes).map_err(|e| SplitError::Io(std::io::Error::other(e.to_string())))?;
+                let name = paths::staged_chunk(&table, &id, format);
+                staging.put_atomic_blocking(&name, &p.bytes)?;
                 chunks.push(NewChunk {
                     id,
                     seq,
@@ -180,19 +218,16 @@ impl Extract {
                 });
                 Ok(())
             };
-            let res = match format {
-                Format::Jsonl => split::split_jsonl(r, chunk_size, emit),
-                Format::Csv => split::split_csv(r, chunk_size, emit),
-                Format::Avro => split::split_avro(r, chunk_size, emit),
-            };
-            match res {
+            match ferry_formats::split(format, r, chunk_size, emit) {
                 Ok(()) => Ok(Ok(chunks)),
                 Err(SplitError::Corrupt(m)) => Ok(Err(m)),
-                Err(SplitError::Io(err)) => Err(Error::io(&rel, err)),
+                Err(SplitError::Io(source)) => Err(ExtractError::Read { path: rel, source }),
+                // Writing the chunk failed: the store's own error, with its class.
+                Err(SplitError::Emit(e)) => Err(e.into()),
             }
         })
         .await
-        .map_err(|err| Error::Other(err.to_string()))??;
+        .map_err(|err| ExtractError::Internal(err.to_string()))??;
         match split {
             Ok(chunks) => {
                 let records: i64 = chunks.iter().filter_map(|c| c.records).sum();
@@ -202,7 +237,7 @@ impl Extract {
                 pass.chunks += chunks.len() as u64;
                 pass.records += records;
                 pass.bytes += size;
-                self.dispose(e, "chunked").await
+                self.dispose(e, FileState::Chunked).await
             }
             Err(reason) => {
                 let reason = format!("{}: {reason}", e.rel);
@@ -215,18 +250,18 @@ impl Extract {
     }
 
     /// keep / archive / delete, only once the file's chunks are committed in the ledger.
-    async fn dispose(&self, e: &Entry, state: &str) -> Result<()> {
-        if state != "chunked" {
+    async fn dispose(&self, e: &Entry, state: FileState) -> Result<()> {
+        if state != FileState::Chunked {
             return Ok(());
         }
         match self.cfg.source.disposition {
             Disposition::Keep => Ok(()),
-            Disposition::Delete => self.source.delete(&e.rel).await,
+            Disposition::Delete => Ok(self.source.delete(&e.rel).await?),
             Disposition::Archive => {
                 let archive = Store::open(self.cfg.source.archive_url.as_deref().unwrap_or_default(), &self.cfg.source.store)?;
                 let bytes = self.source.read(&e.rel).await?;
                 archive.put_atomic(&e.rel, bytes).await?;
-                self.source.delete(&e.rel).await
+                Ok(self.source.delete(&e.rel).await?)
             }
         }
     }
@@ -234,9 +269,9 @@ impl Extract {
 
 /// `--once` runs one pass; `--watch` passes every `poll` until SIGTERM / SIGINT (a pass under
 /// way finishes first: every step of it is idempotent, but stopping between files is tidier).
-pub async fn run(x: &Extract, once: bool, poll: Duration) -> Result<Pass> {
+pub async fn run(x: &Extractor, once: bool, poll: Duration) -> Result<Pass> {
     let mut total = Pass::default();
-    let stop = ferry_common::runner::shutdown_signal();
+    let stop = ferry_ledger::runner::shutdown_signal();
     tokio::pin!(stop);
     loop {
         let p = x.pass().await?;

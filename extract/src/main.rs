@@ -2,6 +2,8 @@
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
+use ferry_extract::{ExtractError, Extractor};
+use ferry_ledger::runner::open_stage;
 
 /// Take finished files from the source, split them at record boundaries into chunks, and
 /// stage the chunks (cluster B) for ferry-transform. Every file and chunk is recorded in the
@@ -22,14 +24,21 @@ async fn main() {
     cli::exit_with(run(args).await)
 }
 
-async fn run(args: Args) -> ferry_common::Result<i32> {
-    let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
-    let x = ferry_extract::Extract::new(cfg, ledger)?;
+async fn run(args: Args) -> Result<i32, ExtractError> {
+    let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
+    let x = Extractor::new(cfg, ledger)?;
     let started = std::time::Instant::now();
     let p = ferry_extract::run(&x, args.stage.once, args.stage.poll).await?;
     eprintln!(
         "extract: {} files chunked into {} chunks ({} records, {} bytes) in {:.1}s; {} quarantined, {} not finished yet, {} already done",
-        p.chunked, p.chunks, p.records, p.bytes, started.elapsed().as_secs_f64(), p.quarantined, p.unfinished, p.skipped
+        p.chunked,
+        p.chunks,
+        p.records,
+        p.bytes,
+        started.elapsed().as_secs_f64(),
+        p.quarantined,
+        p.unfinished,
+        p.skipped
     );
     Ok(if p.quarantined > 0 { cli::exit::QUARANTINED } else { cli::exit::OK })
 }

@@ -22,11 +22,13 @@
 
 use std::sync::Arc;
 
-use ferry_common::config::Config;
-use ferry_common::error::{Classified, Error, ErrorClass};
-use ferry_common::ledger::{Lease, Ledger, Part, Stage, Work};
-use ferry_common::storage::Store;
+use ferry_common::config::{ColumnType, Config};
+use ferry_common::error::{Classified, ConfigError, ErrorClass};
+use ferry_common::paths;
+use ferry_ledger::{Lease, Ledger, Part, Stage, Work};
+use ferry_storage::Store;
 
+/// The load stage's one error type; [`Classified::class`] decides retry-or-not.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The table already holds different content under this chunk's name.
@@ -36,19 +38,33 @@ pub enum LoadError {
     #[error("missing: {0}")]
     Missing(String),
     #[error(transparent)]
-    Common(#[from] Error),
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Ledger(#[from] ferry_ledger::Error),
+    #[error(transparent)]
+    Storage(#[from] ferry_storage::Error),
 }
 
 impl Classified for LoadError {
     fn class(&self) -> ErrorClass {
         match self {
             LoadError::Conflict(_) | LoadError::Missing(_) => ErrorClass::Permanent,
-            LoadError::Common(e) => e.class(),
+            LoadError::Config(e) => e.class(),
+            LoadError::Ledger(e) => e.class(),
+            LoadError::Storage(e) => e.class(),
+        }
+    }
+    fn is_config(&self) -> bool {
+        match self {
+            LoadError::Config(_) => true,
+            LoadError::Ledger(e) => e.is_config(),
+            LoadError::Storage(e) => e.is_config(),
+            _ => false,
         }
     }
 }
 
-pub struct Load {
+pub struct Loader {
     cfg: Config,
     ledger: Ledger,
     dest: Store,
@@ -57,10 +73,10 @@ pub struct Load {
     ddl: tokio::sync::Mutex<Option<String>>,
 }
 
-impl Load {
-    pub fn new(cfg: Config, ledger: Ledger) -> Result<Load, LoadError> {
+impl Loader {
+    pub fn new(cfg: Config, ledger: Ledger) -> Result<Loader, LoadError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-        Ok(Load { cfg, ledger, dest, ddl: tokio::sync::Mutex::new(None) })
+        Ok(Loader { cfg, ledger, dest, ddl: tokio::sync::Mutex::new(None) })
     }
 
     /// Removes manifest and DDL temp files left by a load that crashed, and landed files of
@@ -68,13 +84,12 @@ impl Load {
     pub async fn gc(&self) -> Result<(), LoadError> {
         let table = &self.cfg.table.name;
         let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
-        self.dest.remove_stale_temps(&format!("{table}/_ferry"), cutoff).await?;
-        let landed = self.dest.list(&format!("_ferry/landed/{table}")).await?;
+        self.dest.remove_stale_temps(&paths::table_meta(table), cutoff).await?;
+        let landed = self.dest.list(&paths::landed_dir(table)).await?;
         if !landed.is_empty() {
             let done: std::collections::HashSet<String> = self.ledger.done_chunks(Stage::Load).await?.into_iter().collect();
-            let prefix = format!("_ferry/landed/{table}/");
             for e in landed {
-                let chunk = e.rel.strip_prefix(&prefix).and_then(|r| r.split('/').next()).unwrap_or_default();
+                let chunk = paths::parse_landed(table, &e.rel).map_or("", |(chunk, _)| chunk);
                 if e.mtime_ms < cutoff && done.contains(chunk) {
                     tracing::info!(file = %self.dest.url(&e.rel), "removing a landed copy of a published chunk");
                     self.dest.delete(&e.rel).await?;
@@ -85,7 +100,7 @@ impl Load {
     }
 
     fn table_path(&self, p: &Part) -> String {
-        format!("{}/{}", self.cfg.table.name, p.rel_path())
+        paths::table_file(&self.cfg.table.name, &p.rel_path())
     }
 
     pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, LoadError> {
@@ -94,7 +109,7 @@ impl Load {
         let mut published = Vec::with_capacity(parts.len());
         let mut work = Work::default();
         for p in &parts {
-            let landed = format!("_ferry/landed/{table}/{}/{}", p.chunk_id, p.rel_path());
+            let landed = paths::landed(table, &p.chunk_id, &p.rel_path());
             let target = self.table_path(p);
             if !self.dest.rename_noreplace(&landed, &target).await.or_else(|e| match e {
                 // No landed file: fine if the table already has it (a retry after the rename).
@@ -106,7 +121,11 @@ impl Load {
                         let _ = self.dest.delete(&landed).await;
                     }
                     Some(_) => {
-                        return Err(LoadError::Conflict(format!("{} holds other content than chunk {}", self.dest.url(&target), p.chunk_id)));
+                        return Err(LoadError::Conflict(format!(
+                            "{} holds other content than chunk {}",
+                            self.dest.url(&target),
+                            p.chunk_id
+                        )));
                     }
                     None => {
                         return Err(LoadError::Missing(format!(
@@ -127,9 +146,7 @@ impl Load {
                 "path": path, "partition": p.partition, "records": p.records, "bytes": p.bytes, "blake3": p.content_hash,
             })).collect::<Vec<_>>(),
         });
-        self.dest
-            .put_atomic(&format!("{table}/_ferry/manifest/{}.json", lease.chunk_id), serde_json::to_vec_pretty(&manifest).unwrap_or_default())
-            .await?;
+        self.dest.put_atomic(&paths::manifest(table, &lease.chunk_id), serde_json::to_vec_pretty(&manifest).unwrap_or_default()).await?;
         self.ledger.record_published(&lease, table, &published).await?;
         self.write_ddl().await?;
         Ok(work)
@@ -150,7 +167,7 @@ impl Load {
             if last.as_deref() == Some(sql.as_str()) {
                 return Ok(());
             }
-            self.dest.put_atomic(&format!("{}/_ferry/ddl.sql", self.cfg.table.name), sql.clone().into_bytes()).await?;
+            self.dest.put_atomic(&paths::ddl(&self.cfg.table.name), sql.clone().into_bytes()).await?;
             *last = Some(sql);
         }
         Ok(())
@@ -160,16 +177,6 @@ impl Load {
         let table = &self.cfg.table.name;
         let location = self.dest.url(table);
         let partitions = self.ledger.table_partitions().await?;
-        let hive = |ty: &str| match ty {
-            "long" => "BIGINT",
-            "int" => "INT",
-            "double" => "DOUBLE",
-            "float" => "FLOAT",
-            "boolean" => "BOOLEAN",
-            "timestamp" => "TIMESTAMP",
-            "date" => "DATE",
-            _ => "STRING",
-        };
         let pcols = &self.cfg.table.partition_by;
         let part_type = |p: &str| match self.cfg.transform.derive.get(p).map(|e| e.trim()) {
             Some(e) if e.starts_with("date(") => "DATE",
@@ -184,8 +191,8 @@ impl Load {
             .filter(|c| !pcols.contains(&c.name))
             .map(|c| {
                 let name = self.cfg.transform.rename.get(&c.name).unwrap_or(&c.name);
-                let ty = self.cfg.transform.cast.get(name).map(String::as_str).unwrap_or(&c.ty);
-                format!("  `{name}` {}", hive(ty))
+                let ty: ColumnType = self.cfg.transform.cast.get(name).copied().unwrap_or(c.ty);
+                format!("  `{name}` {}", ty.hive())
             })
             .filter(|c| self.cfg.transform.select.is_empty() || self.cfg.transform.select.iter().any(|s| c.contains(&format!("`{s}`"))))
             .collect();
@@ -197,7 +204,8 @@ impl Load {
         }
         sql.push_str(&format!("STORED AS PARQUET\nLOCATION '{location}';\n"));
         for p in partitions.iter().filter(|p| &p.table == table && !p.partition.is_empty()) {
-            let spec: Vec<String> = p.partition.split('/').filter_map(|kv| kv.split_once('=')).map(|(k, v)| format!("`{k}`='{v}'")).collect();
+            let spec: Vec<String> =
+                p.partition.split('/').filter_map(|kv| kv.split_once('=')).map(|(k, v)| format!("`{k}`='{v}'")).collect();
             sql.push_str(&format!(
                 "ALTER TABLE `{table}` ADD IF NOT EXISTS PARTITION ({}) LOCATION '{location}/{}';\n",
                 spec.join(", "),

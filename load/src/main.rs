@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_common::ledger::{Lease, Stage};
-use ferry_common::runner;
-use ferry_load::Load;
+use ferry_ledger::runner::{self, open_stage};
+use ferry_ledger::{Lease, Stage};
+use ferry_load::{LoadError, Loader};
 
 /// Publish each landed chunk into the Hive-partitioned table as
 /// <table>/<k=v>/part-<chunk>.parquet by atomic rename, record it in the ledger, and keep the
@@ -27,11 +27,11 @@ async fn main() {
     cli::exit_with(run(args).await)
 }
 
-async fn run(args: Args) -> ferry_common::Result<i32> {
-    let (cfg, ledger) = cli::open_stage(&args.common, &args.stage).await?;
+async fn run(args: Args) -> Result<i32, LoadError> {
+    let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
     let concurrency = cfg.load.concurrency;
-    let s = Arc::new(Load::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
+    let s = Arc::new(Loader::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
     runner::cleanup(s.gc()).await;
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
-    runner::serve(&ledger, &args.stage, Stage::Load, concurrency, work, Arc::new(|_: &Lease| {})).await
+    Ok(runner::serve(&ledger, &args.stage, Stage::Load, concurrency, work, Arc::new(|_: &Lease| {})).await?)
 }

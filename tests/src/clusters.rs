@@ -22,7 +22,10 @@ pub fn repo_root() -> PathBuf {
 pub fn hadoop_classpath() -> String {
     let f = repo_root().join("tests/minidfs/target/classpath.txt");
     let cp = std::fs::read_to_string(&f).unwrap_or_else(|e| {
-        panic!("{}: {e}; build the MiniDFS program first: `. scripts/minidfs.sh && ferry_build_minidfs` (scripts/test.sh does)", f.display())
+        panic!(
+            "{}: {e}; build the MiniDFS program first: `. scripts/minidfs.sh && ferry_build_minidfs` (scripts/test.sh does)",
+            f.display()
+        )
     });
     cp.trim().to_string()
 }
@@ -157,11 +160,14 @@ pub struct S3Server {
 impl S3Server {
     pub fn from_env() -> S3Server {
         let get = |k: &str| {
-            std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: start the S3 test server first (`. scripts/s3.sh && ferry_start_s3`; scripts/test.sh does)"))
+            std::env::var(k).unwrap_or_else(|_| {
+                panic!("{k} is not set: start the S3 test server first (`. scripts/s3.sh && ferry_start_s3`; scripts/test.sh does)")
+            })
         };
         let endpoint = get("FERRY_TEST_S3_ENDPOINT");
         let hostport = endpoint.trim_start_matches("https://").trim_start_matches("http://").trim_end_matches('/');
-        let addr: SocketAddr = hostport.parse().unwrap_or_else(|_| panic!("FERRY_TEST_S3_ENDPOINT {endpoint}: want https://127.0.0.1:port"));
+        let addr: SocketAddr =
+            hostport.parse().unwrap_or_else(|_| panic!("FERRY_TEST_S3_ENDPOINT {endpoint}: want https://127.0.0.1:port"));
         S3Server {
             endpoint,
             addr,

@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod clusters;
 /// The directory holding the workspace's binaries (`cargo build --workspace --bins` first;
 /// the test command does).
 pub mod proxy;
-pub mod clusters;
 
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
@@ -145,7 +145,10 @@ max_bad_records = 5
     /// One value from the ledger, through the sqlite3 command line (an independent reader).
     pub fn sql(&self, q: &str) -> String {
         let out = Command::new("python3")
-            .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(sys.argv[2]).fetchone(); print('' if r is None else r[0])"])
+            .args([
+                "-c",
+                "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(sys.argv[2]).fetchone(); print('' if r is None else r[0])",
+            ])
             .arg(self.path("ledger.db"))
             .arg(q)
             .output()

@@ -115,7 +115,10 @@ impl FaultProxy {
     /// Faults injected so far (resets of both kinds, hangs, trickles).
     pub fn injected(&self) -> u64 {
         let c = &self.state.counters;
-        c.resets.load(Ordering::SeqCst) + c.pattern_resets.load(Ordering::SeqCst) + c.hangs.load(Ordering::SeqCst) + c.trickles.load(Ordering::SeqCst)
+        c.resets.load(Ordering::SeqCst)
+            + c.pattern_resets.load(Ordering::SeqCst)
+            + c.hangs.load(Ordering::SeqCst)
+            + c.trickles.load(Ordering::SeqCst)
     }
 
     pub fn summary(&self) -> String {
@@ -192,22 +195,20 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
                     let _ = server.shutdown().await;
                 }
                 Ok(k) => {
-                    if let Some(limit) = reset_after {
-                        if sent + k as u64 > limit {
+                    if let Some(limit) = reset_after
+                        && sent + k as u64 > limit {
                             let _ = server.write_all(&cbuf[..(limit - sent) as usize]).await;
                             st.counters.resets.fetch_add(1, Ordering::SeqCst);
                             return rst(client, server);
                         }
-                    }
-                    if let Some(limit) = stall_after {
-                        if sent + k as u64 > limit && !st.stalled_once.swap(true, Ordering::SeqCst) {
+                    if let Some(limit) = stall_after
+                        && sent + k as u64 > limit && !st.stalled_once.swap(true, Ordering::SeqCst) {
                             st.counters.hangs.fetch_add(1, Ordering::SeqCst);
                             let mut hung = st.hung.lock().unwrap();
                             hung.push(client);
                             hung.push(server);
                             return;
                         }
-                    }
                     if server.write_all(&cbuf[..k]).await.is_err() {
                         return rst(client, server);
                     }

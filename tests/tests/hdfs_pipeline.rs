@@ -36,7 +36,6 @@ fn table_on(a: &MiniDfs, p: &Pipeline) -> serde_json::Value {
     table_digest(&local)
 }
 
-
 #[test]
 fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
     let (a, b) = (MiniDfs::start("A"), MiniDfs::start("B"));

@@ -28,10 +28,9 @@ fn sigterm_stops_a_watching_stage_cleanly() {
 #[test]
 fn delete_disposition_and_marker_files() {
     let p = Pipeline::new("64KiB", "30s", "0s");
-    let cfg = std::fs::read_to_string(&p.config).unwrap().replace(
-        "settle = \"0s\"",
-        "settle = \"0s\"\nmarker = \".done\"\ndisposition = \"delete\"",
-    );
+    let cfg = std::fs::read_to_string(&p.config)
+        .unwrap()
+        .replace("settle = \"0s\"", "settle = \"0s\"\nmarker = \".done\"\ndisposition = \"delete\"");
     std::fs::write(&p.config, cfg).unwrap();
     p.generate("in", "jsonl", "null", 2, 300, 5);
     let files: Vec<_> = std::fs::read_dir(p.path("in")).unwrap().flatten().map(|e| e.path()).collect();

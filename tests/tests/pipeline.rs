@@ -148,10 +148,7 @@ fn kill_9_at_any_point_then_rerun_is_exactly_once() {
     assert_eq!(got["distinct"], want["rows"], "no duplicates");
     assert_eq!(got["digest"], want["digest"]);
     assert!(temp_files(p.dir.path()).is_empty(), "temp files left: {:?}", temp_files(p.dir.path()));
-    eprintln!(
-        "kill -9: {kills} kills mid-run; attempts not done: {}",
-        p.sql("SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'")
-    );
+    eprintln!("kill -9: {kills} kills mid-run; attempts not done: {}", p.sql("SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'"));
 }
 
 fn set_old(path: &std::path::Path) {

@@ -8,8 +8,8 @@
 //! e.g. 180).
 
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_tests::clusters::S3Server;
@@ -19,7 +19,6 @@ use ferry_tests::{Pipeline, STAGES, bin, input_digest, s3_table_digest};
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
-
 
 fn sigterm(c: &mut Child) {
     let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
@@ -52,8 +51,7 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
     let m = Command::new(bin("ferry")).args(["--ledger", &p.ledger_url(), "migrate"]).output().unwrap();
     assert!(m.status.success());
 
-    let mut services: Vec<Child> =
-        STAGES.iter().map(|s| p.command(s).args(["--watch", "--poll", "200ms"]).spawn().unwrap()).collect();
+    let mut services: Vec<Child> = STAGES.iter().map(|s| p.command(s).args(["--watch", "--poll", "200ms"]).spawn().unwrap()).collect();
     // Connections are pooled and long-lived, so the odds per new connection are high: most
     // of them end in a reset somewhere in their first 4 MB, forcing reconnects, which meet
     // the proxy again.
@@ -71,10 +69,10 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
                     .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1], timeout=5); print(c.execute(\"SELECT COUNT(*) FROM tasks WHERE state <> 'done'\").fetchone()[0])"])
                     .arg(&ledger_db)
                     .output();
-                if let Ok(o) = out {
-                    if let Ok(v) = String::from_utf8_lossy(&o.stdout).trim().parse::<i64>() {
-                        max_backlog.fetch_max(v, Ordering::SeqCst);
-                    }
+                if let Ok(o) = out
+                    && let Ok(v) = String::from_utf8_lossy(&o.stdout).trim().parse::<i64>()
+                {
+                    max_backlog.fetch_max(v, Ordering::SeqCst);
                 }
                 std::thread::sleep(Duration::from_millis(500));
             }
@@ -114,7 +112,11 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
             break;
         }
         let (pending, files) = (p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), p.count("SELECT COUNT(*) FROM source_files"));
-        assert!(drain_start.elapsed() < Duration::from_secs(240), "not drained after 240 s: {pending} pending, {files} files; proxy: {}", proxy.summary());
+        assert!(
+            drain_start.elapsed() < Duration::from_secs(240),
+            "not drained after 240 s: {pending} pending, {files} files; proxy: {}",
+            proxy.summary()
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     let drained_after = drain_start.elapsed();
@@ -261,7 +263,7 @@ fn s3_source_and_staging_with_delete_disposition() {
     // Upload the inputs with Ferry's own S3 store (the reader under test is extract).
     let o = s3.store_options(&s3.endpoint);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let landing = ferry_common::storage::Store::open(&format!("s3://{}/{prefix}/landing", s3.bucket), &o).unwrap();
+    let landing = ferry_storage::Store::open(&format!("s3://{}/{prefix}/landing", s3.bucket), &o).unwrap();
     for e in std::fs::read_dir(p.path("in")).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().to_string();
         rt.block_on(landing.put_atomic(&name, std::fs::read(e.path()).unwrap())).unwrap();

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use ferry_common::config::{HumanDuration, StoreOptions};
-use ferry_common::storage::{Progress, Store, hash_file};
+use ferry_storage::{Progress, Store, hash_file};
 use ferry_tests::clusters::{MiniDfs, S3Server};
 use ferry_tests::proxy::{FaultProxy, Faults};
 
@@ -211,9 +211,10 @@ fn s3_conditional_create_and_abandoned_multipart() {
             .with_region("us-east-1")
             .with_access_key_id(&s3.access_key)
             .with_secret_access_key(&s3.secret_key)
-            .with_client_options(object_store::ClientOptions::new().with_root_certificate(
-                object_store::Certificate::from_pem(&std::fs::read(&s3.ca).unwrap()).unwrap(),
-            ))
+            .with_client_options(
+                object_store::ClientOptions::new()
+                    .with_root_certificate(object_store::Certificate::from_pem(&std::fs::read(&s3.ca).unwrap()).unwrap()),
+            )
             .build()
             .unwrap();
         use object_store::multipart::MultipartStore;
@@ -240,8 +241,7 @@ fn hung_servers_never_hang_a_call() {
     for p in [&nn_proxy, &s3_proxy] {
         p.set(Faults { hang: 1.0, ..Faults::default() });
     }
-    let mut hopts = StoreOptions::default();
-    hopts.call_timeout = HumanDuration(Duration::from_secs(2));
+    let hopts = StoreOptions { call_timeout: HumanDuration(Duration::from_secs(2)), ..Default::default() };
     let mut sopts = s3_opts(&s3, &format!("https://{}", s3_proxy.addr));
     sopts.s3.connect_timeout = HumanDuration(Duration::from_secs(1));
     sopts.s3.max_retries = 1;

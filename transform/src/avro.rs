@@ -17,14 +17,16 @@ use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
+use ferry_formats::avro::{BlockHead, Codec, Cursor, Header, MAX_HEADER, Parse, Short, decompress};
+
 use crate::TransformError;
 use crate::decode::Sink;
 
 /// Decodes one container file, reading `r` to its end (a hashing reader sees every byte).
 pub fn decode(r: impl Read, batch_size: usize, sink: &mut Sink<'_>) -> Result<(), TransformError> {
     let mut input = Input::new(r);
-    let header = Header::read(&mut input)?;
-    match Plan::new(&header)? {
+    let (header, raw) = read_header(&mut input)?;
+    match Plan::new(&header, &raw)? {
         Some(plan) => {
             input.consume(header.len);
             plan.decode(&mut input, &header, batch_size.max(1), sink)?;
@@ -57,9 +59,6 @@ struct Input<R> {
 }
 
 const READ_BUFFER: usize = 4 << 20;
-/// Limits on what a file can claim, so that corrupt sizes fail as bad input, not allocations.
-const MAX_HEADER: usize = 16 << 20;
-const MAX_BLOCK: usize = 512 << 20;
 
 impl<R> Drop for Input<R> {
     fn drop(&mut self) {
@@ -96,9 +95,7 @@ impl<R: Read> Input<R> {
                     }
                     Ok(k) => self.end += k,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        return Err(TransformError::Common(ferry_common::error::Error::io("staged Avro chunk", e)));
-                    }
+                    Err(e) => return Err(TransformError::io("staged Avro chunk", e)),
                 }
             }
         }
@@ -108,8 +105,7 @@ impl<R: Read> Input<R> {
     /// Reads whatever is left (normally nothing) so the hash covers the whole file.
     fn drain(mut self) -> Result<(), TransformError> {
         self.pos = self.end;
-        std::io::copy(&mut self.inner, &mut std::io::sink())
-            .map_err(|e| TransformError::Common(ferry_common::error::Error::io("staged Avro chunk", e)))?;
+        std::io::copy(&mut self.inner, &mut std::io::sink()).map_err(|e| TransformError::io("staged Avro chunk", e))?;
         Ok(())
     }
 }
@@ -136,116 +132,22 @@ fn corrupt(msg: String) -> TransformError {
     TransformError::BadInput(msg)
 }
 
-/// A position in a slice being decoded; every read is bounds-checked.
-struct Cursor<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
-
-/// Read past the end of the slice being decoded.
-struct Short;
-
-impl<'a> Cursor<'a> {
-    #[inline]
-    fn long(&mut self) -> Result<i64, Short> {
-        let mut v: u64 = 0;
-        let mut shift = 0;
-        loop {
-            let b = *self.data.get(self.pos).ok_or(Short)?;
-            self.pos += 1;
-            v |= ((b & 0x7f) as u64) << shift;
-            if b < 0x80 {
-                return Ok(((v >> 1) as i64) ^ -((v & 1) as i64));
+/// The file's header, read through the buffer (which keeps it for arrow-avro if the schema
+/// is not flat), with its raw bytes.
+fn read_header<R: Read>(input: &mut Input<R>) -> Result<(Header, Vec<u8>), TransformError> {
+    let mut want = 64 << 10;
+    loop {
+        let avail = input.ensure(want)?;
+        match Header::parse(avail) {
+            Parse::Done(h) => {
+                let raw = avail[..h.len].to_vec();
+                return Ok((h, raw));
             }
-            shift += 7;
-            if shift > 63 {
-                return Err(Short);
-            }
+            Parse::Corrupt(m) => return Err(corrupt(m)),
+            // The header is longer than what is buffered: read more, unless there is no more.
+            Parse::More if avail.len() < want || want > MAX_HEADER => return Err(corrupt("truncated Avro header".into())),
+            Parse::More => want *= 4,
         }
-    }
-
-    #[inline]
-    fn bytes(&mut self, n: usize) -> Result<&'a [u8], Short> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len()).ok_or(Short)?;
-        let s = &self.data[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-
-    #[inline]
-    fn len_prefixed(&mut self) -> Result<&'a [u8], Short> {
-        let n = self.long()?;
-        if n < 0 {
-            return Err(Short);
-        }
-        self.bytes(n as usize)
-    }
-}
-
-/// The file header: metadata and the sync marker.
-struct Header {
-    /// Bytes from the start of the file to the first block.
-    len: usize,
-    schema: String,
-    codec: String,
-    sync: [u8; 16],
-    /// The raw header, for arrow-avro to derive the Arrow schema from.
-    raw: Vec<u8>,
-}
-
-impl Header {
-    fn read<R: Read>(input: &mut Input<R>) -> Result<Header, TransformError> {
-        let mut want = 64 << 10;
-        loop {
-            let avail = input.ensure(want)?;
-            match Header::parse(avail) {
-                Ok(h) => return Ok(h),
-                Err(Some(e)) => return Err(e),
-                // The header is longer than what is buffered: read more, unless there is no more.
-                Err(None) if avail.len() < want || want > MAX_HEADER => {
-                    return Err(corrupt("truncated Avro header".into()));
-                }
-                Err(None) => want *= 4,
-            }
-        }
-    }
-
-    /// `Err(None)`: need more bytes.
-    fn parse(data: &[u8]) -> Result<Header, Option<TransformError>> {
-        if data.len() >= 4 && &data[..4] != b"Obj\x01" {
-            return Err(Some(corrupt("not an Avro object container file (bad magic)".into())));
-        }
-        let mut c = Cursor { data, pos: 4 };
-        let (mut schema, mut codec) = (None, None);
-        let short = |_: Short| None;
-        let bad = || Some(corrupt("corrupt Avro header: a negative or oversized count or length".into()));
-        loop {
-            let mut count = c.long().map_err(short)?;
-            if count == 0 {
-                break;
-            }
-            if count < 0 {
-                count = count.checked_neg().ok_or_else(bad)?;
-                c.long().map_err(short)?;
-            }
-            for _ in 0..count {
-                let mut item = || -> Result<&[u8], Option<TransformError>> {
-                    let n = c.long().map_err(short)?;
-                    let n = usize::try_from(n).ok().filter(|&n| n <= MAX_HEADER).ok_or_else(bad)?;
-                    c.bytes(n).map_err(short)
-                };
-                let k = item()?;
-                let v = item()?;
-                match k {
-                    b"avro.schema" => schema = Some(String::from_utf8_lossy(v).into_owned()),
-                    b"avro.codec" => codec = Some(String::from_utf8_lossy(v).into_owned()),
-                    _ => {}
-                }
-            }
-        }
-        let sync: [u8; 16] = c.bytes(16).map_err(short)?.try_into().expect("16 bytes");
-        let schema = schema.ok_or_else(|| Some(corrupt("Avro header has no avro.schema".into())))?;
-        Ok(Header { len: c.pos, schema, codec: codec.unwrap_or_else(|| "null".into()), sync, raw: data[..c.pos].to_vec() })
     }
 }
 
@@ -305,11 +207,12 @@ struct Plan {
 
 impl Plan {
     /// `None` when the schema is not a flat record of primitives: arrow-avro takes the file.
-    fn new(h: &Header) -> Result<Option<Plan>, TransformError> {
+    fn new(h: &Header, raw: &[u8]) -> Result<Option<Plan>, TransformError> {
         let Ok(json) = serde_json::from_str::<serde_json::Value>(&h.schema) else {
             return Ok(None);
         };
-        let Some(fields) = json.get("fields").and_then(|f| f.as_array()).filter(|_| json.get("type").and_then(|t| t.as_str()) == Some("record"))
+        let Some(fields) =
+            json.get("fields").and_then(|f| f.as_array()).filter(|_| json.get("type").and_then(|t| t.as_str()) == Some("record"))
         else {
             return Ok(None);
         };
@@ -339,12 +242,14 @@ impl Plan {
             };
             plan.push(field);
         }
-        if !matches!(h.codec.as_str(), "null" | "deflate" | "snappy" | "zstandard") {
+        if Codec::parse(&h.codec).is_none() {
             return Ok(None);
         }
         // arrow-avro's Arrow schema for this header, so both paths agree on types and metadata.
-        let schema =
-            arrow_avro::reader::ReaderBuilder::new().build(&h.raw[..]).map_err(|e| TransformError::BadInput(format!("Avro header: {e}")))?.schema();
+        let schema = arrow_avro::reader::ReaderBuilder::new()
+            .build(raw)
+            .map_err(|e| TransformError::BadInput(format!("Avro header: {e}")))?
+            .schema();
         if schema.fields().len() != plan.len()
             || !schema.fields().iter().zip(&plan).all(|(f, (p, null))| p.fills(f.data_type()) && (null.is_some() || !f.is_nullable()))
         {
@@ -358,6 +263,7 @@ impl Plan {
         let mut rows = 0usize;
         let mut scratch = Vec::new();
         let mut index = 0u64;
+        let codec = Codec::parse(&h.codec).ok_or_else(|| corrupt(format!("unsupported codec {}", h.codec)))?;
         for c in cols.iter_mut() {
             c.reserve(batch_size);
         }
@@ -367,14 +273,12 @@ impl Plan {
             if head.is_empty() {
                 break;
             }
-            let mut c = Cursor { data: head, pos: 0 };
             let block_err = |what: &str| corrupt(format!("Avro block {index} at byte {at}: {what}"));
-            let (count, size) = match (c.long(), c.long()) {
-                (Ok(n), Ok(s)) if n >= 0 && s >= 0 && (s as u64) <= MAX_BLOCK as u64 => (n as u64, s as usize),
-                (Ok(_), Ok(s)) => return Err(block_err(&format!("negative record count, or a size of {s} bytes (limit {MAX_BLOCK})"))),
-                _ => return Err(block_err("truncated block header")),
+            let (count, size, start) = match BlockHead::parse(head, index, at) {
+                Parse::Done(b) => (b.records, b.size, b.len),
+                Parse::Corrupt(m) => return Err(corrupt(m)),
+                Parse::More => return Err(block_err("truncated block header")),
             };
-            let start = c.pos;
             let total = start + size + 16;
             let block = input.ensure(total)?;
             if block.len() < total {
@@ -384,10 +288,10 @@ impl Plan {
                 return Err(block_err("does not end with the file's sync marker"));
             }
             let data = &block[start..start + size];
-            let data: &[u8] = match h.codec.as_str() {
-                "null" => data,
+            let data: &[u8] = match codec {
+                Codec::Null => data,
                 codec => {
-                    decompress(codec, data, &mut scratch).map_err(|e| block_err(&format!("{codec}: {e}")))?;
+                    decompress(codec, data, &mut scratch).map_err(|e| block_err(&format!("{}: {e}", codec.name())))?;
                     &scratch
                 }
             };
@@ -427,45 +331,16 @@ impl Plan {
             .zip(self.schema.fields())
             .map(|(c, f)| {
                 c.finish(f.data_type(), rows, batch_size).map_err(|e| match e {
-                    TransformError::BadInput(m) => {
-                        TransformError::BadInput(format!("column {:?}, in Avro block {block} or the {rows} records before it: {m}", f.name()))
-                    }
+                    TransformError::BadInput(m) => TransformError::BadInput(format!(
+                        "column {:?}, in Avro block {block} or the {rows} records before it: {m}",
+                        f.name()
+                    )),
                     e => e,
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
         RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))
     }
-}
-
-fn decompress(codec: &str, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
-    out.clear();
-    match codec {
-        "deflate" => {
-            flate2::read::DeflateDecoder::new(data).take(MAX_BLOCK as u64 + 1).read_to_end(out).map_err(|e| e.to_string())?;
-        }
-        "zstandard" => {
-            zstd::stream::read::Decoder::with_buffer(data).and_then(|d| d.take(MAX_BLOCK as u64 + 1).read_to_end(out)).map_err(|e| e.to_string())?;
-        }
-        "snappy" => {
-            // Snappy blocks end with the CRC-32 of the uncompressed bytes, big-endian.
-            let (body, crc) = data.split_at(data.len().checked_sub(4).ok_or("shorter than its checksum")?);
-            let n = snap::raw::decompress_len(body).map_err(|e| e.to_string())?;
-            if n > MAX_BLOCK {
-                return Err(format!("claims {n} bytes uncompressed (limit {MAX_BLOCK})"));
-            }
-            out.resize(n, 0);
-            snap::raw::Decoder::new().decompress(body, out).map_err(|e| e.to_string())?;
-            if crc32fast::hash(out) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
-                return Err("checksum mismatch".into());
-            }
-        }
-        other => return Err(format!("unsupported codec {other}")),
-    }
-    if out.len() > MAX_BLOCK {
-        return Err(format!("more than {MAX_BLOCK} bytes uncompressed"));
-    }
-    Ok(())
 }
 
 /// One field's values for the batch being built.
@@ -609,7 +484,7 @@ mod tests {
 
     #[test]
     fn flat_records_match_arrow_avro_for_every_codec() {
-        use ferry_common::sample::{AvroCodec, events, write_events};
+        use ferry_admin::sample::{AvroCodec, events, write_events};
         for codec in [AvroCodec::Null, AvroCodec::Deflate, AvroCodec::Snappy, AvroCodec::Zstandard] {
             let mut file = Vec::new();
             write_events(&mut file, ferry_common::config::Format::Avro, events(7, 2_345, 0), codec, 300).unwrap();
@@ -623,7 +498,7 @@ mod tests {
 
     /// Writes a one-block container file by hand: schema, then records already encoded.
     fn container(schema: &str, codec: &str, count: i64, records: &[u8]) -> Vec<u8> {
-        use ferry_common::sample::{avro_bytes as bytes, zigzag as long};
+        use ferry_formats::avro::{write_bytes as bytes, write_long as long};
         let mut f = b"Obj\x01".to_vec();
         long(&mut f, 2);
         bytes(&mut f, b"avro.schema");
@@ -668,7 +543,8 @@ mod tests {
         let file = container(schema, "null", 1, &[0x04, 0x02, 0x04, 0x00]);
         let (fast, reference) = both(&file, 10);
         assert_eq!(concat(&fast), concat(&reference));
-        assert!(Plan::new(&Header::parse(&file).ok().unwrap()).unwrap().is_none());
+        let Parse::Done(h) = Header::parse(&file) else { panic!("header") };
+        assert!(Plan::new(&h, &file[..h.len]).unwrap().is_none());
     }
 
     #[test]

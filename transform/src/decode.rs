@@ -8,32 +8,33 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder,
+    ArrayRef, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder,
+    TimestampMillisecondBuilder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
-use ferry_common::config::ColumnSpec;
-use ferry_common::ledger::Reject;
+use ferry_common::config::{ColumnSpec, ColumnType};
+use ferry_ledger::Reject;
 
 use crate::TransformError;
 
-/// The Arrow type of a table column type name (see `config::COLUMN_TYPES`). Timestamps are
-/// UTC, written as the offset "+00:00" (arrow's default build has no time zone database).
-pub fn arrow_type(ty: &str) -> DataType {
+/// The Arrow type of a table column type. Timestamps are UTC, written as the offset "+00:00"
+/// (arrow's default build has no time zone database).
+pub fn arrow_type(ty: ColumnType) -> DataType {
     match ty {
-        "long" => DataType::Int64,
-        "int" => DataType::Int32,
-        "double" => DataType::Float64,
-        "float" => DataType::Float32,
-        "boolean" => DataType::Boolean,
-        "timestamp" => DataType::Timestamp(TimeUnit::Millisecond, Some("+00:00".into())),
-        "date" => DataType::Date32,
-        _ => DataType::Utf8,
+        ColumnType::String => DataType::Utf8,
+        ColumnType::Long => DataType::Int64,
+        ColumnType::Int => DataType::Int32,
+        ColumnType::Double => DataType::Float64,
+        ColumnType::Float => DataType::Float32,
+        ColumnType::Boolean => DataType::Boolean,
+        ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Millisecond, Some("+00:00".into())),
+        ColumnType::Date => DataType::Date32,
     }
 }
 
 pub fn table_schema(cols: &[ColumnSpec]) -> SchemaRef {
-    Arc::new(Schema::new(cols.iter().map(|c| Field::new(&c.name, arrow_type(&c.ty), c.nullable)).collect::<Vec<_>>()))
+    Arc::new(Schema::new(cols.iter().map(|c| Field::new(&c.name, arrow_type(c.ty), c.nullable)).collect::<Vec<_>>()))
 }
 
 /// A parsed cell, before it goes into a column builder.

@@ -131,7 +131,8 @@ impl<W: Write> FlatWriter<W> {
         let descr = std::sync::Arc::new(parquet::arrow::ArrowSchemaConverter::new().convert(&schema).map_err(pq_err)?);
         let mut cols = Vec::with_capacity(schema.fields().len());
         for (f, c) in schema.fields().iter().zip(descr.columns()) {
-            let (kind, physical) = Kind::of(f.data_type()).ok_or_else(|| std::io::Error::other(format!("column {} is not flat", f.name())))?;
+            let (kind, physical) =
+                Kind::of(f.data_type()).ok_or_else(|| std::io::Error::other(format!("column {} is not flat", f.name())))?;
             if c.physical_type() != physical || c.max_rep_level() != 0 {
                 return Err(std::io::Error::other(format!("column {}: unexpected Parquet type {}", f.name(), c.physical_type())));
             }
@@ -432,7 +433,13 @@ impl Column {
     }
 
     /// Writes the column chunk of the row group and starts the next one.
-    fn write_chunk(&mut self, out: &mut impl Write, pos: &mut u64, codec: &mut Codec, compression: Compression) -> Result<ColumnChunkMetaData> {
+    fn write_chunk(
+        &mut self,
+        out: &mut impl Write,
+        pos: &mut u64,
+        codec: &mut Codec,
+        compression: Compression,
+    ) -> Result<ColumnChunkMetaData> {
         let mut dictionary_page_offset = None;
         if self.dict_pages {
             let raw = &self.dict.plain;
@@ -687,7 +694,9 @@ impl Stats {
                 ValueStatistics::new(float(min).map(|f| f as f32), float(max).map(|f| f as f32), None, nulls, false)
                     .with_nan_count(Some(self.nans)),
             ),
-            Kind::F64 => Statistics::Double(ValueStatistics::new(float(min), float(max), None, nulls, false).with_nan_count(Some(self.nans))),
+            Kind::F64 => {
+                Statistics::Double(ValueStatistics::new(float(min), float(max), None, nulls, false).with_nan_count(Some(self.nans)))
+            }
             Kind::Bytes => {
                 // Long values are cut, as ArrowWriter does: the min to a prefix (still <= every
                 // value), the max to a prefix with its last character or byte incremented.
@@ -803,7 +812,9 @@ mod tests {
             }))),
             Arc::new(Float64Array::from_iter(rows.iter().map(|r| (r[6] % 5 != 0).then_some(r[6] as f64 / 7.0)))),
             Arc::new(BooleanArray::from_iter(rows.iter().map(|r| (r[7] % 3 != 0).then_some(r[7] % 2 == 0)))),
-            Arc::new(BinaryArray::from_iter(rows.iter().map(|r| (r[0] % 3 != 0).then(|| r[1].to_le_bytes()[..(r[2] % 8) as usize].to_vec())))),
+            Arc::new(BinaryArray::from_iter(
+                rows.iter().map(|r| (r[0] % 3 != 0).then(|| r[1].to_le_bytes()[..(r[2] % 8) as usize].to_vec())),
+            )),
             Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r[3] as i64 * 1_000_000_007))),
             Arc::new(StringArray::from(vec![None::<&str>; n])),
             Arc::new(Int64Array::from(vec![None; n])),
@@ -811,7 +822,11 @@ mod tests {
         RecordBatch::try_new(schema, cols).unwrap()
     }
 
-    fn roundtrip(batches: &[RecordBatch], props: &WriterProperties, group: usize) -> (Vec<RecordBatch>, parquet::file::metadata::ParquetMetaData) {
+    fn roundtrip(
+        batches: &[RecordBatch],
+        props: &WriterProperties,
+        group: usize,
+    ) -> (Vec<RecordBatch>, parquet::file::metadata::ParquetMetaData) {
         let mut w = FlatWriter::try_new(Vec::new(), batches[0].schema(), props, group).unwrap();
         for b in batches {
             w.write(b).unwrap();

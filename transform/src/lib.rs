@@ -1,7 +1,7 @@
 //! transform: staging -> local spool. Decodes a staged chunk (Avro, JSON lines, CSV) into
 //! Arrow in the table's types, applies the `[transform]` plan, and writes one Parquet file per
-//! partition value to the spool, named deterministically (`part-<chunk>.parquet` under
-//! `<table>/<chunk>/<k=v>/`), so a retry rewrites the same files with the same bytes.
+//! partition value to the spool, named deterministically (see `ferry_common::paths`), so a
+//! retry rewrites the same files with the same bytes.
 //!
 //! Bad records (up to `max_bad_records` per chunk) are set aside with their position and
 //! reason, in the ledger's `rejects` table and a rejects file; more than that, or a chunk that
@@ -13,16 +13,17 @@ pub mod encode;
 pub mod ops;
 mod pool;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, new_null_array};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use ferry_common::config::{Config, Format};
-use ferry_common::error::{Classified, Error, ErrorClass};
-use ferry_common::ledger::{Chunk, Lease, Ledger, Part, Reject, Work};
-use ferry_common::storage::Store;
+use ferry_common::config::{self, Config, Format};
+use ferry_common::error::{Classified, ConfigError, ErrorClass};
+use ferry_common::paths;
+use ferry_ledger::{Chunk, Lease, Ledger, Part, Reject, Work};
+use ferry_storage::Store;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -37,7 +38,18 @@ pub enum TransformError {
     #[error("configuration: {0}")]
     Config(String),
     #[error(transparent)]
-    Common(#[from] Error),
+    ConfigFile(#[from] ConfigError),
+    #[error(transparent)]
+    Ledger(#[from] ferry_ledger::Error),
+    #[error(transparent)]
+    Storage(#[from] ferry_storage::Error),
+    /// Reading the staged chunk or writing the spool (a full disk, a vanished directory).
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -46,20 +58,35 @@ impl TransformError {
     pub fn internal(e: impl std::fmt::Display) -> Self {
         TransformError::Internal(e.to_string())
     }
+
+    pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
+        TransformError::Io { path: path.to_string(), source }
+    }
 }
 
 impl Classified for TransformError {
     fn class(&self) -> ErrorClass {
         match self {
             TransformError::BadInput(_) | TransformError::Config(_) => ErrorClass::Permanent,
-            TransformError::Common(e) => e.class(),
+            TransformError::ConfigFile(e) => e.class(),
+            TransformError::Ledger(e) => e.class(),
+            TransformError::Storage(e) => e.class(),
+            TransformError::Io { source, .. } => ferry_common::error::io_error_class(source),
             // Arrow and Parquet errors here are mostly I/O on the spool (a full disk).
             TransformError::Internal(_) => ErrorClass::Transient,
         }
     }
+    fn is_config(&self) -> bool {
+        match self {
+            TransformError::Config(_) | TransformError::ConfigFile(_) => true,
+            TransformError::Ledger(e) => e.is_config(),
+            TransformError::Storage(e) => e.is_config(),
+            _ => false,
+        }
+    }
 }
 
-pub struct Transform {
+pub struct Transformer {
     cfg: Config,
     ledger: Ledger,
     staging: Store,
@@ -119,27 +146,24 @@ impl Workers {
     }
 }
 
-impl Transform {
-    pub fn new(cfg: Config, ledger: Ledger) -> Result<Transform, TransformError> {
+impl Transformer {
+    pub fn new(cfg: Config, ledger: Ledger) -> Result<Transformer, TransformError> {
         let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
         let plan = ops::Plan::new(&cfg.transform, &cfg.table.partition_by)?;
         let declared = (!cfg.table.columns.is_empty()).then(|| decode::table_schema(&cfg.table.columns));
         let t = &cfg.transform;
-        let compression = match t.compression.as_str() {
-            "zstd" => Compression::ZSTD(
-                ZstdLevel::try_new(t.compression_level).map_err(|e| TransformError::Config(format!("transform.compression_level: {e}")))?,
-            ),
-            "gzip" => Compression::GZIP(
-                GzipLevel::try_new(t.compression_level as u32).map_err(|e| TransformError::Config(format!("transform.compression_level: {e}")))?,
-            ),
-            "snappy" => Compression::SNAPPY,
-            "lz4" => Compression::LZ4_RAW,
-            _ => Compression::UNCOMPRESSED,
+        let level_err = |e: parquet::errors::ParquetError| TransformError::Config(format!("transform.compression_level: {e}"));
+        let compression = match t.compression {
+            config::Compression::Zstd => Compression::ZSTD(ZstdLevel::try_new(t.compression_level).map_err(level_err)?),
+            config::Compression::Gzip => Compression::GZIP(GzipLevel::try_new(t.compression_level as u32).map_err(level_err)?),
+            config::Compression::Snappy => Compression::SNAPPY,
+            config::Compression::Lz4 => Compression::LZ4_RAW,
+            config::Compression::None => Compression::UNCOMPRESSED,
         };
         let props = WriterProperties::builder().set_compression(compression).set_max_row_group_row_count(Some(t.row_group_size)).build();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cpu = Workers::new(cores.min(cfg.transform.concurrency).max(1));
-        Ok(Transform { cfg, ledger, staging, plan, declared, props, cpu })
+        Ok(Transformer { cfg, ledger, staging, plan, declared, props, cpu })
     }
 
     /// Removes spool temp files left by a transform that crashed.
@@ -150,7 +174,7 @@ impl Transform {
     }
 
     fn chunk_dir(&self, chunk: &str) -> PathBuf {
-        self.cfg.spool.dir.join(&self.cfg.table.name).join(chunk)
+        paths::spool_chunk_dir(&self.cfg.spool.dir, &self.cfg.table.name, chunk)
     }
 
     /// Works on one claimed chunk.
@@ -160,15 +184,14 @@ impl Transform {
             .staging
             .rel_of(&chunk.location)
             .ok_or_else(|| TransformError::Config(format!("chunk {} is staged at {}, outside staging.url", chunk.id, chunk.location)))?;
-        let format = Format::parse(&chunk.format)
-            .ok_or_else(|| TransformError::BadInput(format!("unknown format {:?} of {}", chunk.format, chunk.file_uri)))?;
+        let format = chunk.format;
         let this = self.clone();
         let c = chunk.clone();
         let (written, rejects) = self.cpu.run(move || this.transform_blocking(&c, &rel, format)).await?.map_err(|e| match e {
             TransformError::BadInput(m) => TransformError::BadInput(format!("{}: {m}", chunk.file_uri)),
             other => other,
         })?;
-        let parts = tokio::task::spawn_blocking(move || written.into_iter().map(Written::publish).collect::<Result<Vec<_>, _>>())
+        let parts = tokio::task::spawn_blocking(move || written.into_iter().map(Written::persist).collect::<Result<Vec<_>, _>>())
             .await
             .map_err(TransformError::internal)??;
         let rejects: Vec<Reject> =
@@ -196,11 +219,15 @@ impl Transform {
             Ok(())
         };
         let t = &self.cfg.transform;
-        let need_schema =
-            || self.declared.clone().ok_or_else(|| TransformError::Config(format!("table.columns must be declared for {} input", format.as_str())));
+        let need_schema = || {
+            self.declared
+                .clone()
+                .ok_or_else(|| TransformError::Config(format!("table.columns must be declared for {} input", format.as_str())))
+        };
         let read_all = || -> Result<Vec<u8>, TransformError> {
             let mut v = Vec::with_capacity(chunk.bytes as usize);
-            std::io::Read::read_to_end(&mut self.staging.open_blocking(rel)?, &mut v).map_err(|e| Error::io(&chunk.location, e))?;
+            std::io::Read::read_to_end(&mut self.staging.open_blocking(rel)?, &mut v)
+                .map_err(|e| TransformError::io(&chunk.location, e))?;
             hasher.lock().unwrap_or_else(|e| e.into_inner()).update(&v);
             verify(&hasher)?;
             Ok(v)
@@ -215,7 +242,9 @@ impl Transform {
                 out.write(&self.plan.apply(&b)?)
             };
             match format {
-                Format::Jsonl => decode::jsonl(&read_all()?, need_schema()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
+                Format::Jsonl => {
+                    decode::jsonl(&read_all()?, need_schema()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?
+                }
                 Format::Csv => decode::csv(&read_all()?, need_schema()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
                 Format::Avro => {
                     // Reads to the end, so the hash covers bytes the decoder did not need.
@@ -230,19 +259,14 @@ impl Transform {
     }
 
     fn write_rejects(&self, chunk: &str, rejects: &[Reject]) -> Result<(), TransformError> {
-        let p = self.cfg.spool.dir.join("rejects").join(&self.cfg.table.name).join(format!("{chunk}.jsonl"));
+        let p = paths::rejects_file(&self.cfg.spool.dir, &self.cfg.table.name, chunk);
         let mut text = String::new();
         for r in rejects {
             text.push_str(&serde_json::json!({"chunk": chunk, "position": r.position, "reason": r.reason}).to_string());
             text.push('\n');
         }
-        ferry_common::storage::write_atomic(&p, text.as_bytes())?;
+        ferry_storage::write_atomic(&p, text.as_bytes())?;
         Ok(())
-    }
-
-    /// Spool directory of a chunk, for copy and cleanup.
-    pub fn spool_dir(spool: &Path, table: &str, chunk: &str) -> PathBuf {
-        spool.join(table).join(chunk)
     }
 }
 
@@ -281,7 +305,7 @@ impl std::io::Write for HashingWriter {
 
 /// The Parquet files of one chunk, one per partition value, written as batches arrive.
 struct PartWriters<'a> {
-    t: &'a Transform,
+    t: &'a Transformer,
     chunk: String,
     props: Option<WriterProperties>,
     open: std::collections::BTreeMap<String, (PathBuf, FileWriter, i64)>,
@@ -318,7 +342,7 @@ impl FileWriter {
 }
 
 impl<'a> PartWriters<'a> {
-    fn new(t: &'a Transform, chunk: &str) -> Self {
+    fn new(t: &'a Transformer, chunk: &str) -> Self {
         PartWriters { t, chunk: chunk.to_string(), props: None, open: Default::default() }
     }
 
@@ -331,13 +355,11 @@ impl<'a> PartWriters<'a> {
                 let props = self.props.get_or_insert_with(|| tuned_props(&self.t.props, &rows)).clone();
                 let dir = self.t.chunk_dir(&self.chunk);
                 let pdir = if partition.is_empty() { dir } else { dir.join(&partition) };
-                std::fs::create_dir_all(&pdir).map_err(|e| Error::io(pdir.display(), e))?;
-                // Unique per process and job: a zombie job (its chunk's lease lost, the chunk
-                // claimed again, even by this process) never shares a temp file.
+                std::fs::create_dir_all(&pdir).map_err(|e| TransformError::io(pdir.display(), e))?;
                 static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
                 let job = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let tmp = pdir.join(format!(".part-{}.{}-{job}.tmp", self.chunk, std::process::id()));
-                let f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
+                let tmp = paths::spool_part_temp(&pdir, &self.chunk, job);
+                let f = std::fs::File::create(&tmp).map_err(|e| TransformError::io(tmp.display(), e))?;
                 // A small buffer: it only gathers page headers and the footer; pages (hundreds of
                 // KiB) are bigger and go straight to the file instead of being copied into it.
                 let f = HashingWriter { inner: std::io::BufWriter::with_capacity(64 << 10, f), hasher: blake3::Hasher::new(), bytes: 0 };
@@ -351,14 +373,14 @@ impl<'a> PartWriters<'a> {
         Ok(())
     }
 
-    /// Closes every file; [`Written::publish`] makes each durable under its final name.
+    /// Closes every file; [`Written::persist`] makes each durable under its final name.
     fn finish(self) -> Result<Vec<Written>, TransformError> {
-        let name = format!("part-{}.parquet", self.chunk);
+        let name = paths::part_name(&self.chunk);
         let mut parts = Vec::with_capacity(self.open.len());
         for (partition, (tmp, w, records)) in self.open {
             let hw = w.into_inner()?;
             let (bytes, content_hash) = (hw.bytes, hw.hasher.finalize().to_hex().to_string());
-            let f = hw.inner.into_inner().map_err(|e| Error::io(tmp.display(), e.into_error()))?;
+            let f = hw.inner.into_inner().map_err(|e| TransformError::io(tmp.display(), e.into_error()))?;
             let part = Part { chunk_id: self.chunk.clone(), partition, name: name.clone(), records, bytes: bytes as i64, content_hash };
             parts.push(Written { file: f, tmp, part });
         }
@@ -376,10 +398,10 @@ struct Written {
 impl Written {
     /// fsync, then the deterministic name: durable before the ledger says so, because copy
     /// trusts the recorded hash of this file.
-    fn publish(self) -> Result<Part, TransformError> {
-        self.file.sync_all().map_err(|e| Error::io(self.tmp.display(), e))?;
+    fn persist(self) -> Result<Part, TransformError> {
+        self.file.sync_all().map_err(|e| TransformError::io(self.tmp.display(), e))?;
         let fin = self.tmp.with_file_name(&self.part.name);
-        std::fs::rename(&self.tmp, &fin).map_err(|e| Error::io(fin.display(), e))?;
+        std::fs::rename(&self.tmp, &fin).map_err(|e| TransformError::io(fin.display(), e))?;
         Ok(self.part)
     }
 }
@@ -402,7 +424,11 @@ fn tuned_props(base: &WriterProperties, sample: &RecordBatch) -> WriterPropertie
             // Timestamps, ids, measurements: compare the raw values.
             let data = col.to_data();
             let buf = &data.buffers()[0].as_slice()[data.offset() * width..];
-            (0..n).filter(|&i| col.is_valid(i)).map(|i| &buf[i * width..(i + 1) * width]).collect::<std::collections::HashSet<&[u8]>>().len()
+            (0..n)
+                .filter(|&i| col.is_valid(i))
+                .map(|i| &buf[i * width..(i + 1) * width])
+                .collect::<std::collections::HashSet<&[u8]>>()
+                .len()
         } else {
             continue;
         };
@@ -419,8 +445,10 @@ fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, Transform
     let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
         match b.schema().index_of(f.name()) {
-            Ok(i) => cols
-                .push(arrow::compute::cast(b.column(i), f.data_type()).map_err(|e| TransformError::BadInput(format!("column {:?}: {e}", f.name())))?),
+            Ok(i) => cols.push(
+                arrow::compute::cast(b.column(i), f.data_type())
+                    .map_err(|e| TransformError::BadInput(format!("column {:?}: {e}", f.name())))?,
+            ),
             Err(_) if f.is_nullable() => cols.push(new_null_array(f.data_type(), b.num_rows())),
             Err(_) => {
                 return Err(TransformError::BadInput(format!("the Avro schema has no required column {:?}", f.name())));

@@ -57,12 +57,15 @@ impl Plan {
         let mut filters = Vec::new();
         for (i, f) in t.filter.iter().enumerate() {
             filters.push(parse_filter(f).ok_or_else(|| {
-                config_err(&format!("filter[{i}]"), format!("cannot parse {f:?}; write e.g. `kind != \"debug\"`, `score > 0.5`, `score is not null`"))
+                config_err(
+                    &format!("filter[{i}]"),
+                    format!("cannot parse {f:?}; write e.g. `kind != \"debug\"`, `score > 0.5`, `score is not null`"),
+                )
             })?);
         }
         Ok(Plan {
             rename: t.rename.clone(),
-            cast: t.cast.iter().map(|(k, v)| (k.clone(), arrow_type(v))).collect(),
+            cast: t.cast.iter().map(|(k, v)| (k.clone(), arrow_type(*v))).collect(),
             derive,
             filters,
             select: t.select.clone(),
@@ -76,14 +79,19 @@ impl Plan {
         for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
             let name = self.rename.get(f.name()).cloned().unwrap_or_else(|| f.name().clone());
             let (col, dt) = match self.cast.get(&name) {
-                Some(dt) => (arrow::compute::cast(c, dt).map_err(|e| TransformError::BadInput(format!("cast of {name} to {dt}: {e}")))?, dt.clone()),
+                Some(dt) => {
+                    (arrow::compute::cast(c, dt).map_err(|e| TransformError::BadInput(format!("cast of {name} to {dt}: {e}")))?, dt.clone())
+                }
                 None => (c.clone(), f.data_type().clone()),
             };
             fields.push(Field::new(name, dt, true));
             cols.push(col);
         }
         for (name, func, arg) in &self.derive {
-            let i = fields.iter().position(|f| f.name() == arg).ok_or_else(|| config_err(&format!("derive.{name}"), format!("no column {arg:?}")))?;
+            let i = fields
+                .iter()
+                .position(|f| f.name() == arg)
+                .ok_or_else(|| config_err(&format!("derive.{name}"), format!("no column {arg:?}")))?;
             let src = &cols[i];
             let col: ArrayRef = match func.as_str() {
                 "date" => arrow::compute::cast(src, &DataType::Date32),
@@ -281,12 +289,14 @@ fn eval(batch: &RecordBatch, f: &Filter) -> Result<BooleanArray, TransformError>
         Filter::Cmp { col: c, op, lit } => {
             let a = col(c)?;
             let (a, b): (ArrayRef, Box<dyn arrow::array::Datum>) = match lit {
-                Literal::Str(s) => {
-                    (arrow::compute::cast(&a, &DataType::Utf8).map_err(TransformError::internal)?, Box::new(StringArray::new_scalar(s.as_str())))
-                }
-                Literal::Num(n) => {
-                    (arrow::compute::cast(&a, &DataType::Float64).map_err(TransformError::internal)?, Box::new(Float64Array::new_scalar(*n)))
-                }
+                Literal::Str(s) => (
+                    arrow::compute::cast(&a, &DataType::Utf8).map_err(TransformError::internal)?,
+                    Box::new(StringArray::new_scalar(s.as_str())),
+                ),
+                Literal::Num(n) => (
+                    arrow::compute::cast(&a, &DataType::Float64).map_err(TransformError::internal)?,
+                    Box::new(Float64Array::new_scalar(*n)),
+                ),
             };
             let r = match op.as_str() {
                 "==" => cmp::eq(&a, b.as_ref()),
@@ -330,7 +340,7 @@ mod tests {
     fn rename_cast_derive_filter_select_then_partition() {
         let mut t = TransformSection::default();
         t.rename.insert("user_id".into(), "uid".into());
-        t.cast.insert("uid".into(), "string".into());
+        t.cast.insert("uid".into(), ferry_common::config::ColumnType::String);
         t.derive.insert("dt".into(), "date(ts)".into());
         t.derive.insert("hr".into(), "hour(ts)".into());
         t.filter = vec!["kind != \"debug\"".into(), "score is not null".into(), "score > 0.5".into()];
@@ -350,8 +360,7 @@ mod tests {
 
     #[test]
     fn bad_transform_config_is_named() {
-        let mut t = TransformSection::default();
-        t.filter = vec!["score >>> banana".into()];
+        let t = TransformSection { filter: vec!["score >>> banana".into()], ..Default::default() };
         let e = Plan::new(&t, &[]).unwrap_err().to_string();
         assert!(e.contains("transform.filter[0]"), "{e}");
         let mut t = TransformSection::default();

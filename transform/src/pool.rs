@@ -19,8 +19,9 @@ pub fn take(capacity: usize) -> Vec<u8> {
         let mut f = FREE.lock().unwrap_or_else(|e| e.into_inner());
         // The smallest that fits, and not one far bigger: a read buffer must not end up
         // holding a page.
-        let fit =
-            (0..f.len()).filter(|&i| f[i].capacity() >= capacity && f[i].capacity() <= capacity.max(1 << 16) * 2).min_by_key(|&i| f[i].capacity());
+        let fit = (0..f.len())
+            .filter(|&i| f[i].capacity() >= capacity && f[i].capacity() <= capacity.max(1 << 16) * 2)
+            .min_by_key(|&i| f[i].capacity());
         fit.map(|i| f.swap_remove(i)).unwrap_or_default()
     };
     v.clear();

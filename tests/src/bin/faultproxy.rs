@@ -52,19 +52,21 @@ fn main() {
     let proxy = std::sync::Arc::new(proxy);
     if let Some(path) = stats {
         let p = proxy.clone();
-        std::thread::spawn(move || loop {
-            let c = p.counters();
-            let o = std::sync::atomic::Ordering::SeqCst;
-            let json = format!(
-                "{{\"connections\":{},\"resets\":{},\"pattern_resets\":{},\"hangs\":{},\"trickles\":{}}}\n",
-                c.connections.load(o),
-                c.resets.load(o),
-                c.pattern_resets.load(o),
-                c.hangs.load(o),
-                c.trickles.load(o)
-            );
-            let _ = std::fs::write(&path, json);
-            std::thread::sleep(std::time::Duration::from_millis(200));
+        std::thread::spawn(move || {
+            loop {
+                let c = p.counters();
+                let o = std::sync::atomic::Ordering::SeqCst;
+                let json = format!(
+                    "{{\"connections\":{},\"resets\":{},\"pattern_resets\":{},\"hangs\":{},\"trickles\":{}}}\n",
+                    c.connections.load(o),
+                    c.resets.load(o),
+                    c.pattern_resets.load(o),
+                    c.hangs.load(o),
+                    c.trickles.load(o)
+                );
+                let _ = std::fs::write(&path, json);
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
         });
     }
     for _ in std::io::stdin().lock().lines() {}

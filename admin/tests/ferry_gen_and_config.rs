@@ -33,9 +33,25 @@ fn read_back(fmt: &str, dir: &std::path::Path) -> serde_json::Value {
 #[test]
 fn gen_is_readable_by_independent_readers_and_identical_across_formats() {
     let mut ids = Vec::new();
-    for (fmt, codec) in [("avro", "null"), ("avro", "deflate"), ("avro", "snappy"), ("avro", "zstandard"), ("jsonl", "null"), ("csv", "null")] {
+    for (fmt, codec) in
+        [("avro", "null"), ("avro", "deflate"), ("avro", "snappy"), ("avro", "zstandard"), ("jsonl", "null"), ("csv", "null")]
+    {
         let dir = tempfile::tempdir().unwrap();
-        let out = ferry(&["gen", "--format", fmt, "--codec", codec, "--out", dir.path().to_str().unwrap(), "--files", "3", "--records", "700", "--block-records", "128"]);
+        let out = ferry(&[
+            "gen",
+            "--format",
+            fmt,
+            "--codec",
+            codec,
+            "--out",
+            dir.path().to_str().unwrap(),
+            "--files",
+            "3",
+            "--records",
+            "700",
+            "--block-records",
+            "128",
+        ]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let v = read_back(fmt, dir.path());
         assert_eq!(v["n"], 2100, "{fmt}/{codec}");

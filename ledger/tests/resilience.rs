@@ -5,18 +5,18 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use ferry_common::ledger::{Lease, LedgerOptions, NewChunk, NewSourceFile, RangeKind, Stage, Work, chunk_id};
+use ferry_ledger::{Lease, LedgerOptions, NewChunk, NewSourceFile, RangeKind, Stage, Work, chunk_id};
 use sqlx::Connection;
 use support::{Db, TestDb};
 
-async fn seed_one(ledger: &ferry_common::Ledger) {
+async fn seed_one(ledger: &ferry_ledger::Ledger) {
     let f = ledger
         .register_file(&NewSourceFile {
             uri: "file:///src/a".into(),
             size: 1,
             mtime_ms: 1,
             content_hash: "h".into(),
-            format: "csv".into(),
+            format: Some(ferry_common::config::Format::Csv),
         })
         .await
         .unwrap();
@@ -59,14 +59,9 @@ async fn postgres_lost_connections_are_retried() {
 }
 
 /// A ledger with short lock and call deadlines and one claimed task, so a blocked call shows.
-async fn claimed_with_short_deadlines(db: Db, lock_timeout: Duration) -> (TestDb, ferry_common::Ledger, Lease) {
+async fn claimed_with_short_deadlines(db: Db, lock_timeout: Duration) -> (TestDb, ferry_ledger::Ledger, Lease) {
     let t = TestDb::new(db).await;
-    let opts = LedgerOptions {
-        lock_timeout,
-        call_timeout: Duration::from_secs(2),
-        call_retries: 1,
-        ..LedgerOptions::default()
-    };
+    let opts = LedgerOptions { lock_timeout, call_timeout: Duration::from_secs(2), call_retries: 1, ..LedgerOptions::default() };
     let ledger = t.ledger(opts, None).await;
     seed_one(&ledger).await;
     let lease = ledger.claim(Stage::Transform, "w", 1).await.unwrap().pop().unwrap();

@@ -4,7 +4,8 @@
 
 use std::io::Write;
 
-use crate::config::Format;
+use ferry_common::config::Format;
+use ferry_formats::avro::{self, write_bytes, write_long};
 
 pub const EVENT_AVRO_SCHEMA: &str = r#"{"type":"record","name":"Event","namespace":"ferry.sample","fields":[{"name":"event_id","type":"string"},{"name":"ts","type":{"type":"long","logicalType":"timestamp-millis"}},{"name":"host","type":"string"},{"name":"kind","type":"string"},{"name":"user_id","type":"long"},{"name":"payload","type":"string"},{"name":"score","type":["null","double"],"default":null}]}"#;
 
@@ -128,12 +129,12 @@ pub enum AvroCodec {
 }
 
 impl AvroCodec {
-    fn name(self) -> &'static str {
+    fn codec(self) -> avro::Codec {
         match self {
-            AvroCodec::Null => "null",
-            AvroCodec::Deflate => "deflate",
-            AvroCodec::Snappy => "snappy",
-            AvroCodec::Zstandard => "zstandard",
+            AvroCodec::Null => avro::Codec::Null,
+            AvroCodec::Deflate => avro::Codec::Deflate,
+            AvroCodec::Snappy => avro::Codec::Snappy,
+            AvroCodec::Zstandard => avro::Codec::Zstandard,
         }
     }
 }
@@ -174,15 +175,7 @@ pub fn write_events(
                     .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
                     .unwrap_or_default();
                 let score = e.score.map(|s| s.to_string()).unwrap_or_default();
-                w.write_record([
-                    e.event_id.as_str(),
-                    &ts,
-                    &e.host,
-                    e.kind,
-                    &e.user_id.to_string(),
-                    &e.payload,
-                    &score,
-                ])?;
+                w.write_record([e.event_id.as_str(), &ts, &e.host, e.kind, &e.user_id.to_string(), &e.payload, &score])?;
                 n += 1;
             }
             w.flush()?;
@@ -192,93 +185,37 @@ pub fn write_events(
     }
 }
 
-/// An Avro `long` (also an `int`, a count, a length): zigzag, then a base-128 varint.
-pub fn zigzag(buf: &mut Vec<u8>, v: i64) {
-    let mut z = ((v << 1) ^ (v >> 63)) as u64;
-    while z >= 0x80 {
-        buf.push((z as u8) | 0x80);
-        z >>= 7;
-    }
-    buf.push(z as u8);
+/// The sync marker of the files `ferry gen` writes: fixed, so the same seed gives the same bytes.
+pub fn sync_marker() -> [u8; 16] {
+    *blake3::hash(b"ferry sample sync").as_bytes().first_chunk().expect("32 bytes")
 }
 
-/// Avro `bytes` or `string`: the length, then the bytes.
-pub fn avro_bytes(buf: &mut Vec<u8>, b: &[u8]) {
-    zigzag(buf, b.len() as i64);
-    buf.extend_from_slice(b);
-}
-
-/// An Avro object container file, written by hand: header (magic, metadata, sync marker),
-/// then blocks of (record count, byte size, encoded records, sync marker).
-fn write_avro(
-    out: &mut impl Write,
-    events: impl Iterator<Item = Event>,
-    codec: AvroCodec,
-    block_records: usize,
-) -> std::io::Result<u64> {
-    let sync: [u8; 16] = *blake3::hash(b"ferry sample sync").as_bytes().first_chunk().expect("32 bytes");
-    let mut header = b"Obj\x01".to_vec();
-    zigzag(&mut header, 2);
-    avro_bytes(&mut header, b"avro.schema");
-    avro_bytes(&mut header, EVENT_AVRO_SCHEMA.as_bytes());
-    avro_bytes(&mut header, b"avro.codec");
-    avro_bytes(&mut header, codec.name().as_bytes());
-    zigzag(&mut header, 0);
-    header.extend_from_slice(&sync);
-    out.write_all(&header)?;
-
+/// An Avro object container file of events, `block_records` records a block.
+fn write_avro(out: &mut impl Write, events: impl Iterator<Item = Event>, codec: AvroCodec, block_records: usize) -> std::io::Result<u64> {
+    let mut w = avro::Writer::new(out, EVENT_AVRO_SCHEMA, codec.codec(), sync_marker())?;
     let mut total = 0;
-    let mut block = Vec::new();
-    let mut count = 0;
-    let flush = |block: &mut Vec<u8>, count: &mut i64, out: &mut dyn Write| -> std::io::Result<()> {
-        if *count == 0 {
-            return Ok(());
-        }
-        let data = match codec {
-            AvroCodec::Null => std::mem::take(block),
-            AvroCodec::Deflate => {
-                let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
-                e.write_all(block)?;
-                e.finish()?
-            }
-            AvroCodec::Snappy => {
-                let mut d = snap::raw::Encoder::new().compress_vec(block).map_err(std::io::Error::other)?;
-                d.extend_from_slice(&crc32fast::hash(block).to_be_bytes());
-                d
-            }
-            AvroCodec::Zstandard => zstd::encode_all(&block[..], 3)?,
-        };
-        let mut head = Vec::new();
-        zigzag(&mut head, *count);
-        zigzag(&mut head, data.len() as i64);
-        out.write_all(&head)?;
-        out.write_all(&data)?;
-        out.write_all(&sync)?;
-        block.clear();
-        *count = 0;
-        Ok(())
-    };
     for e in events {
-        avro_bytes(&mut block, e.event_id.as_bytes());
-        zigzag(&mut block, e.ts_ms);
-        avro_bytes(&mut block, e.host.as_bytes());
-        avro_bytes(&mut block, e.kind.as_bytes());
-        zigzag(&mut block, e.user_id);
-        avro_bytes(&mut block, e.payload.as_bytes());
-        match e.score {
-            None => zigzag(&mut block, 0),
-            Some(s) => {
-                zigzag(&mut block, 1);
-                block.extend_from_slice(&s.to_le_bytes());
+        w.record(|block| {
+            write_bytes(block, e.event_id.as_bytes());
+            write_long(block, e.ts_ms);
+            write_bytes(block, e.host.as_bytes());
+            write_bytes(block, e.kind.as_bytes());
+            write_long(block, e.user_id);
+            write_bytes(block, e.payload.as_bytes());
+            match e.score {
+                None => write_long(block, 0),
+                Some(s) => {
+                    write_long(block, 1);
+                    block.extend_from_slice(&s.to_le_bytes());
+                }
             }
-        }
-        count += 1;
+        });
         total += 1;
-        if count as usize >= block_records.max(1) {
-            flush(&mut block, &mut count, out)?;
+        if w.pending() as usize >= block_records.max(1) {
+            w.end_block()?;
         }
     }
-    flush(&mut block, &mut count, out)?;
+    w.finish()?;
     Ok(total)
 }
 
@@ -312,7 +249,7 @@ mod tests {
             let n = write_events(&mut out, Format::Avro, events(1, 250, 0), codec, 100).unwrap();
             assert_eq!(n, 250);
             assert_eq!(&out[..4], b"Obj\x01");
-            let sync = *blake3::hash(b"ferry sample sync").as_bytes().first_chunk::<16>().unwrap();
+            let sync = sync_marker();
             // three blocks (100, 100, 50), each ending with the sync marker, plus the header's
             let marks = out.windows(16).filter(|w| *w == sync).count();
             assert_eq!(marks, 4, "{codec:?}");

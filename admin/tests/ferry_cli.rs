@@ -1,5 +1,6 @@
 //! The `ferry` admin binary against both databases, through its real interface.
 
+#[path = "../../ledger/tests/support/mod.rs"]
 mod support;
 
 use std::process::Command;
@@ -7,18 +8,8 @@ use std::process::Command;
 use support::{Db, TestDb};
 
 fn ferry(ledger: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .arg("--ledger")
-        .arg(ledger)
-        .args(args)
-        .env_remove("FERRY_LEDGER")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry")).arg("--ledger").arg(ledger).args(args).env_remove("FERRY_LEDGER").output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 async fn migrate_status_requeue(db: Db) {

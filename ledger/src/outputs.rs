@@ -1,13 +1,14 @@
 //! What the stages made of each chunk: transform's parts and rejects, load's published files.
 //! Every write is fenced like `complete`: it lands only while the caller's lease is current.
 
-use sqlx::Row;
+use ferry_common::paths;
 
-use super::{Backend, Begin, Lease, Ledger, db};
-use crate::error::Result;
+use crate::backend::{Backend, Begin};
+use crate::state::TaskState;
+use crate::{Lease, Ledger, Result, db};
 
 /// One Parquet file transform wrote for a chunk: the rows of one partition value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Part {
     pub chunk_id: String,
     /// Hive partition path (`dt=2026-11-30`), empty for an unpartitioned table.
@@ -21,7 +22,7 @@ pub struct Part {
 impl Part {
     /// `<partition>/<name>`, or just the name when unpartitioned.
     pub fn rel_path(&self) -> String {
-        if self.partition.is_empty() { self.name.clone() } else { format!("{}/{}", self.partition, self.name) }
+        paths::part_rel(&self.partition, &self.name)
     }
 }
 
@@ -31,8 +32,9 @@ pub struct Reject {
     pub reason: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct PartitionStats {
+    #[sqlx(rename = "table_name")]
     pub table: String,
     pub partition: String,
     pub files: i64,
@@ -44,10 +46,11 @@ macro_rules! fence {
     ($tx:expr, $lease:expr, $op:expr) => {{
         let n = sqlx::query(
             "UPDATE tasks SET lease_expires_at = lease_expires_at
-             WHERE id = $1 AND epoch = $2 AND state = 'running'",
+             WHERE id = $1 AND epoch = $2 AND state = $3",
         )
         .bind($lease.task_id)
         .bind($lease.epoch)
+        .bind(TaskState::Running.as_str())
         .execute(&mut *$tx)
         .await
         .map_err(db($op))?
@@ -63,8 +66,7 @@ impl Ledger {
             .call("record_parts", || async move {
                 on_backend!(self, |pool, begin| {
                     let op = "record_parts";
-                    let _write = self.write_guard().await;
-                    let mut tx = pool.begin_with(begin.0).await.map_err(db(op))?;
+                    let (_write, mut tx) = write_tx!(self, pool, begin, op);
                     if !fence!(tx, lease, op) {
                         return Ok(false);
                     }
@@ -109,27 +111,14 @@ impl Ledger {
     pub async fn parts(&self, chunk_id: &str) -> Result<Vec<Part>> {
         self.call("parts", || async move {
             on_backend!(self, |pool, begin| {
-                let rows = sqlx::query(
+                sqlx::query_as::<_, Part>(
                     "SELECT chunk_id, partition, name, records, bytes, content_hash
                      FROM parts WHERE chunk_id = $1 ORDER BY partition",
                 )
                 .bind(chunk_id)
                 .fetch_all(pool)
                 .await
-                .map_err(db("parts"))?;
-                rows.iter()
-                    .map(|r| {
-                        Ok(Part {
-                            chunk_id: r.try_get("chunk_id")?,
-                            partition: r.try_get("partition")?,
-                            name: r.try_get("name")?,
-                            records: r.try_get("records")?,
-                            bytes: r.try_get("bytes")?,
-                            content_hash: r.try_get("content_hash")?,
-                        })
-                    })
-                    .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
-                    .map_err(db("parts"))
+                .map_err(db("parts"))
             })
         })
         .await
@@ -143,8 +132,7 @@ impl Ledger {
             .call("record_published", || async move {
                 on_backend!(self, |pool, begin| {
                     let op = "record_published";
-                    let _write = self.write_guard().await;
-                    let mut tx = pool.begin_with(begin.0).await.map_err(db(op))?;
+                    let (_write, mut tx) = write_tx!(self, pool, begin, op);
                     if !fence!(tx, lease, op) {
                         return Ok(false);
                     }
@@ -178,56 +166,12 @@ impl Ledger {
     pub async fn table_partitions(&self) -> Result<Vec<PartitionStats>> {
         self.call("table_partitions", || async move {
             on_backend!(self, |pool, begin| {
-                let rows = sqlx::query(
+                sqlx::query_as::<_, PartitionStats>(
                     "SELECT table_name, partition, files, records FROM table_partitions ORDER BY table_name, partition",
                 )
                 .fetch_all(pool)
                 .await
-                .map_err(db("table_partitions"))?;
-                rows.iter()
-                    .map(|r| {
-                        Ok(PartitionStats {
-                            table: r.try_get("table_name")?,
-                            partition: r.try_get("partition")?,
-                            files: r.try_get("files")?,
-                            records: r.try_get("records")?,
-                        })
-                    })
-                    .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
-                    .map_err(db("table_partitions"))
-            })
-        })
-        .await
-    }
-
-    /// Chunks whose `stage` task is done (for cleaning up what that stage left behind).
-    pub async fn done_chunks(&self, stage: super::Stage) -> Result<Vec<String>> {
-        self.call("done_chunks", || async move {
-            on_backend!(self, |pool, begin| {
-                sqlx::query("SELECT chunk_id FROM tasks WHERE stage = $1 AND state = 'done'")
-                    .bind(stage.as_str())
-                    .fetch_all(pool)
-                    .await
-                    .and_then(|rows| rows.iter().map(|r| r.try_get::<String, _>("chunk_id")).collect())
-                    .map_err(db("done_chunks"))
-            })
-        })
-        .await
-    }
-
-    /// Quarantined files and tasks, as (kind, what, reason) from the `quarantined` view.
-    pub async fn quarantined(&self) -> Result<Vec<(String, String, Option<String>)>> {
-        self.call("quarantined", || async move {
-            on_backend!(self, |pool, begin| {
-                sqlx::query("SELECT kind, what, reason FROM quarantined ORDER BY kind, what")
-                    .fetch_all(pool)
-                    .await
-                    .and_then(|rows| {
-                        rows.iter()
-                            .map(|r| Ok((r.try_get("kind")?, r.try_get("what")?, r.try_get("reason")?)))
-                            .collect()
-                    })
-                    .map_err(db("quarantined"))
+                .map_err(db("table_partitions"))
             })
         })
         .await

@@ -1,8 +1,14 @@
 //! `ferry`: the admin binary. Migrate and inspect the ledger, requeue quarantined work.
 
 use clap::{Parser, Subcommand};
+use ferry_admin::Error;
+use ferry_admin::sample::{AvroCodec, Payload};
 use ferry_common::cli::{self, CommonArgs, exit};
-use ferry_common::ledger::{Ledger, LedgerOptions, RequeueFilter, Stage};
+use ferry_common::config::{Config, Format};
+use ferry_common::error::ConfigError;
+use ferry_common::paths;
+use ferry_ledger::{Ledger, LedgerOptions, RequeueFilter, Stage, TaskState};
+use ferry_storage::Store;
 
 /// Administer a Ferry work ledger.
 ///
@@ -46,14 +52,14 @@ enum Cmd {
         seed: u64,
         /// Avro block codec.
         #[arg(long, value_enum, default_value = "null")]
-        codec: ferry_common::sample::AvroCodec,
+        codec: AvroCodec,
         /// Records per Avro block.
         #[arg(long, default_value_t = 1000)]
         block_records: usize,
         /// Payload text: words (compresses like logs or JSON) or letters (random, the worst
         /// case for a codec).
         #[arg(long, value_enum, default_value = "words")]
-        payload: ferry_common::sample::Payload,
+        payload: Payload,
     },
     /// Remove what crashed writers left behind: temp files in staging, the destination's
     /// `_ferry/tmp` and the table (HDFS files possibly still under construction), spool temp
@@ -81,17 +87,13 @@ enum Cmd {
 async fn main() {
     let cli = Cli::parse();
     cli::init_logging(cli.common.log_format);
-    let code = match run(cli).await {
-        Ok(code) => code,
-        Err(e) => cli::report(&e),
-    };
-    std::process::exit(code);
+    cli::exit_with(run(cli).await)
 }
 
-async fn run(cli: Cli) -> ferry_common::Result<i32> {
+async fn run(cli: Cli) -> Result<i32, Error> {
     match &cli.cmd {
         Cmd::CheckConfig { config } => {
-            let mut cfg = ferry_common::config::Config::load(config)?;
+            let mut cfg = Config::load(config)?;
             if let Some(url) = &cli.common.ledger {
                 cfg.ledger.url = url.clone();
             }
@@ -118,12 +120,12 @@ async fn run(cli: Cli) -> ferry_common::Result<i32> {
                 println!("  (none)");
             }
             for (state, n) in &st.files {
-                println!("  {state:<12} {n:>8}");
+                println!("  {:<12} {n:>8}", state.as_str());
             }
             println!("tasks:");
             println!("  {:<10} {:<12} {:>8} {:>14}", "stage", "state", "tasks", "bytes");
             for r in &st.backlog {
-                println!("  {:<10} {:<12} {:>8} {:>14}", r.stage, r.state, r.tasks, r.bytes);
+                println!("  {:<10} {:<12} {:>8} {:>14}", r.stage.as_str(), r.state.as_str(), r.tasks, r.bytes);
             }
             let parts = ledger.table_partitions().await?;
             if !parts.is_empty() {
@@ -132,20 +134,19 @@ async fn run(cli: Cli) -> ferry_common::Result<i32> {
                     println!("  {}/{:<24} {:>5} files {:>10} rows", p.table, p.partition, p.files, p.records);
                 }
             }
-            for (kind, what, reason) in ledger.quarantined().await? {
-                println!("quarantined {kind} {what}: {}", reason.unwrap_or_default());
+            for q in ledger.quarantined().await? {
+                println!("quarantined {} {}: {}", q.kind, q.what, q.reason.unwrap_or_default());
             }
             println!("stuck leases: {}", st.stuck_leases);
             println!("redone attempts: {} ({} bytes)", st.redone_attempts, st.redone_bytes);
-            let quarantined: i64 = st.backlog.iter().filter(|r| r.state == "quarantined").map(|r| r.tasks).sum();
+            let quarantined = st.tasks(None, TaskState::Quarantined);
             if quarantined > 0 {
                 println!("{quarantined} task(s) quarantined: see `SELECT * FROM recent_failures`, then `ferry requeue`");
             }
         }
         Cmd::CheckConfig { .. } | Cmd::Gen { .. } => unreachable!("handled before connecting"),
         Cmd::Gc { config, older_than } => {
-            use ferry_common::storage::Store;
-            let cfg = ferry_common::config::Config::load(&config)?;
+            let cfg = Config::load(&config)?;
             let cutoff = match older_than {
                 Some(d) => chrono::Utc::now().timestamp_millis() - std::time::Duration::from(d).as_millis() as i64,
                 // A live writer is at most a copy deadline into its file, plus two leases.
@@ -157,11 +158,10 @@ async fn run(cli: Cli) -> ferry_common::Result<i32> {
             let spool = Store::from_url(&cfg.spool.dir.to_string_lossy())?;
             // Each place on its own: one store that is down does not stop the others' cleanup.
             let (mut n, mut failed) = (0, 0);
-            let table_meta = format!("{table}/_ferry");
             for (what, r) in [
                 ("staging", staging.remove_stale_temps(table, cutoff).await),
-                ("destination _ferry/tmp and uploads", dest.gc("_ferry/tmp", cutoff).await),
-                ("destination table metadata", dest.remove_stale_temps(&table_meta, cutoff).await),
+                ("destination temp files and uploads", dest.gc(paths::COPY_TEMP_DIR, cutoff).await),
+                ("destination table metadata", dest.remove_stale_temps(&paths::table_meta(table), cutoff).await),
                 ("spool", spool.remove_stale_temps(table, cutoff).await),
             ] {
                 match r {
@@ -192,14 +192,11 @@ fn gen_files(
     files: u64,
     records: usize,
     seed: u64,
-    codec: ferry_common::sample::AvroCodec,
+    codec: AvroCodec,
     block_records: usize,
-    payload: ferry_common::sample::Payload,
-) -> ferry_common::Result<()> {
-    use ferry_common::config::Format;
-    use ferry_common::error::Error;
-    let fmt = Format::parse(format)
-        .ok_or_else(|| Error::Config { file: "--format".into(), message: format!("unknown format {format:?} (avro, jsonl, csv)") })?;
+    payload: Payload,
+) -> Result<(), Error> {
+    let fmt = Format::parse(format).ok_or_else(|| ConfigError::new("--format", format!("unknown format {format:?} (avro, jsonl, csv)")))?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out.display(), e))?;
     // 2026-11-28T00:00:00Z, so the events fall into a few `dt` partitions.
     let start_ms = 1_795_824_000_000;
@@ -209,8 +206,8 @@ fn gen_files(
         let f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
         let mut w = std::io::BufWriter::new(f);
         let file_seed = seed.wrapping_mul(1_000_003).wrapping_add(i);
-        let events = ferry_common::sample::events_with(file_seed, records, start_ms + i as i64 * 3_600_000, payload);
-        ferry_common::sample::write_events(&mut w, fmt, events, codec, block_records)
+        let events = ferry_admin::sample::events_with(file_seed, records, start_ms + i as i64 * 3_600_000, payload);
+        ferry_admin::sample::write_events(&mut w, fmt, events, codec, block_records)
             .and_then(|_| std::io::Write::flush(&mut w))
             .map_err(|e| Error::io(tmp.display(), e))?;
         // Whole files only: a reader polling `out` never sees a half-written one.

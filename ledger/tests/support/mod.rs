@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use ferry_common::clock::{Clock, ManualClock};
-use ferry_common::ledger::{Ledger, LedgerOptions};
+use ferry_ledger::clock::{Clock, ManualClock};
+use ferry_ledger::{Ledger, LedgerOptions};
 use sqlx::Connection;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,16 +33,12 @@ impl TestDb {
             Db::Postgres => {
                 let admin = std::env::var("FERRY_TEST_POSTGRES").expect(
                     "FERRY_TEST_POSTGRES is not set: run the README's test command, which starts \
-                     PostgreSQL (tests/run.sh), or point it at a server you can create databases on",
+                     PostgreSQL (scripts/test.sh), or point it at a server you can create databases on",
                 );
                 let name = format!("ferry_test_{:016x}", rand::random::<u64>());
-                let mut conn = sqlx::PgConnection::connect(&admin)
-                    .await
-                    .unwrap_or_else(|e| panic!("cannot reach the test Postgres at {admin}: {e}"));
-                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .execute(&mut conn)
-                    .await
-                    .unwrap();
+                let mut conn =
+                    sqlx::PgConnection::connect(&admin).await.unwrap_or_else(|e| panic!("cannot reach the test Postgres at {admin}: {e}"));
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.unwrap();
                 let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
                 TestDb { url: format!("{base}/{name}"), _dir: None }
             }
@@ -75,18 +71,10 @@ impl TestDb {
     pub async fn try_execute(&self, sql: &str) -> Result<u64, String> {
         if self.url.starts_with("sqlite") {
             let mut c = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
-                .execute(&mut c)
-                .await
-                .map(|r| r.rows_affected())
-                .map_err(|e| e.to_string())
+            sqlx::query(sqlx::AssertSqlSafe(sql.to_string())).execute(&mut c).await.map(|r| r.rows_affected()).map_err(|e| e.to_string())
         } else {
             let mut c = sqlx::PgConnection::connect(&self.url).await.unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
-                .execute(&mut c)
-                .await
-                .map(|r| r.rows_affected())
-                .map_err(|e| e.to_string())
+            sqlx::query(sqlx::AssertSqlSafe(sql.to_string())).execute(&mut c).await.map(|r| r.rows_affected()).map_err(|e| e.to_string())
         }
     }
 }

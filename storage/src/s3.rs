@@ -48,13 +48,13 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::multipart::MultipartStore;
 use object_store::path::Path as Key;
 use object_store::{
-    Attribute, Attributes, BackoffConfig, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode,
-    PutMultipartOptions, PutOptions, PutPayload, RetryConfig,
+    Attribute, Attributes, BackoffConfig, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutMultipartOptions, PutOptions,
+    PutPayload, RetryConfig,
 };
 
 use super::{Entry, Progress, StreamReader};
-use crate::config::StoreOptions;
 use crate::error::{Error, Result};
+use ferry_common::config::StoreOptions;
 
 const HASH_META: &str = "blake3";
 
@@ -169,11 +169,7 @@ impl S3Store {
 
     pub fn rel_of(&self, url: &str) -> Option<String> {
         let k = url.strip_prefix(&format!("s3://{}/", self.bucket))?;
-        if self.prefix.is_empty() {
-            Some(k.to_string())
-        } else {
-            k.strip_prefix(&format!("{}/", self.prefix)).map(str::to_string)
-        }
+        if self.prefix.is_empty() { Some(k.to_string()) } else { k.strip_prefix(&format!("{}/", self.prefix)).map(str::to_string) }
     }
 
     fn key_str(&self, rel: &str) -> String {
@@ -200,7 +196,9 @@ impl S3Store {
         match tokio::time::timeout(self.budget(), fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Error::ObjectStore { op, path: self.url(rel), source: e }),
-            Err(_) => Err(Error::Stalled { what: format!("S3 {op} {}", self.url(rel)), reason: format!("not done within {:?}", self.budget()) }),
+            Err(_) => {
+                Err(Error::Stalled { what: format!("S3 {op} {}", self.url(rel)), reason: format!("not done within {:?}", self.budget()) })
+            }
         }
     }
 
@@ -351,7 +349,9 @@ impl S3Store {
                         progress.add(size);
                         Ok((size, hash))
                     }
-                    _ if e.is_already_exists() => Err(Error::Ambiguous { what: format!("PUT {}", self.url(rel)), reason: "the key holds other bytes".into() }),
+                    _ if e.is_already_exists() => {
+                        Err(Error::Ambiguous { what: format!("PUT {}", self.url(rel)), reason: "the key holds other bytes".into() })
+                    }
                     _ => Err(e),
                 }
             }
@@ -568,15 +568,15 @@ fn profile_credentials(profile: Option<&str>) -> std::result::Result<Option<(Str
         let line = line.trim();
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             cur = name.trim().to_string();
-        } else if cur == want {
-            if let Some((key, v)) = line.split_once('=') {
-                let v = Some(v.trim().to_string());
-                match key.trim() {
-                    "aws_access_key_id" => k = v,
-                    "aws_secret_access_key" => s = v,
-                    "aws_session_token" => t = v,
-                    _ => {}
-                }
+        } else if cur == want
+            && let Some((key, v)) = line.split_once('=')
+        {
+            let v = Some(v.trim().to_string());
+            match key.trim() {
+                "aws_access_key_id" => k = v,
+                "aws_secret_access_key" => s = v,
+                "aws_session_token" => t = v,
+                _ => {}
             }
         }
     }

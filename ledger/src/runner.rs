@@ -2,7 +2,9 @@
 //! heartbeat, record the outcome, and stop cleanly on SIGTERM / SIGINT.
 //!
 //! One slow or failing chunk never holds back the others: each runs in its own task, and a
-//! free slot is refilled as soon as any task ends.
+//! free slot is refilled as soon as any task ends. A chunk whose work panics fails that
+//! attempt with the panic's message (and is retried like any transient failure); the stage
+//! goes on.
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -10,10 +12,24 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_common::cli::{CommonArgs, StageArgs, exit};
+use ferry_common::config::Config;
+use ferry_common::error::{Classified, ErrorClass};
+use futures::FutureExt;
 use tokio::task::JoinSet;
 
-use crate::error::{Classified, Error, ErrorClass, Result};
-use crate::ledger::{FailOutcome, Lease, Ledger, Stage, Work};
+use crate::{Error, FailOutcome, Lease, Ledger, LedgerOptions, Result, Stage, TaskState, Work};
+
+/// What every stage binary does first: load the config (flags and env win), connect to the
+/// ledger and migrate it.
+pub async fn open_stage(common: &CommonArgs, args: &StageArgs) -> Result<(Config, Ledger)> {
+    let mut cfg = Config::load(&args.config)?;
+    if let Some(url) = &common.ledger {
+        cfg.ledger.url = url.clone();
+    }
+    let ledger = Ledger::connect(&cfg.ledger.url, LedgerOptions::from_config(&cfg.ledger)).await?;
+    Ok((cfg, ledger))
+}
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -68,9 +84,9 @@ impl Summary {
         )
     }
 
-    /// The process exit code for this run (see `cli::exit`).
+    /// The process exit code for this run (see `ferry_common::cli::exit`).
     pub fn exit_code(&self) -> i32 {
-        if self.quarantined_total > 0 { crate::cli::exit::QUARANTINED } else { crate::cli::exit::OK }
+        if self.quarantined_total > 0 { exit::QUARANTINED } else { exit::OK }
     }
 }
 
@@ -84,15 +100,8 @@ enum Ended {
 }
 
 /// What a chunk stage's binary does after setting itself up: run under the flags of
-/// [`crate::cli::StageArgs`] and turn the summary into the process exit code.
-pub async fn serve<E, F>(
-    ledger: &Ledger,
-    args: &crate::cli::StageArgs,
-    stage: Stage,
-    concurrency: usize,
-    work: F,
-    after: AfterCommit,
-) -> Result<i32>
+/// [`StageArgs`] and turn the summary into the process exit code.
+pub async fn serve<E, F>(ledger: &Ledger, args: &StageArgs, stage: Stage, concurrency: usize, work: F, after: AfterCommit) -> Result<i32>
 where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
@@ -103,7 +112,7 @@ where
         once: args.once,
         poll: args.poll,
         grace: args.grace,
-        worker: crate::ledger::worker_name(stage.as_str()),
+        worker: crate::worker_name(stage.as_str()),
     };
     Ok(run(ledger, &opts, work, after).await?.exit_code())
 }
@@ -150,7 +159,7 @@ where
         tokio::select! {
             joined = set.join_next(), if !set.is_empty() => {
                 if let Some(joined) = joined {
-                    let ended = joined.map_err(|e| Error::Other(format!("{} task panicked: {e}", opts.stage)))??;
+                    let ended = joined.map_err(|e| Error::Internal(format!("{} task failed: {e}", opts.stage)))??;
                     tally(&mut summary, ended);
                     if let Some(b) = &bar {
                         b.set_message(format!("{} done, {} retried, {} quarantined", summary.done, summary.retries, summary.quarantined));
@@ -166,14 +175,7 @@ where
         b.finish_and_clear();
     }
     summary.pending = ledger.pending(opts.stage).await?;
-    summary.quarantined_total = ledger
-        .status()
-        .await?
-        .backlog
-        .iter()
-        .filter(|r| r.stage == opts.stage.as_str() && r.state == "quarantined")
-        .map(|r| r.tasks)
-        .sum();
+    summary.quarantined_total = ledger.status().await?.tasks(Some(opts.stage), TaskState::Quarantined);
     eprintln!("{}", summary.line(opts.stage, started.elapsed()));
     Ok(summary)
 }
@@ -207,7 +209,8 @@ where
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
 {
     let beat = (ledger.options().lease / 3).max(Duration::from_millis(50));
-    let fut = work(lease.clone());
+    // A panic in the chunk's work is this chunk's failure, not the stage's end.
+    let fut = std::panic::AssertUnwindSafe(work(lease.clone())).catch_unwind();
     tokio::pin!(fut);
     let mut ticker = tokio::time::interval(beat);
     ticker.tick().await;
@@ -238,16 +241,23 @@ where
             }
         }
     };
-    let outcome = match result {
+    let failed = match result {
+        Ok(Ok(w)) => Ok(w),
+        Ok(Err(e)) => Err((e.class(), e.to_string())),
+        Err(panic) => {
+            Err((ErrorClass::Transient, format!("{} of chunk {} panicked: {}", lease.stage, lease.chunk_id, panic_message(&panic))))
+        }
+    };
+    let outcome = match failed {
         Ok(w) => ledger.complete(&lease, w).await.map(|_| {
             after(&lease);
             Ended::Done(w)
         }),
-        Err(e) => {
-            let class = e.class();
-            let msg = e.to_string();
+        Err((class, msg)) => {
             match class {
-                ErrorClass::Transient => tracing::warn!(chunk = %lease.chunk_id, attempt = lease.attempt, error = %msg, "chunk failed; will retry"),
+                ErrorClass::Transient => {
+                    tracing::warn!(chunk = %lease.chunk_id, attempt = lease.attempt, error = %msg, "chunk failed; will retry")
+                }
                 ErrorClass::Permanent => tracing::error!(chunk = %lease.chunk_id, error = %msg, "chunk quarantined"),
             }
             ledger.fail(&lease, class, &msg, Work::default()).await.map(Ended::Failed)
@@ -260,6 +270,15 @@ where
         }
         other => other,
     }
+}
+
+/// The text a panic was raised with.
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -41,8 +41,8 @@ use futures::StreamExt;
 use hdfs_native::{Client, ClientBuilder, HdfsError, WriteOptions};
 
 use super::{Entry, Progress, StreamReader};
-use crate::config::StoreOptions;
 use crate::error::{Error, Result};
+use ferry_common::config::StoreOptions;
 
 #[derive(Debug)]
 pub struct HdfsStore {
@@ -79,14 +79,7 @@ impl HdfsStore {
         let base = format!("{}://{}", parsed.scheme(), parsed.authority());
         let root = parsed.path().trim_end_matches('/').to_string();
         let client = build(&base, opts)?;
-        Ok(HdfsStore {
-            base,
-            root,
-            opts: opts.clone(),
-            client: Mutex::new(Arc::new(client)),
-            pool: Default::default(),
-            pooled: false,
-        })
+        Ok(HdfsStore { base, root, opts: opts.clone(), client: Mutex::new(Arc::new(client)), pool: Default::default(), pooled: false })
     }
 
     /// The same store on a client no other user holds right now (its own NameNode
@@ -201,10 +194,8 @@ impl HdfsStore {
         let reader = self.call("open", &path, |c| async move { c.read(&p).await }).await?;
         let len = reader.file_length();
         let url = self.url_of_path(&path);
-        let s = reader
-            .read_range_stream(0, len)
-            .map(move |r| r.map_err(|e| Error::Hdfs { op: "read", path: url.clone(), source: e }))
-            .boxed();
+        let s =
+            reader.read_range_stream(0, len).map(move |r| r.map_err(|e| Error::Hdfs { op: "read", path: url.clone(), source: e })).boxed();
         Ok((len, s))
     }
 
@@ -269,7 +260,10 @@ impl HdfsStore {
         }
         match self.head(rel).await? {
             Some(e) if e.size == n => Ok((n, hash)),
-            Some(e) => Err(Error::Ambiguous { what: format!("write of {}", self.url(rel)), reason: format!("{} bytes on the NameNode, {n} sent", e.size) }),
+            Some(e) => Err(Error::Ambiguous {
+                what: format!("write of {}", self.url(rel)),
+                reason: format!("{} bytes on the NameNode, {n} sent", e.size),
+            }),
             None => Err(Error::Ambiguous { what: format!("write of {}", self.url(rel)), reason: "file vanished after close".into() }),
         }
     }
@@ -335,7 +329,11 @@ impl HdfsStore {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = if dir.is_empty() { format!(".{name}.{}-{seq}.tmp", std::process::id()) } else { format!("{dir}/.{name}.{}-{seq}.tmp", std::process::id()) };
+        let tmp = if dir.is_empty() {
+            format!(".{name}.{}-{seq}.tmp", std::process::id())
+        } else {
+            format!("{dir}/.{name}.{}-{seq}.tmp", std::process::id())
+        };
         let progress = Progress::default();
         // Bounded like any transfer: a deadline that grows with the size (1 MiB/s floor) and
         // the no-progress watchdog.
@@ -346,7 +344,14 @@ impl HdfsStore {
             let b = if rest.is_empty() { None } else { Some(rest.split_to(rest.len().min(4 << 20))) };
             Box::pin(async move { Ok(b) }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Bytes>>> + Send>>
         };
-        let res = super::watched(&format!("write of {}", self.url(rel)), deadline, self.opts.read_stall.0, progress.clone(), self.write_new(&tmp, next, &progress)).await;
+        let res = super::watched(
+            &format!("write of {}", self.url(rel)),
+            deadline,
+            self.opts.read_stall.0,
+            progress.clone(),
+            self.write_new(&tmp, next, &progress),
+        )
+        .await;
         if let Err(e) = res {
             let _ = self.delete(&tmp).await;
             return Err(e);
@@ -373,11 +378,11 @@ impl HdfsStore {
 
     pub async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
         let (f, t) = (self.path(from), self.path(to));
-        if let Some((parent, _)) = t.rsplit_once('/') {
-            if !parent.is_empty() {
-                let d = parent.to_string();
-                self.call("mkdirs", parent, |c| async move { c.mkdirs(&d, 0o755, true).await }).await?;
-            }
+        if let Some((parent, _)) = t.rsplit_once('/')
+            && !parent.is_empty()
+        {
+            let d = parent.to_string();
+            self.call("mkdirs", parent, |c| async move { c.mkdirs(&d, 0o755, true).await }).await?;
         }
         let (f2, t2) = (f.clone(), t.clone());
         match self.call("rename", &f, |c| async move { c.rename(&f2, &t2, false).await }).await {

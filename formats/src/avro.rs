@@ -1,0 +1,446 @@
+//! The Avro object container format: the one place Ferry reads and writes its framing.
+//!
+//! ```text
+//! file   = magic "Obj\x01", metadata map (avro.schema, avro.codec, ...), 16-byte sync marker,
+//!          then blocks
+//! block  = record count (long), byte size (long), that many bytes of (compressed) records,
+//!          the sync marker again
+//! long   = zigzag, then base-128 varint
+//! ```
+//!
+//! Every length read from a file is checked before anything is allocated for it: a header
+//! may claim at most [`MAX_HEADER`] bytes, a block (compressed or not) at most [`MAX_BLOCK`],
+//! and a count or size that is negative or overflows is corrupt input, never a panic or a
+//! huge allocation. Extract's splitter, transform's decoder and the sample generator all use
+//! this module.
+
+use std::io::{Read, Write};
+
+/// The first four bytes of every container file.
+pub const MAGIC: &[u8; 4] = b"Obj\x01";
+/// Most bytes a header may take (schema and metadata).
+pub const MAX_HEADER: usize = 16 << 20;
+/// Most bytes a block may take, compressed or decompressed.
+pub const MAX_BLOCK: usize = 512 << 20;
+/// Most bytes a block header (two longs) takes.
+pub const MAX_BLOCK_HEAD: usize = 20;
+
+/// Read past the end of the bytes at hand (or a varint longer than 64 bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Short;
+
+/// A position in a slice of Avro binary data; every read is bounds-checked.
+#[derive(Debug)]
+pub struct Cursor<'a> {
+    pub data: &'a [u8],
+    pub pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    pub fn new(data: &'a [u8]) -> Cursor<'a> {
+        Cursor { data, pos: 0 }
+    }
+
+    /// A `long` (also an `int`, a count or a length).
+    #[inline]
+    pub fn long(&mut self) -> Result<i64, Short> {
+        let mut v: u64 = 0;
+        let mut shift = 0;
+        loop {
+            let b = *self.data.get(self.pos).ok_or(Short)?;
+            self.pos += 1;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b < 0x80 {
+                return Ok(((v >> 1) as i64) ^ -((v & 1) as i64));
+            }
+            shift += 7;
+            if shift > 63 {
+                return Err(Short);
+            }
+        }
+    }
+
+    #[inline]
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], Short> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len()).ok_or(Short)?;
+        let s = &self.data[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    /// `bytes` or `string`: a length, then that many bytes.
+    #[inline]
+    pub fn len_prefixed(&mut self) -> Result<&'a [u8], Short> {
+        let n = self.long()?;
+        if n < 0 {
+            return Err(Short);
+        }
+        self.bytes(n as usize)
+    }
+}
+
+/// Appends a `long`: zigzag, then a base-128 varint.
+pub fn write_long(buf: &mut Vec<u8>, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        buf.push((z as u8) | 0x80);
+        z >>= 7;
+    }
+    buf.push(z as u8);
+}
+
+/// Appends `bytes` or a `string`: the length, then the bytes.
+pub fn write_bytes(buf: &mut Vec<u8>, b: &[u8]) {
+    write_long(buf, b.len() as i64);
+    buf.extend_from_slice(b);
+}
+
+/// A block codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Null,
+    Deflate,
+    Snappy,
+    Zstandard,
+}
+
+impl Codec {
+    pub const ALL: [Codec; 4] = [Codec::Null, Codec::Deflate, Codec::Snappy, Codec::Zstandard];
+
+    /// The name in the `avro.codec` metadata.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Null => "null",
+            Codec::Deflate => "deflate",
+            Codec::Snappy => "snappy",
+            Codec::Zstandard => "zstandard",
+        }
+    }
+
+    /// A codec this module can decode, by its metadata name (bzip2 and xz are not).
+    pub fn parse(name: &str) -> Option<Codec> {
+        Codec::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+/// A container file's header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Bytes from the start of the file to the first block.
+    pub len: usize,
+    pub schema: String,
+    /// `avro.codec`, `null` when absent.
+    pub codec: String,
+    pub sync: [u8; 16],
+}
+
+/// What parsing the start of some bytes found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parse<T> {
+    Done(T),
+    /// More bytes are needed (fewer are at hand than the thing takes).
+    More,
+    /// Not valid Avro: the reason.
+    Corrupt(String),
+}
+
+impl Header {
+    /// Parses the header at the start of `data`.
+    pub fn parse(data: &[u8]) -> Parse<Header> {
+        match Header::parse_inner(data) {
+            Ok(h) => Parse::Done(h),
+            Err(None) => Parse::More,
+            Err(Some(m)) => Parse::Corrupt(m),
+        }
+    }
+
+    fn parse_inner(data: &[u8]) -> Result<Header, Option<String>> {
+        if data.len() < 4 {
+            return Err(None);
+        }
+        if &data[..4] != MAGIC {
+            return Err(Some("not an Avro object container file (bad magic)".into()));
+        }
+        let mut c = Cursor { data, pos: 4 };
+        let (mut schema, mut codec) = (None, None);
+        let short = |_: Short| None;
+        let bad = || Some("corrupt Avro header: a negative or oversized count or length".to_string());
+        loop {
+            let mut count = c.long().map_err(short)?;
+            if count == 0 {
+                break;
+            }
+            if count < 0 {
+                // A negative count is followed by the block's size in bytes.
+                count = count.checked_neg().ok_or_else(bad)?;
+                c.long().map_err(short)?;
+            }
+            for _ in 0..count {
+                let mut item = || -> Result<&[u8], Option<String>> {
+                    let n = c.long().map_err(short)?;
+                    let n = usize::try_from(n).ok().filter(|&n| n <= MAX_HEADER).ok_or_else(bad)?;
+                    c.bytes(n).map_err(short)
+                };
+                let k = item()?;
+                let v = item()?;
+                match k {
+                    b"avro.schema" => schema = Some(String::from_utf8_lossy(v).into_owned()),
+                    b"avro.codec" => codec = Some(String::from_utf8_lossy(v).into_owned()),
+                    _ => {}
+                }
+            }
+            if c.pos > MAX_HEADER {
+                return Err(Some(format!("Avro header longer than {MAX_HEADER} bytes")));
+            }
+        }
+        let sync: [u8; 16] = c.bytes(16).map_err(short)?.try_into().expect("16 bytes");
+        let schema = schema.ok_or_else(|| Some("Avro header has no avro.schema".to_string()))?;
+        Ok(Header { len: c.pos, schema, codec: codec.unwrap_or_else(|| "null".into()), sync })
+    }
+
+    /// Reads a header from the start of `r` (at most [`MAX_HEADER`] bytes); returns it with
+    /// every byte read, which may go on past the header (`raw[h.len..]` is the first block's).
+    pub fn read(r: &mut impl Read) -> Result<(Header, Vec<u8>), ReadError> {
+        let mut raw = Vec::new();
+        let mut want = 64 << 10;
+        loop {
+            let have = raw.len();
+            let k = r.by_ref().take((want - have) as u64).read_to_end(&mut raw)?;
+            match Header::parse(&raw) {
+                Parse::Done(h) => return Ok((h, raw)),
+                Parse::Corrupt(m) => return Err(ReadError::Corrupt(m)),
+                Parse::More if k == 0 || raw.len() < want || want > MAX_HEADER => {
+                    return Err(ReadError::Corrupt("truncated Avro header".into()));
+                }
+                Parse::More => want *= 4,
+            }
+        }
+    }
+}
+
+/// A block's count and size, read from the start of `data`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockHead {
+    pub records: u64,
+    /// Bytes of (compressed) records after the head.
+    pub size: usize,
+    /// Bytes the head itself takes.
+    pub len: usize,
+}
+
+impl BlockHead {
+    /// Block `index` starts at file offset `at` (both for the error message).
+    pub fn parse(data: &[u8], index: u64, at: u64) -> Parse<BlockHead> {
+        let mut c = Cursor::new(data);
+        match (c.long(), c.long()) {
+            (Ok(n), Ok(s)) if n >= 0 && s >= 0 && (s as u64) <= MAX_BLOCK as u64 => {
+                Parse::Done(BlockHead { records: n as u64, size: s as usize, len: c.pos })
+            }
+            (Ok(_), Ok(s)) => Parse::Corrupt(format!(
+                "Avro block {index} at byte {at}: negative record count, or a size of {s} bytes (limit {MAX_BLOCK})"
+            )),
+            _ if data.len() >= MAX_BLOCK_HEAD => Parse::Corrupt(format!("Avro block {index} at byte {at}: malformed block header")),
+            _ => Parse::More,
+        }
+    }
+
+    /// Bytes of the whole block: head, records, sync marker.
+    pub fn total(&self) -> usize {
+        self.len + self.size + 16
+    }
+}
+
+/// Reading a container file failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The bytes are not valid Avro; retrying will not help.
+    #[error("{0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Decompresses one block's records into `out` (cleared first), at most [`MAX_BLOCK`] bytes.
+pub fn decompress(codec: Codec, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    out.clear();
+    match codec {
+        Codec::Null => out.extend_from_slice(data),
+        Codec::Deflate => {
+            flate2::read::DeflateDecoder::new(data).take(MAX_BLOCK as u64 + 1).read_to_end(out).map_err(|e| e.to_string())?;
+        }
+        Codec::Zstandard => {
+            zstd::stream::read::Decoder::with_buffer(data)
+                .and_then(|d| d.take(MAX_BLOCK as u64 + 1).read_to_end(out))
+                .map_err(|e| e.to_string())?;
+        }
+        Codec::Snappy => {
+            // Snappy blocks end with the CRC-32 of the uncompressed bytes, big-endian.
+            let (body, crc) = data.split_at(data.len().checked_sub(4).ok_or("shorter than its checksum")?);
+            let n = snap::raw::decompress_len(body).map_err(|e| e.to_string())?;
+            if n > MAX_BLOCK {
+                return Err(format!("claims {n} bytes uncompressed (limit {MAX_BLOCK})"));
+            }
+            out.resize(n, 0);
+            snap::raw::Decoder::new().decompress(body, out).map_err(|e| e.to_string())?;
+            if crc32fast::hash(out) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
+                return Err("checksum mismatch".into());
+            }
+        }
+    }
+    if out.len() > MAX_BLOCK {
+        return Err(format!("more than {MAX_BLOCK} bytes uncompressed"));
+    }
+    Ok(())
+}
+
+fn compress(codec: Codec, block: &[u8]) -> std::io::Result<Vec<u8>> {
+    Ok(match codec {
+        Codec::Null => block.to_vec(),
+        Codec::Deflate => {
+            let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(block)?;
+            e.finish()?
+        }
+        Codec::Snappy => {
+            let mut d = snap::raw::Encoder::new().compress_vec(block).map_err(std::io::Error::other)?;
+            d.extend_from_slice(&crc32fast::hash(block).to_be_bytes());
+            d
+        }
+        Codec::Zstandard => zstd::encode_all(block, 3)?,
+    })
+}
+
+/// Writes a container file: the header at once, then a block per [`Writer::end_block`].
+pub struct Writer<W: Write> {
+    out: W,
+    codec: Codec,
+    sync: [u8; 16],
+    block: Vec<u8>,
+    records: i64,
+}
+
+impl<W: Write> Writer<W> {
+    pub fn new(mut out: W, schema: &str, codec: Codec, sync: [u8; 16]) -> std::io::Result<Writer<W>> {
+        let mut header = MAGIC.to_vec();
+        write_long(&mut header, 2);
+        write_bytes(&mut header, b"avro.schema");
+        write_bytes(&mut header, schema.as_bytes());
+        write_bytes(&mut header, b"avro.codec");
+        write_bytes(&mut header, codec.name().as_bytes());
+        write_long(&mut header, 0);
+        header.extend_from_slice(&sync);
+        out.write_all(&header)?;
+        Ok(Writer { out, codec, sync, block: Vec::new(), records: 0 })
+    }
+
+    /// Appends one record, encoded by `encode` into the block's buffer.
+    pub fn record(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
+        encode(&mut self.block);
+        self.records += 1;
+    }
+
+    /// Records in the block being built.
+    pub fn pending(&self) -> i64 {
+        self.records
+    }
+
+    /// Writes the records so far as one block (nothing if there are none).
+    pub fn end_block(&mut self) -> std::io::Result<()> {
+        if self.records == 0 {
+            return Ok(());
+        }
+        let data = compress(self.codec, &self.block)?;
+        let mut head = Vec::with_capacity(MAX_BLOCK_HEAD);
+        write_long(&mut head, self.records);
+        write_long(&mut head, data.len() as i64);
+        self.out.write_all(&head)?;
+        self.out.write_all(&data)?;
+        self.out.write_all(&self.sync)?;
+        self.block.clear();
+        self.records = 0;
+        Ok(())
+    }
+
+    /// Ends the last block and returns the output.
+    pub fn finish(mut self) -> std::io::Result<W> {
+        self.end_block()?;
+        Ok(self.out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(codec: Codec, blocks: &[&[&[u8]]]) -> Vec<u8> {
+        let schema = r#"{"type":"record","name":"R","fields":[{"name":"s","type":"string"}]}"#;
+        let mut w = Writer::new(Vec::new(), schema, codec, [9; 16]).unwrap();
+        for b in blocks {
+            for r in *b {
+                w.record(|buf| write_bytes(buf, r));
+            }
+            w.end_block().unwrap();
+        }
+        w.finish().unwrap()
+    }
+
+    #[test]
+    fn written_files_parse_back_for_every_codec() {
+        for codec in Codec::ALL {
+            let f = file(codec, &[&[b"a", b"bc"], &[b"def"]]);
+            let (h, raw) = Header::read(&mut &f[..]).unwrap();
+            assert_eq!((h.codec.as_str(), h.sync), (codec.name(), [9; 16]));
+            assert_eq!(raw, f);
+            let mut at = h.len;
+            let mut got = Vec::new();
+            let mut out = Vec::new();
+            for index in 0.. {
+                if at == f.len() {
+                    break;
+                }
+                let Parse::Done(b) = BlockHead::parse(&f[at..], index, at as u64) else { panic!("block {index}") };
+                let data = &f[at + b.len..at + b.len + b.size];
+                assert_eq!(&f[at + b.len + b.size..at + b.total()], &[9; 16]);
+                decompress(codec, data, &mut out).unwrap();
+                let mut c = Cursor::new(&out);
+                for _ in 0..b.records {
+                    got.push(c.len_prefixed().unwrap().to_vec());
+                }
+                at += b.total();
+            }
+            assert_eq!(got, vec![b"a".to_vec(), b"bc".to_vec(), b"def".to_vec()], "{codec:?}");
+        }
+    }
+
+    #[test]
+    fn lengths_read_from_a_file_are_never_trusted() {
+        let f = file(Codec::Null, &[&[b"a"]]);
+        // A header entry claiming 2^50 bytes, a negative count, a truncated header, bad magic.
+        let mut huge = MAGIC.to_vec();
+        write_long(&mut huge, 1);
+        write_long(&mut huge, 1 << 50);
+        assert!(matches!(Header::parse(&huge), Parse::Corrupt(m) if m.contains("oversized")));
+        let mut neg = MAGIC.to_vec();
+        write_long(&mut neg, i64::MIN);
+        assert!(matches!(Header::parse(&neg), Parse::Corrupt(_) | Parse::More));
+        assert!(matches!(Header::read(&mut &f[..20]), Err(ReadError::Corrupt(m)) if m.contains("truncated")));
+        assert!(matches!(Header::parse(b"PAR1...."), Parse::Corrupt(m) if m.contains("magic")));
+        // Block heads: 2^42 bytes, a negative count, a varint that never ends.
+        let mut head = Vec::new();
+        write_long(&mut head, 1);
+        write_long(&mut head, 1 << 42);
+        assert!(matches!(BlockHead::parse(&head, 3, 100), Parse::Corrupt(m) if m.contains("limit") && m.contains("block 3")));
+        let mut head = Vec::new();
+        write_long(&mut head, -1);
+        write_long(&mut head, 1);
+        assert!(matches!(BlockHead::parse(&head, 0, 0), Parse::Corrupt(_)));
+        assert!(matches!(BlockHead::parse(&[0xff; 30], 0, 0), Parse::Corrupt(_)));
+        assert_eq!(BlockHead::parse(&[0x02], 0, 0), Parse::More);
+        // A snappy block that claims more than a block may hold.
+        let mut bomb = Vec::new();
+        write_long(&mut bomb, (MAX_BLOCK as i64 + 1) << 1); // snappy's length prefix is a plain varint
+        bomb.truncate(5);
+        bomb.extend_from_slice(&[0, 0, 0, 0]);
+        assert!(decompress(Codec::Snappy, &bomb, &mut Vec::new()).is_err());
+    }
+}

@@ -1,0 +1,232 @@
+//! Source files and their chunks: what extract records.
+
+use ferry_common::config::Format;
+
+use crate::backend::{Backend, Begin};
+use crate::state::{FileState, RangeKind, Stage, TaskState};
+use crate::{Ledger, Result, db};
+
+#[derive(Debug, Clone)]
+pub struct NewSourceFile {
+    pub uri: String,
+    pub size: i64,
+    pub mtime_ms: i64,
+    pub content_hash: String,
+    /// None: the format could not be told from the name (the file is then quarantined).
+    pub format: Option<Format>,
+}
+
+/// The text of a format the file name did not tell.
+const UNKNOWN_FORMAT: &str = "unknown";
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SourceFile {
+    pub id: i64,
+    pub uri: String,
+    pub size: i64,
+    pub mtime_ms: i64,
+    pub content_hash: String,
+    pub version: i64,
+    /// As registered: `avro`, `jsonl`, `csv`, or `unknown`.
+    pub format: String,
+    #[sqlx(try_from = "String")]
+    pub state: FileState,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewChunk {
+    pub id: String,
+    pub seq: i64,
+    pub range_kind: RangeKind,
+    pub range_start: i64,
+    pub range_end: i64,
+    pub records: Option<i64>,
+    pub bytes: i64,
+    pub content_hash: String,
+    /// Where the staged chunk lives (a storage URL).
+    pub location: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Chunk {
+    pub id: String,
+    pub file_id: i64,
+    #[sqlx(rename = "uri")]
+    pub file_uri: String,
+    #[sqlx(try_from = "String")]
+    pub format: Format,
+    pub seq: i64,
+    /// Index of the chunk's first record in its file (for positions in error messages).
+    pub range_start: i64,
+    pub records: Option<i64>,
+    pub bytes: i64,
+    pub content_hash: String,
+    pub location: String,
+}
+
+/// The deterministic id of the `seq`-th chunk of a file with content hash `file_hash`.
+pub fn chunk_id(file_hash: &str, seq: i64) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(file_hash.as_bytes());
+    h.update(&seq.to_le_bytes());
+    h.finalize().to_hex()[..24].to_string()
+}
+
+/// The columns of [`SourceFile`], for `concat!`.
+macro_rules! select_source_file {
+    () => {
+        "SELECT id, uri, size, mtime_ms, content_hash, version, format, state, error FROM source_files"
+    };
+}
+
+impl Ledger {
+    /// The file already known at this uri with this size and mtime, if any: lets extract skip
+    /// hashing files it has seen.
+    pub async fn find_file(&self, uri: &str, size: i64, mtime_ms: i64) -> Result<Option<SourceFile>> {
+        self.call("find_file", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_as::<_, SourceFile>(concat!(
+                    select_source_file!(),
+                    " WHERE uri = $1 AND size = $2 AND mtime_ms = $3 ORDER BY id DESC LIMIT 1"
+                ))
+                .bind(uri)
+                .bind(size)
+                .bind(mtime_ms)
+                .fetch_optional(pool)
+                .await
+                .map_err(db("find_file"))
+            })
+        })
+        .await
+    }
+
+    /// Registers a source file; idempotent on `(uri, content_hash)`. Returns the stored row,
+    /// which may be an earlier registration of the same bytes.
+    pub async fn register_file(&self, f: &NewSourceFile) -> Result<SourceFile> {
+        let now = self.now_ms();
+        let format = f.format.map_or(UNKNOWN_FORMAT, |f| f.as_str());
+        self.call("register_file", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query(
+                    "INSERT INTO source_files
+                        (uri, size, mtime_ms, content_hash, version, format, registered_at)
+                     VALUES ($1, $2, $3, $4,
+                        (SELECT COUNT(*) + 1 FROM source_files WHERE uri = $1), $5, $6)
+                     ON CONFLICT (uri, content_hash) DO NOTHING",
+                )
+                .bind(&f.uri)
+                .bind(f.size)
+                .bind(f.mtime_ms)
+                .bind(&f.content_hash)
+                .bind(format)
+                .bind(now)
+                .execute(pool)
+                .await
+                .map_err(db("register_file"))?;
+                sqlx::query_as::<_, SourceFile>(concat!(select_source_file!(), " WHERE uri = $1 AND content_hash = $2"))
+                    .bind(&f.uri)
+                    .bind(&f.content_hash)
+                    .fetch_one(pool)
+                    .await
+                    .map_err(db("register_file"))
+            })
+        })
+        .await
+    }
+
+    /// Records a file's chunks and their first tasks, and marks the file `chunked`, in one
+    /// transaction. Idempotent: chunks and tasks that exist are left alone.
+    pub async fn record_chunks(&self, file_id: i64, chunks: &[NewChunk], first: Stage) -> Result<()> {
+        let now = self.now_ms();
+        let max_attempts = self.opts.max_attempts;
+        self.call("record_chunks", || async move {
+            on_backend!(self, |pool, begin| {
+                let op = "record_chunks";
+                let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                for c in chunks {
+                    sqlx::query(
+                        "INSERT INTO chunks (id, file_id, seq, range_kind, range_start, range_end,
+                            records, bytes, content_hash, location, created_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                         ON CONFLICT (id) DO NOTHING",
+                    )
+                    .bind(&c.id)
+                    .bind(file_id)
+                    .bind(c.seq)
+                    .bind(c.range_kind.as_str())
+                    .bind(c.range_start)
+                    .bind(c.range_end)
+                    .bind(c.records)
+                    .bind(c.bytes)
+                    .bind(&c.content_hash)
+                    .bind(&c.location)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                    sqlx::query(
+                        "INSERT INTO tasks (chunk_id, stage, state, max_attempts, scheduled_at, created_at)
+                         VALUES ($1, $2, $3, $4, $5, $5)
+                         ON CONFLICT (chunk_id, stage) DO NOTHING",
+                    )
+                    .bind(&c.id)
+                    .bind(first.as_str())
+                    .bind(TaskState::Available.as_str())
+                    .bind(max_attempts)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                }
+                sqlx::query(
+                    "UPDATE source_files SET state = $4, chunks = $2, chunked_at = $3, error = NULL
+                     WHERE id = $1 AND state <> $4",
+                )
+                .bind(file_id)
+                .bind(chunks.len() as i64)
+                .bind(now)
+                .bind(FileState::Chunked.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(db(op))?;
+                tx.commit().await.map_err(db(op))
+            })
+        })
+        .await
+    }
+
+    /// Marks a source file as bad input that will not be chunked, with the reason.
+    pub async fn quarantine_file(&self, file_id: i64, reason: &str) -> Result<()> {
+        self.call("quarantine_file", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query("UPDATE source_files SET state = $3, error = $2 WHERE id = $1")
+                    .bind(file_id)
+                    .bind(reason)
+                    .bind(FileState::Quarantined.as_str())
+                    .execute(pool)
+                    .await
+                    .map_err(db("quarantine_file"))?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    pub async fn chunk(&self, id: &str) -> Result<Chunk> {
+        self.call("chunk", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_as::<_, Chunk>(
+                    "SELECT c.id, c.file_id, f.uri, f.format, c.seq, c.range_start, c.records, c.bytes,
+                            c.content_hash, c.location
+                     FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.id = $1",
+                )
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .map_err(db("chunk"))
+            })
+        })
+        .await
+    }
+}

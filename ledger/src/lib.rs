@@ -1,0 +1,330 @@
+//! The work ledger: every stage's source of truth, in SQLite (embedded default) or Postgres.
+//!
+//! # Design note
+//!
+//! Three kinds of rows. `source_files` are identified by `(uri, content_hash)`: the same bytes
+//! at the same place are never ingested twice, changed bytes are a new version. `chunks` are
+//! pieces of one source file with a deterministic id (a hash of the file's content hash and
+//! the chunk's sequence number), so re-splitting a file after a crash names the same chunks.
+//! `tasks` hold one row per (chunk, stage) and move through this state machine:
+//!
+//! ```text
+//!                      claim (attempt+1, epoch+1, lease)
+//!   available ───────────────────────────────────────────────► running ──complete──► done
+//!       ▲                                                       │  │  │
+//!       │ release (SIGTERM; attempt-1)                          │  │  └─fail(permanent) or
+//!       └───────────────────────────────────────────────────────┘  │    attempts used up──► quarantined
+//!                                                                  │                           │
+//!   retryable ◄──fail(transient) / lease expired, scheduled_at=backoff                         │
+//!       │                                                                                      │
+//!       └──claim once scheduled_at <= now ──► running        requeue (attempt=0) ──► available ◄┘
+//! ```
+//!
+//! `attempts` is append-only: one row per lease that ended (done, retryable, quarantined,
+//! lease_expired, released), with the worker, the times, the error class and the bytes moved.
+//!
+//! ## Invariants
+//! - A task is `running` exactly when it has a lease owner and expiry (CHECK constraint), and
+//!   `finalized_at` is set exactly for `done` / `quarantined` (CHECK constraint).
+//! - Every claim bumps the task's `epoch`. complete / fail / heartbeat / release change a row
+//!   only `WHERE state = 'running' AND epoch = <caller's epoch>`: a zombie whose lease was
+//!   reclaimed gets [`Error::LeaseLost`] and its result is not recorded.
+//! - Backoff is stored as `scheduled_at`; no process sleeps through it, and claims skip rows
+//!   whose time has not come.
+//! - Completing stage S of a chunk and creating its stage S+1 task happen in one transaction,
+//!   so a chunk never falls between stages.
+//! - complete and fail are idempotent for the same epoch: a retry after a lost reply (the
+//!   commit went through, the connection dropped) sees its own result and returns Ok.
+//!
+//! ## What a crash leaves behind
+//! - During extract, after a file is registered but before its chunks are: the file stays
+//!   `registered`; the next run splits it again into the same chunk ids and records them.
+//! - After a claim, before complete: the task stays `running` until its lease expires; the
+//!   next claim (or [`Ledger::reclaim_expired`]) moves it to `retryable` (or `quarantined`
+//!   when its attempts are used up) and writes a `lease_expired` attempt.
+//! - Between a stage's side effect (a file written, renamed, published) and complete: the
+//!   task is retried, so every stage's side effect must be idempotent for the same chunk.
+//!   The stages guarantee this with deterministic names and content hashes.
+//! - Inside any ledger transaction: the database rolls it back; nothing is half-written.
+//!
+//! ## Where things are
+//! - [`state`]: stages and the states above as types, and their text in SQL.
+//! - [`files`]: source files and chunks (extract); [`tasks`]: claim, heartbeat, complete,
+//!   fail, release, reclaim; [`batch`]: SQLite's batched completions; [`outputs`]: parts,
+//!   rejects and published files; [`admin`]: status, requeue and the views behind them.
+//! - [`backend`]: connecting and migrating (`migrations/sqlite`, `migrations/postgres`).
+//! - [`runner`]: the loop every chunk stage runs on top of all this.
+//!
+//! ## Bounded calls
+//! Every call runs under `call_timeout` (client side) and, on Postgres, `statement_timeout`;
+//! SQLite waits at most `busy_timeout` for the write lock. A failed call whose error is
+//! transient (lost connection, busy database, timeout) is retried with capped, jittered
+//! backoff; anything else is returned at once.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use ferry_common::config::LedgerSection;
+
+pub use admin::{BacklogRow, Quarantined, RequeueFilter, Status};
+use backend::Backend;
+use clock::{Clock, SystemClock};
+pub use error::{Error, Result};
+pub use files::{Chunk, NewChunk, NewSourceFile, SourceFile, chunk_id};
+pub use outputs::{Part, PartitionStats, Reject};
+pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
+/// The claim statement of each backend (its query plan is part of the tests).
+pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
+
+/// Exponential backoff with jitter, applied by writing `scheduled_at`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    pub min: Duration,
+    pub max: Duration,
+    pub factor: f64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        LedgerOptions::default().backoff
+    }
+}
+
+impl Backoff {
+    /// Ceiling of the delay after the `attempt`-th failure (attempt counts from 1).
+    pub fn ceiling(&self, attempt: i64) -> Duration {
+        let exp = (attempt.max(1) - 1).min(62) as i32;
+        let d = self.min.as_secs_f64() * self.factor.powi(exp);
+        Duration::from_secs_f64(d.min(self.max.as_secs_f64()))
+    }
+
+    /// "Equal jitter": at least half the ceiling, so retries spread out but never bunch at 0.
+    pub fn delay(&self, attempt: i64) -> Duration {
+        let c = self.ceiling(attempt);
+        let half = c / 2;
+        half + half.mul_f64(rand::random::<f64>())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LedgerOptions {
+    /// How long a claim is valid without a heartbeat.
+    pub lease: Duration,
+    /// Client-side deadline for one ledger call (one attempt of it).
+    pub call_timeout: Duration,
+    /// How many times a ledger call is retried after a transient failure.
+    pub call_retries: u32,
+    /// SQLite: how long to wait for the write lock. Postgres: `statement_timeout`.
+    pub lock_timeout: Duration,
+    /// Default `max_attempts` of new tasks.
+    pub max_attempts: i64,
+    /// Backoff between attempts of a task.
+    pub backoff: Backoff,
+    /// How often a claiming process also moves expired leases back to `retryable`.
+    pub reclaim_interval: Duration,
+    /// Connections in the pool.
+    pub max_connections: u32,
+}
+
+impl Default for LedgerOptions {
+    fn default() -> Self {
+        LedgerOptions::from_config(&LedgerSection::default())
+    }
+}
+
+impl LedgerOptions {
+    /// The options of the `[ledger]` section; the rest keep their defaults.
+    pub fn from_config(s: &LedgerSection) -> LedgerOptions {
+        LedgerOptions {
+            lease: s.lease.0,
+            // A deadline per call attempt; transient failures get a few retries inside it.
+            call_timeout: s.call_timeout.0,
+            call_retries: 5,
+            lock_timeout: Duration::from_secs(10),
+            max_attempts: s.max_attempts,
+            backoff: Backoff { min: s.backoff_min.0, max: s.backoff_max.0, factor: 2.0 },
+            // Often enough that an expired lease waits little past its expiry; at least
+            // 100 ms so that a short test lease does not turn every claim into two statements.
+            reclaim_interval: (s.lease.0 / 4).max(Duration::from_millis(100)),
+            max_connections: 8,
+        }
+    }
+}
+
+/// A claimed task. Holding one is the right to work on (chunk, stage) until it expires;
+/// every write back to the ledger is checked against `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub task_id: i64,
+    pub chunk_id: String,
+    pub stage: Stage,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub epoch: i64,
+    pub worker: String,
+    pub started_at: i64,
+}
+
+/// What a finished attempt did, for the history and the throughput view.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    pub bytes: i64,
+    pub records: i64,
+}
+
+/// Where a failed task went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    Retry { at_ms: i64 },
+    Quarantined,
+}
+
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    backend: Backend,
+    opts: LedgerOptions,
+    clock: Arc<dyn Clock>,
+    last_reclaim_ms: Arc<AtomicI64>,
+    /// SQLite allows one writer at a time. Queueing this process's writers here, instead of
+    /// letting them collide on the database lock, avoids SQLite's sleeping busy handler
+    /// (which costs milliseconds per collision); other processes still wait via busy_timeout.
+    sqlite_writer: Arc<tokio::sync::Mutex<()>>,
+    /// SQLite completions waiting to be committed together (see `complete_batched`).
+    completions: Arc<std::sync::Mutex<Vec<batch::Completion>>>,
+}
+
+/// Runs `$body` with `$pool` bound to the concrete pool of the backend and `$begin` to the
+/// statement that opens a write transaction there (SQLite takes the write lock up front).
+macro_rules! on_backend {
+    ($self:expr, |$pool:ident, $begin:ident| $body:expr) => {
+        match &$self.backend {
+            Backend::Sqlite($pool) => {
+                #[allow(unused_variables)]
+                let $begin = Begin::SQLITE;
+                $body
+            }
+            Backend::Postgres($pool) => {
+                #[allow(unused_variables)]
+                let $begin = Begin::POSTGRES;
+                $body
+            }
+        }
+    };
+}
+
+/// Opens a write transaction on `$pool`, after queueing behind this process's other SQLite
+/// writers (see `Ledger::sqlite_writer`); SQLite takes its write lock up front (`$begin`).
+/// Yields `(guard, tx)`: keep the guard alive until the transaction ends.
+macro_rules! write_tx {
+    ($self:expr, $pool:expr, $begin:expr, $op:expr) => {{
+        let guard = $self.write_guard().await;
+        let tx = $pool.begin_with($begin.0).await.map_err($crate::db($op))?;
+        (guard, tx)
+    }};
+}
+
+mod admin;
+mod backend;
+mod batch;
+pub mod clock;
+mod error;
+mod files;
+mod outputs;
+pub mod runner;
+pub mod state;
+mod tasks;
+
+impl Ledger {
+    /// Connects (creating an SQLite file on first use) and applies the migrations.
+    pub async fn connect(url: &str, opts: LedgerOptions) -> Result<Ledger> {
+        let parsed = ferry_common::config::LedgerUrl::parse(url)?;
+        let backend = Backend::open(&parsed, &opts).await?;
+        Ok(Ledger {
+            backend,
+            opts,
+            clock: Arc::new(SystemClock),
+            last_reclaim_ms: Arc::new(AtomicI64::new(i64::MIN)),
+            sqlite_writer: Arc::new(tokio::sync::Mutex::new(())),
+            completions: Arc::default(),
+        })
+    }
+
+    /// Replaces the clock (tests drive a [`crate::clock::ManualClock`]).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Ledger {
+        self.clock = clock;
+        self
+    }
+
+    pub fn options(&self) -> &LedgerOptions {
+        &self.opts
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Files older than this were left by a writer whose lease has surely expired: anything
+    /// temporary from before it is abandoned.
+    pub fn stale_before_ms(&self) -> i64 {
+        self.now_ms() - 2 * self.opts.lease.as_millis() as i64
+    }
+
+    /// Applies pending migrations. Safe when several processes start at once: Postgres takes
+    /// an advisory lock, SQLite a file lock next to the database.
+    pub async fn migrate(&self) -> Result<()> {
+        self.backend.migrate().await
+    }
+
+    async fn write_guard(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match self.backend {
+            Backend::Sqlite(_) => Some(self.sqlite_writer.lock().await),
+            Backend::Postgres(_) => None,
+        }
+    }
+
+    /// Runs one ledger call under the client-side deadline, retrying transient failures with
+    /// capped, jittered backoff. The only retry loop around ledger calls.
+    async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let backoff = Backoff { min: Duration::from_millis(50), max: Duration::from_secs(5), factor: 2.0 };
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let res = match tokio::time::timeout(self.opts.call_timeout, f()).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Timeout { op, deadline: self.opts.call_timeout }),
+            };
+            match res {
+                Err(e) if e.is_transient() && tries <= self.opts.call_retries => {
+                    let d = backoff.delay(tries as i64);
+                    tracing::warn!(op, error = %e, retry_in = ?d, "ledger call failed, retrying");
+                    tokio::time::sleep(d).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// Wraps a sqlx error with the operation it interrupted.
+fn db(op: &'static str) -> impl Fn(sqlx::Error) -> Error {
+    move |source| Error::Database { op, source }
+}
+
+/// A name for this process as a lease owner: host, pid and a random suffix, so two
+/// processes on one host (or a restarted one with a reused pid) never share a name.
+pub fn worker_name(stage: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into());
+    format!("{stage}@{host}:{}:{:04x}", std::process::id(), rand::random::<u16>())
+}

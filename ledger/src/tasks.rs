@@ -1,0 +1,426 @@
+//! A task's life: claim, heartbeat, complete, fail, release, and the reclaim of expired
+//! leases. Every write after the claim is fenced by the lease's epoch.
+
+use std::sync::atomic::Ordering;
+
+use ferry_common::error::ErrorClass;
+
+use crate::backend::{Backend, Begin};
+use crate::batch::Completion;
+use crate::state::{AttemptOutcome, Stage, TaskState};
+use crate::{Error, FailOutcome, Lease, Ledger, Result, Work, db};
+
+/// The claim statement; `$lock` is the row-locking clause of the backend. Its state list must
+/// stay textually identical to the `tasks_due` partial index's predicate, or the planner stops
+/// using the index (tested in `tests/schema.rs` with the query plan of both backends).
+macro_rules! claim_sql {
+    ($lock:literal) => {
+        concat!(
+            "WITH picked AS (
+                SELECT id FROM tasks
+                WHERE stage = $1 AND state IN ('available', 'retryable') AND scheduled_at <= $2
+                ORDER BY scheduled_at, id
+                LIMIT $3 ",
+            $lock,
+            ")
+            UPDATE tasks
+            SET state = $6, attempt = attempt + 1, epoch = epoch + 1,
+                lease_owner = $4, lease_expires_at = $5, attempted_at = $2
+            WHERE id IN (SELECT id FROM picked)
+            RETURNING id, chunk_id, attempt, max_attempts, epoch"
+        )
+    };
+}
+
+/// The claim statements, for the tests that check their query plans.
+pub const CLAIM_SQLITE: &str = claim_sql!("");
+pub const CLAIM_POSTGRES: &str = claim_sql!("FOR UPDATE SKIP LOCKED");
+
+/// What a claim returns per task.
+#[derive(sqlx::FromRow)]
+struct Claimed {
+    id: i64,
+    chunk_id: String,
+    attempt: i64,
+    max_attempts: i64,
+    epoch: i64,
+}
+
+/// A running task whose lease has expired.
+#[derive(sqlx::FromRow)]
+struct Expired {
+    id: i64,
+    chunk_id: String,
+    #[sqlx(try_from = "String")]
+    stage: Stage,
+    attempt: i64,
+    max_attempts: i64,
+    epoch: i64,
+    lease_owner: String,
+    attempted_at: Option<i64>,
+}
+
+/// Appends one row to the attempt history; run inside the caller's transaction.
+macro_rules! insert_attempt {
+    ($tx:expr, $lease:expr, $now:expr, $outcome:expr, $class:expr, $error:expr, $work:expr) => {{
+        let lease: &Lease = $lease;
+        let outcome: AttemptOutcome = $outcome;
+        let class: Option<ErrorClass> = $class;
+        let error: Option<&str> = $error;
+        let work: Work = $work;
+        sqlx::query(INSERT_ATTEMPT)
+            .bind(lease.task_id)
+            .bind(lease.chunk_id.as_str())
+            .bind(lease.stage.as_str())
+            .bind(lease.attempt)
+            .bind(lease.epoch)
+            .bind(lease.worker.as_str())
+            .bind(lease.started_at)
+            .bind($now)
+            .bind(outcome.as_str())
+            .bind(class.map(|c| c.as_str()))
+            .bind(error)
+            .bind(work.bytes)
+            .bind(work.records)
+            .execute($tx)
+            .await
+            .map_err(db("insert_attempt"))
+    }};
+}
+
+/// Finishing a task: the `tasks_on_done` trigger appends the history row and enqueues the
+/// chunk's next stage inside this same statement. `$6` is `done`, `$7` is `running`.
+pub(crate) const COMPLETE: &str = "UPDATE tasks SET state = $6, finalized_at = $3, lease_owner = NULL,
+        lease_expires_at = NULL, last_error = NULL, last_error_class = NULL, bytes = $4, records = $5
+    WHERE id = $1 AND epoch = $2 AND state = $7";
+
+const INSERT_ATTEMPT: &str = "INSERT INTO attempts
+    (task_id, chunk_id, stage, attempt, epoch, worker, started_at, ended_at, outcome,
+     error_class, error, bytes, records)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+
+/// Ends a running task at the caller's epoch: `$3` state, `$4` scheduled_at, `$5` error,
+/// `$6` error class, `$7` the time; `$8` is `running` and `$9` `quarantined`.
+const END_RUNNING: &str = "UPDATE tasks SET state = $3, scheduled_at = $4, lease_owner = NULL,
+        lease_expires_at = NULL, last_error = $5, last_error_class = $6,
+        finalized_at = CASE WHEN $3 = $9 THEN $7 ELSE NULL END
+    WHERE id = $1 AND epoch = $2 AND state = $8";
+
+impl Ledger {
+    /// Claims up to `n` due tasks of `stage` for `worker`. Each claim bumps the task's attempt
+    /// and fencing epoch and sets a lease of `opts.lease`.
+    pub async fn claim(&self, stage: Stage, worker: &str, n: i64) -> Result<Vec<Lease>> {
+        let now = self.now_ms();
+        let interval = self.opts.reclaim_interval.as_millis() as i64;
+        let last = self.last_reclaim_ms.load(Ordering::Relaxed);
+        if last == i64::MIN || now.saturating_sub(last) >= interval {
+            self.last_reclaim_ms.store(now, Ordering::Relaxed);
+            self.reclaim_expired().await?;
+        }
+        let expires = now + self.opts.lease.as_millis() as i64;
+        self.call("claim", || async move {
+            on_backend!(self, |pool, begin| {
+                let sql = match begin {
+                    Begin::SQLITE => CLAIM_SQLITE,
+                    _ => CLAIM_POSTGRES,
+                };
+                let query = sqlx::query_as::<_, Claimed>(sql)
+                    .bind(stage.as_str())
+                    .bind(now)
+                    .bind(n)
+                    .bind(worker)
+                    .bind(expires)
+                    .bind(TaskState::Running.as_str());
+                // One statement is atomic on its own, on both backends, so a claim is a single
+                // round trip. On SQLite an UPDATE takes the write lock as it starts, before it
+                // reads (the same as BEGIN IMMEDIATE: no lock upgrade half-way, waits bounded by
+                // busy_timeout); this process's writers also queue on `sqlite_writer`.
+                let _write = self.write_guard().await;
+                let rows = query.fetch_all(pool).await.map_err(db("claim"))?;
+                drop(_write);
+                let mut leases: Vec<Lease> = rows
+                    .into_iter()
+                    .map(|r| Lease {
+                        task_id: r.id,
+                        chunk_id: r.chunk_id,
+                        stage,
+                        attempt: r.attempt,
+                        max_attempts: r.max_attempts,
+                        epoch: r.epoch,
+                        worker: worker.to_string(),
+                        started_at: now,
+                    })
+                    .collect();
+                leases.sort_by_key(|l| l.task_id);
+                Ok(leases)
+            })
+        })
+        .await
+    }
+
+    /// Extends the lease by `opts.lease` from now. Fails with [`Error::LeaseLost`] if the
+    /// caller no longer holds the current epoch.
+    pub async fn heartbeat(&self, lease: &Lease) -> Result<()> {
+        let now = self.now_ms();
+        let expires = now + self.opts.lease.as_millis() as i64;
+        let changed = self
+            .call("heartbeat", || async move {
+                on_backend!(self, |pool, begin| {
+                    Ok(sqlx::query(
+                        "UPDATE tasks SET lease_expires_at = $3
+                         WHERE id = $1 AND epoch = $2 AND state = $4",
+                    )
+                    .bind(lease.task_id)
+                    .bind(lease.epoch)
+                    .bind(expires)
+                    .bind(TaskState::Running.as_str())
+                    .execute(pool)
+                    .await
+                    .map_err(db("heartbeat"))?
+                    .rows_affected())
+                })
+            })
+            .await?;
+        if changed == 1 { Ok(()) } else { Err(self.lease_lost(lease).await) }
+    }
+
+    /// Marks the task done; in the same statement the ledger records the attempt and makes
+    /// the chunk's next stage (transform -> copy -> load) available. Rejected with
+    /// [`Error::LeaseLost`] unless the caller holds the current epoch.
+    pub async fn complete(&self, lease: &Lease, work: Work) -> Result<()> {
+        let now = self.now_ms();
+        let changed = self
+            .call("complete", || async move {
+                match &self.backend {
+                    // One statement, one round trip, one commit.
+                    Backend::Postgres(pool) => sqlx::query(COMPLETE)
+                        .bind(lease.task_id)
+                        .bind(lease.epoch)
+                        .bind(now)
+                        .bind(work.bytes)
+                        .bind(work.records)
+                        .bind(TaskState::Done.as_str())
+                        .bind(TaskState::Running.as_str())
+                        .execute(pool)
+                        .await
+                        .map(|r| r.rows_affected() == 1)
+                        .map_err(db("complete")),
+                    Backend::Sqlite(pool) => {
+                        let item = Completion { lease: lease.clone(), work, now, reply: None };
+                        self.complete_batched(pool, item).await
+                    }
+                }
+            })
+            .await?;
+        if changed {
+            return Ok(());
+        }
+        // A retried call whose first try committed finds its own result: that is success.
+        match self.task_state(lease.task_id).await? {
+            Some((TaskState::Done, epoch)) if epoch == lease.epoch => Ok(()),
+            _ => Err(self.lease_lost(lease).await),
+        }
+    }
+
+    /// Records a failed attempt. Transient failures go to `retryable` with backoff until
+    /// `max_attempts`; permanent ones (and the last attempt) go to `quarantined`.
+    pub async fn fail(&self, lease: &Lease, class: ErrorClass, error: &str, work: Work) -> Result<FailOutcome> {
+        let now = self.now_ms();
+        let exhausted = lease.attempt >= lease.max_attempts;
+        let quarantine = class == ErrorClass::Permanent || exhausted;
+        let retry_at = now + self.opts.backoff.delay(lease.attempt).as_millis() as i64;
+        let (state, outcome) = if quarantine {
+            (TaskState::Quarantined, FailOutcome::Quarantined)
+        } else {
+            (TaskState::Retryable, FailOutcome::Retry { at_ms: retry_at })
+        };
+        let attempt_outcome = if quarantine { AttemptOutcome::Quarantined } else { AttemptOutcome::Retryable };
+        let message = if exhausted && class == ErrorClass::Transient {
+            format!("{error} (gave up after {} attempts)", lease.attempt)
+        } else {
+            error.to_string()
+        };
+        let message = message.as_str();
+        let changed = self
+            .call("fail", || async move {
+                on_backend!(self, |pool, begin| {
+                    let op = "fail";
+                    let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                    let changed = sqlx::query(END_RUNNING)
+                        .bind(lease.task_id)
+                        .bind(lease.epoch)
+                        .bind(state.as_str())
+                        .bind(if quarantine { now } else { retry_at })
+                        .bind(message)
+                        .bind(class.as_str())
+                        .bind(now)
+                        .bind(TaskState::Running.as_str())
+                        .bind(TaskState::Quarantined.as_str())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?
+                        .rows_affected();
+                    if changed != 1 {
+                        return Ok(false);
+                    }
+                    insert_attempt!(&mut *tx, lease, now, attempt_outcome, Some(class), Some(message), work)?;
+                    tx.commit().await.map_err(db(op))?;
+                    Ok(true)
+                })
+            })
+            .await?;
+        if changed {
+            return Ok(outcome);
+        }
+        match self.task_state(lease.task_id).await? {
+            Some((s, epoch)) if s == state && epoch == lease.epoch => Ok(outcome),
+            _ => Err(self.lease_lost(lease).await),
+        }
+    }
+
+    /// Gives a lease back without counting the attempt (a worker shutting down cleanly).
+    pub async fn release(&self, lease: &Lease) -> Result<()> {
+        let now = self.now_ms();
+        let changed = self
+            .call("release", || async move {
+                on_backend!(self, |pool, begin| {
+                    let op = "release";
+                    let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                    let changed = sqlx::query(
+                        "UPDATE tasks SET state = $4, attempt = attempt - 1, scheduled_at = $3,
+                            lease_owner = NULL, lease_expires_at = NULL
+                         WHERE id = $1 AND epoch = $2 AND state = $5",
+                    )
+                    .bind(lease.task_id)
+                    .bind(lease.epoch)
+                    .bind(now)
+                    .bind(TaskState::Available.as_str())
+                    .bind(TaskState::Running.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(op))?
+                    .rows_affected();
+                    if changed == 1 {
+                        insert_attempt!(&mut *tx, lease, now, AttemptOutcome::Released, None, None, Work::default())?;
+                    }
+                    tx.commit().await.map_err(db(op))?;
+                    Ok(changed == 1)
+                })
+            })
+            .await?;
+        if changed { Ok(()) } else { Err(self.lease_lost(lease).await) }
+    }
+
+    /// Moves every `running` task whose lease has expired to `retryable` (or `quarantined`
+    /// when its attempts are used up) and records a `lease_expired` attempt for it. The old
+    /// holder's epoch is then stale, so its late commit is rejected. Returns how many moved.
+    pub async fn reclaim_expired(&self) -> Result<u64> {
+        let now = self.now_ms();
+        self.call("reclaim_expired", || async move {
+            on_backend!(self, |pool, begin| {
+                let op = "reclaim_expired";
+                let select = match begin {
+                    Begin::SQLITE => {
+                        "SELECT id, chunk_id, stage, attempt, max_attempts, epoch, lease_owner, attempted_at
+                         FROM tasks WHERE state = $2 AND lease_expires_at < $1 ORDER BY id LIMIT 1000"
+                    }
+                    _ => {
+                        "SELECT id, chunk_id, stage, attempt, max_attempts, epoch, lease_owner, attempted_at
+                         FROM tasks WHERE state = $2 AND lease_expires_at < $1 ORDER BY id LIMIT 1000
+                         FOR UPDATE SKIP LOCKED"
+                    }
+                };
+                let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                let rows = sqlx::query_as::<_, Expired>(select)
+                    .bind(now)
+                    .bind(TaskState::Running.as_str())
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                let mut moved = 0;
+                for r in rows {
+                    let lease = Lease {
+                        task_id: r.id,
+                        chunk_id: r.chunk_id,
+                        stage: r.stage,
+                        attempt: r.attempt,
+                        max_attempts: r.max_attempts,
+                        epoch: r.epoch,
+                        worker: r.lease_owner,
+                        started_at: r.attempted_at.unwrap_or(now),
+                    };
+                    let exhausted = lease.attempt >= lease.max_attempts;
+                    let state = if exhausted { TaskState::Quarantined } else { TaskState::Retryable };
+                    let message = if exhausted {
+                        format!("lease of {} expired (gave up after {} attempts)", lease.worker, lease.attempt)
+                    } else {
+                        format!("lease of {} expired", lease.worker)
+                    };
+                    let changed = sqlx::query(END_RUNNING)
+                        .bind(lease.task_id)
+                        .bind(lease.epoch)
+                        .bind(state.as_str())
+                        .bind(now)
+                        .bind(&message)
+                        .bind(ErrorClass::Transient.as_str())
+                        .bind(now)
+                        .bind(TaskState::Running.as_str())
+                        .bind(TaskState::Quarantined.as_str())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?
+                        .rows_affected();
+                    if changed == 1 {
+                        insert_attempt!(
+                            &mut *tx,
+                            &lease,
+                            now,
+                            AttemptOutcome::LeaseExpired,
+                            Some(ErrorClass::Transient),
+                            Some(message.as_str()),
+                            Work::default()
+                        )?;
+                        moved += 1;
+                    }
+                }
+                tx.commit().await.map_err(db(op))?;
+                if moved > 0 {
+                    tracing::warn!(moved, "reclaimed tasks whose lease expired");
+                }
+                Ok(moved)
+            })
+        })
+        .await
+    }
+
+    /// The state and epoch of one task.
+    pub async fn task_state(&self, task_id: i64) -> Result<Option<(TaskState, i64)>> {
+        let row: Option<(String, i64)> = self
+            .call("task_state", || async move {
+                on_backend!(self, |pool, begin| {
+                    sqlx::query_as("SELECT state, epoch FROM tasks WHERE id = $1")
+                        .bind(task_id)
+                        .fetch_optional(pool)
+                        .await
+                        .map_err(db("task_state"))
+                })
+            })
+            .await?;
+        row.map(|(s, epoch)| Ok((s.parse()?, epoch))).transpose()
+    }
+
+    pub(crate) async fn lease_lost(&self, lease: &Lease) -> Error {
+        let (current_state, current_epoch) = match self.task_state(lease.task_id).await {
+            Ok(Some((s, epoch))) => (Some(s), epoch),
+            Ok(None) | Err(_) => (None, -1),
+        };
+        Error::LeaseLost {
+            task_id: lease.task_id,
+            stage: lease.stage,
+            chunk_id: lease.chunk_id.clone(),
+            held_epoch: lease.epoch,
+            current_epoch,
+            current_state,
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The one error type of `ferry-storage`, and the one place that decides retry-or-not for it.
+
+use ferry_common::error::{Classified, ErrorClass, io_error_class};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A store URL or store setting that cannot work; `file` names the URL or key.
+    #[error("configuration error in {file}: {message}")]
+    Config { file: String, message: String },
+
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// An HDFS call that failed (the NameNode or a DataNode answered with an error, or the
+    /// connection broke).
+    #[error("HDFS {op} {path}: {}", brief(source))]
+    Hdfs {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: hdfs_native::HdfsError,
+    },
+
+    /// An object-store (S3) call that failed after object_store's own retries.
+    #[error("S3 {op} {path}: {source}")]
+    ObjectStore {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// A storage call whose outcome is unknown (a timeout or reset after the request went
+    /// out). The caller must look before it redoes anything.
+    #[error("{what}: outcome unknown ({reason})")]
+    Ambiguous { what: String, reason: String },
+
+    /// A transfer that missed its deadline or stopped making progress.
+    #[error("{what}: {reason}")]
+    Stalled { what: String, reason: String },
+
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
+        Error::Io { path: path.to_string(), source }
+    }
+
+    /// The single retry-or-not decision for storage.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Stalled { .. } | Error::Ambiguous { .. } => ErrorClass::Transient,
+            Error::Hdfs { source, .. } => hdfs_error_class(source),
+            Error::ObjectStore { source, .. } => object_store_error_class(source),
+            Error::Io { source, .. } => io_error_class(source),
+            Error::Config { .. } | Error::Other(_) => ErrorClass::Permanent,
+        }
+    }
+
+    pub fn is_transient(&self) -> bool {
+        self.class() == ErrorClass::Transient
+    }
+
+    /// The file or object is not there, whichever backend said so.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            Error::Hdfs { source, .. } => match source {
+                hdfs_native::HdfsError::FileNotFound(_) => true,
+                hdfs_native::HdfsError::RPCError(class, _) => class.ends_with("FileNotFoundException"),
+                _ => false,
+            },
+            Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
+            _ => false,
+        }
+    }
+
+    /// The target already exists (a no-overwrite rename or conditional create lost).
+    pub fn is_already_exists(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::AlreadyExists,
+            Error::Hdfs { source, .. } => match source {
+                hdfs_native::HdfsError::AlreadyExists(_) => true,
+                hdfs_native::HdfsError::RPCError(class, _) => class.ends_with("FileAlreadyExistsException"),
+                _ => false,
+            },
+            Error::ObjectStore { source, .. } => {
+                matches!(source, object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. })
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Classified for Error {
+    fn class(&self) -> ErrorClass {
+        Error::class(self)
+    }
+    fn is_config(&self) -> bool {
+        matches!(self, Error::Config { .. })
+    }
+}
+
+/// The first line of an error: a NameNode's RemoteException carries its whole Java stack.
+fn brief(e: &dyn std::fmt::Display) -> String {
+    let s = e.to_string();
+    s.lines().next().unwrap_or_default().to_string()
+}
+
+/// HDFS: broken connections and server-side trouble retry; a missing file, a bad path, a
+/// permission or a checksum that keeps failing after hdfs-native's own replica retries do not.
+pub fn hdfs_error_class(e: &hdfs_native::HdfsError) -> ErrorClass {
+    use hdfs_native::HdfsError::*;
+    match e {
+        IOError(io) => io_error_class(io),
+        DataTransferError(_) | ChecksumError | BlocksNotFound(_) | OperationFailed(_) => ErrorClass::Transient,
+        // A RemoteException: the ones that a later attempt cannot change are permanent; the
+        // rest (safe mode, standby, "could only be written to 0 of the 1 minReplication
+        // nodes" while DataNodes restart, leases being recovered, plain IOExceptions) retry,
+        // bounded by max_attempts.
+        RPCError(class, _) => {
+            let never = [
+                "AccessControlException",
+                "AuthorizationException",
+                "FileNotFoundException",
+                "FileAlreadyExistsException",
+                "ParentNotDirectoryException",
+                "InvalidPathException",
+                "PathIsNotEmptyDirectoryException",
+                "UnresolvedLinkException",
+                "UnsupportedOperationException",
+                "HadoopIllegalArgumentException",
+                "IllegalArgumentException",
+            ];
+            if never.iter().any(|k| class.ends_with(k)) { ErrorClass::Permanent } else { ErrorClass::Transient }
+        }
+        // An expired ticket cache before the next kinit, a KDC that is briefly away.
+        SASLError(_) | GSSAPIError(..) => ErrorClass::Transient,
+        FatalRPCError(..) | InvalidRPCResponse(_) | InternalError(_) => ErrorClass::Transient,
+        _ => ErrorClass::Permanent,
+    }
+}
+
+/// S3: what reaches us has already used object_store's retry budget (5xx, 429, connect
+/// errors, idempotent timeouts), so only errors a later attempt of the chunk can get past retry.
+pub fn object_store_error_class(e: &object_store::Error) -> ErrorClass {
+    use object_store::Error::*;
+    match e {
+        NotFound { .. }
+        | InvalidPath { .. }
+        | NotSupported { .. }
+        | NotImplemented { .. }
+        | PermissionDenied { .. }
+        | Unauthenticated { .. }
+        | UnknownConfigurationKey { .. } => ErrorClass::Permanent,
+        // Generic covers transport failures and exhausted retries: the network may come back.
+        _ => ErrorClass::Transient,
+    }
+}

@@ -1,0 +1,244 @@
+//! One storage abstraction for source, staging and destination, chosen by URL scheme.
+//!
+//! `file://` URLs and plain paths are local directories (a NAS mount looks the same);
+//! `hdfs://` and `viewfs://` go through hdfs-native ([`hdfs`]); `s3://` through object_store
+//! ([`s3`]). Callers never branch on the backend.
+//!
+//! Every method takes paths relative to the store's root, with `/` separators, and every
+//! method ends: network calls run under `call_timeout`, streams under a no-progress watchdog.
+//! Each backend's module opens with its publish protocol: what `upload` followed by
+//! `rename_noreplace` means there, and what an ambiguous failure leaves behind.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use ferry_common::config::StoreOptions;
+use ferry_common::paths;
+
+mod error;
+pub mod hdfs;
+mod local;
+pub mod s3;
+mod transfer;
+
+pub use error::{Error, Result};
+pub use local::{LocalStore, hash_file, write_atomic};
+pub use transfer::{Progress, watched};
+use transfer::{StreamReader, drain, drain_hash};
+
+#[derive(Debug, Clone)]
+pub enum Store {
+    Local(LocalStore),
+    Hdfs(std::sync::Arc<hdfs::HdfsStore>),
+    S3(std::sync::Arc<s3::S3Store>),
+}
+
+/// A file in a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub rel: String,
+    pub size: u64,
+    pub mtime_ms: i64,
+}
+
+impl Store {
+    /// A store with default options (see [`Store::open`]).
+    pub fn from_url(url: &str) -> Result<Store> {
+        Store::open(url, &StoreOptions::default())
+    }
+
+    /// `file:///abs/dir`, `/abs/dir`, `rel/dir`, `hdfs://nn-or-nameservice/dir`,
+    /// `viewfs://cluster/dir` or `s3://bucket/prefix`. Other schemes are named in the error.
+    pub fn open(url: &str, opts: &StoreOptions) -> Result<Store> {
+        let path = if let Some(p) = url.strip_prefix("file://") {
+            p
+        } else if url.starts_with("hdfs://") || url.starts_with("viewfs://") {
+            return Ok(Store::Hdfs(std::sync::Arc::new(hdfs::HdfsStore::new(url, opts)?)));
+        } else if url.starts_with("s3://") || url.starts_with("s3a://") {
+            return Ok(Store::S3(std::sync::Arc::new(s3::S3Store::new(url, opts)?)));
+        } else if let Some((scheme, _)) = url.split_once("://") {
+            return Err(Error::Config {
+                file: url.to_string(),
+                message: format!("storage scheme {scheme}:// is not supported (file://, plain paths, hdfs://, viewfs://, s3://)"),
+            });
+        } else {
+            url
+        };
+        if path.is_empty() {
+            return Err(Error::Config { file: url.to_string(), message: "empty storage path".into() });
+        }
+        Ok(Store::Local(LocalStore::new(PathBuf::from(path), opts.call_timeout.0)))
+    }
+
+    /// The same store on its own connections, for one chunk's work: a connection that hangs
+    /// or breaks then holds back that chunk only, never the others (hdfs-native multiplexes
+    /// every call of a client over one NameNode connection).
+    pub fn isolated(&self) -> Result<Store> {
+        Ok(match self {
+            Store::Hdfs(h) => Store::Hdfs(std::sync::Arc::new(h.isolated()?)),
+            other => other.clone(),
+        })
+    }
+
+    /// Multipart uploads (key, id) under the store's root started before `cutoff_ms` and
+    /// never completed: what gc would abort. Only S3 has them.
+    pub async fn abandoned_uploads(&self, cutoff_ms: i64) -> Result<Vec<(String, String)>> {
+        match self {
+            Store::S3(s) => s.abandoned_uploads(cutoff_ms).await,
+            _ => Ok(vec![]),
+        }
+    }
+
+    /// Whether an upload can go straight to its final name. True on S3, where an upload is
+    /// atomic (a PUT or a completed multipart upload appears whole or not at all) and a rename
+    /// would be a second copy of every byte; false where files grow in place (local, HDFS) and a
+    /// temp name keeps half-written files out of sight.
+    pub fn uploads_in_place(&self) -> bool {
+        matches!(self, Store::S3(_))
+    }
+
+    /// Removes what crashed writers left behind below `dir`: temp files older than
+    /// `cutoff_ms` and, on S3, multipart uploads started before it. Returns how many went.
+    pub async fn gc(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
+        let mut n = self.remove_old(dir, cutoff_ms, |_| true).await?;
+        if let Store::S3(s) = self {
+            n += s.abort_uploads(cutoff_ms).await?;
+        }
+        Ok(n)
+    }
+
+    /// The URL of a path in this store, as recorded in the ledger.
+    pub fn url(&self, rel: &str) -> String {
+        match self {
+            Store::Local(l) => l.url(rel),
+            Store::Hdfs(h) => h.url(rel),
+            Store::S3(s) => s.url(rel),
+        }
+    }
+
+    /// The store's path for a URL this store produced with [`Store::url`], if it is one.
+    pub fn rel_of(&self, url: &str) -> Option<String> {
+        match self {
+            Store::Local(l) => l.rel_of(url),
+            Store::Hdfs(h) => h.rel_of(url),
+            Store::S3(s) => s.rel_of(url),
+        }
+    }
+
+    /// Every file below `dir` (recursively), with sizes and modification times.
+    pub async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        match self {
+            Store::Local(l) => l.list(dir).await,
+            Store::Hdfs(h) => h.list(dir).await,
+            Store::S3(s) => s.list(dir).await,
+        }
+    }
+
+    pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
+        match self {
+            Store::Local(l) => l.head(rel).await,
+            Store::Hdfs(h) => h.head(rel).await,
+            Store::S3(s) => s.head(rel).await,
+        }
+    }
+
+    pub async fn read(&self, rel: &str) -> Result<Vec<u8>> {
+        match self {
+            Store::Local(l) => l.read(rel).await,
+            Store::Hdfs(h) => h.read(rel).await,
+            Store::S3(s) => s.read(rel).await,
+        }
+    }
+
+    /// A blocking reader, for callers already on a blocking thread (splitting large files).
+    pub fn open_blocking(&self, rel: &str) -> Result<Box<dyn Read + Send>> {
+        match self {
+            Store::Local(l) => l.open_blocking(rel),
+            Store::Hdfs(h) => h.open_blocking(rel),
+            Store::S3(s) => s.open_blocking(rel),
+        }
+    }
+
+    /// Writes `bytes` so that `rel` either does not exist or holds all of them: a temp name in
+    /// the same directory, fsync, then rename over `rel`.
+    pub async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        match self {
+            Store::Local(l) => l.put_atomic(rel, bytes).await,
+            Store::Hdfs(h) => h.put_atomic(rel, bytes).await,
+            Store::S3(s) => s.put_atomic(rel, bytes).await,
+        }
+    }
+
+    /// [`Store::put_atomic`] for callers already on a blocking thread.
+    pub fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
+        match self {
+            Store::Local(l) => l.put_atomic_blocking(rel, bytes),
+            Store::Hdfs(h) => h.put_atomic_blocking(rel, bytes),
+            Store::S3(s) => s.put_atomic_blocking(rel, bytes),
+        }
+    }
+
+    /// Renames `from` to `to` unless `to` exists. Returns false (and changes nothing) if it does.
+    pub async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
+        match self {
+            Store::Local(l) => l.rename_noreplace(from, to).await,
+            Store::Hdfs(h) => h.rename_noreplace(from, to).await,
+            Store::S3(s) => s.rename_noreplace(from, to).await,
+        }
+    }
+
+    /// Removes a file; a missing file is not an error.
+    pub async fn delete(&self, rel: &str) -> Result<()> {
+        match self {
+            Store::Local(l) => l.delete(rel).await,
+            Store::Hdfs(h) => h.delete(rel).await,
+            Store::S3(s) => s.delete(rel).await,
+        }
+    }
+
+    /// Streams a local file to `rel`, hashing what it sends. `progress` is bumped after each
+    /// block so a watchdog can tell a stalled transfer from a slow one.
+    pub async fn upload(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
+        self.upload_checked(local, rel, None, progress).await
+    }
+
+    /// [`Store::upload`], told the blake3 the bytes must have. S3 then names it in the object's
+    /// metadata up front and hashes while sending (one pass instead of two), and never completes
+    /// an upload whose bytes differ (the returned hash tells the caller). Others ignore it.
+    pub async fn upload_checked(&self, local: &Path, rel: &str, expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
+        match self {
+            Store::Local(l) => l.upload(local, rel, progress).await,
+            Store::Hdfs(h) => h.upload(local, rel, progress).await,
+            Store::S3(s) => s.upload(local, rel, expected, progress).await,
+        }
+    }
+
+    /// Removes temp files (`.<name>.tmp`, left by a writer that crashed) below `dir` whose
+    /// mtime is before `cutoff_ms`. Returns how many went.
+    pub async fn remove_stale_temps(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
+        self.remove_old(dir, cutoff_ms, paths::is_temp).await
+    }
+
+    /// Deletes the files below `dir` older than `cutoff_ms` whose base name passes `take`.
+    async fn remove_old(&self, dir: &str, cutoff_ms: i64, take: impl Fn(&str) -> bool) -> Result<usize> {
+        let mut n = 0;
+        for e in self.list(dir).await? {
+            let base = e.rel.rsplit('/').next().unwrap_or(&e.rel);
+            if e.mtime_ms < cutoff_ms && take(base) {
+                tracing::info!(file = %self.url(&e.rel), "removing an abandoned temp file");
+                self.delete(&e.rel).await?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Hashes a stored file (to check a landed or published file after an ambiguous failure).
+    pub async fn hash(&self, rel: &str) -> Result<(u64, String)> {
+        match self {
+            Store::Local(l) => l.hash(rel).await,
+            Store::Hdfs(h) => h.hash(rel).await,
+            Store::S3(s) => s.hash(rel).await,
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Local directories (a NAS mount looks the same), through std::fs on blocking threads.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ferry_common::paths;
+
+use crate::error::{Error, Result};
+use crate::{Entry, Progress};
+
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    root: PathBuf,
+    /// A hard-mounted NAS that stops answering blocks a syscall forever: every call gets a
+    /// deadline (the thread may stay stuck, the caller does not).
+    call_timeout: Duration,
+}
+
+impl LocalStore {
+    pub(crate) fn new(root: PathBuf, call_timeout: Duration) -> LocalStore {
+        LocalStore { root, call_timeout }
+    }
+
+    fn abs(&self, rel: &str) -> PathBuf {
+        let rel = rel.trim_start_matches('/');
+        if rel.is_empty() { self.root.clone() } else { self.root.join(rel) }
+    }
+
+    pub(crate) fn url(&self, rel: &str) -> String {
+        format!("file://{}", self.abs(rel).display())
+    }
+
+    pub(crate) fn rel_of(&self, url: &str) -> Option<String> {
+        let p = url.strip_prefix("file://").unwrap_or(url);
+        Path::new(p).strip_prefix(&self.root).ok().map(|r| r.to_string_lossy().into_owned())
+    }
+
+    pub(crate) async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        let (root, start) = (self.root.clone(), self.abs(dir));
+        blocking(self.call_timeout * 4, "list", move || {
+            let mut out = Vec::new();
+            if start.exists() {
+                walk(&root, &start, &mut out)?;
+            }
+            out.sort_by(|a, b| a.rel.cmp(&b.rel));
+            Ok(out)
+        })
+        .await
+    }
+
+    pub(crate) async fn head(&self, rel: &str) -> Result<Option<Entry>> {
+        let p = self.abs(rel);
+        let rel = rel.to_string();
+        blocking(self.call_timeout, "stat", move || match std::fs::metadata(&p) {
+            Ok(m) => Ok(Some(Entry { rel, size: m.len(), mtime_ms: mtime_ms(&m) })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(p.display(), e)),
+        })
+        .await
+    }
+
+    pub(crate) async fn read(&self, rel: &str) -> Result<Vec<u8>> {
+        let p = self.abs(rel);
+        blocking(self.call_timeout * 4, "read", move || std::fs::read(&p).map_err(|e| Error::io(p.display(), e))).await
+    }
+
+    pub(crate) fn open_blocking(&self, rel: &str) -> Result<Box<dyn Read + Send>> {
+        let p = self.abs(rel);
+        let f = std::fs::File::open(&p).map_err(|e| Error::io(p.display(), e))?;
+        Ok(Box::new(f))
+    }
+
+    pub(crate) async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let p = self.abs(rel);
+        blocking(self.call_timeout * 4, "write", move || write_atomic(&p, &bytes)).await
+    }
+
+    pub(crate) fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
+        write_atomic(&self.abs(rel), bytes)
+    }
+
+    pub(crate) async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
+        let (a, b) = (self.abs(from), self.abs(to));
+        blocking(self.call_timeout, "rename", move || {
+            if let Some(dir) = b.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
+            }
+            // link(2) fails if the target exists, which makes this atomic and
+            // no-overwrite; then the source name goes.
+            match std::fs::hard_link(&a, &b) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+                Err(e) => return Err(Error::io(format!("{} -> {}", a.display(), b.display()), e)),
+            }
+            std::fs::remove_file(&a).map_err(|e| Error::io(a.display(), e))?;
+            sync_dir(&b);
+            Ok(true)
+        })
+        .await
+    }
+
+    pub(crate) async fn delete(&self, rel: &str) -> Result<()> {
+        let p = self.abs(rel);
+        blocking(self.call_timeout, "delete", move || match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(p.display(), e)),
+            _ => Ok(()),
+        })
+        .await
+    }
+
+    pub(crate) async fn upload(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
+        let (src, dst) = (local.to_path_buf(), self.abs(rel));
+        // Bounded by the caller's deadline and watchdog (it moves `progress`).
+        blocking(Duration::MAX, "upload", move || {
+            if let Some(dir) = dst.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
+            }
+            let mut r = std::fs::File::open(&src).map_err(|e| Error::io(src.display(), e))?;
+            let mut w = std::fs::File::create(&dst).map_err(|e| Error::io(dst.display(), e))?;
+            let mut h = blake3::Hasher::new();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut n = 0u64;
+            loop {
+                if progress.cancelled() {
+                    return Err(Error::Other(format!("upload to {} cancelled", dst.display())));
+                }
+                let k = r.read(&mut buf).map_err(|e| Error::io(src.display(), e))?;
+                if k == 0 {
+                    break;
+                }
+                w.write_all(&buf[..k]).map_err(|e| Error::io(dst.display(), e))?;
+                h.update(&buf[..k]);
+                n += k as u64;
+                progress.add(k as u64);
+            }
+            w.sync_all().map_err(|e| Error::io(dst.display(), e))?;
+            Ok((n, h.finalize().to_hex().to_string()))
+        })
+        .await
+    }
+
+    pub(crate) async fn hash(&self, rel: &str) -> Result<(u64, String)> {
+        let p = self.abs(rel);
+        blocking(self.call_timeout * 4, "hash", move || hash_file(&p)).await
+    }
+}
+
+pub fn hash_file(p: &Path) -> Result<(u64, String)> {
+    let mut f = std::fs::File::open(p).map_err(|e| Error::io(p.display(), e))?;
+    let mut h = blake3::Hasher::new();
+    let n = std::io::copy(&mut f, &mut h).map_err(|e| Error::io(p.display(), e))?;
+    Ok((n, h.finalize().to_hex().to_string()))
+}
+
+/// Writes a file through a temp name in the same directory, fsyncs it, and renames it into
+/// place, so readers see the old file, no file, or the whole new file.
+pub fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = p.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
+    let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // Unique per writer, so concurrent writers of one name never share a temp file; the last
+    // rename wins whole.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(paths::atomic_temp(&name, seq));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::io(tmp.display(), e))?;
+    std::fs::rename(&tmp, p).map_err(|e| Error::io(p.display(), e))?;
+    sync_dir(p);
+    Ok(())
+}
+
+/// Makes a rename durable; failures only weaken durability, so they are ignored.
+fn sync_dir(p: &Path) {
+    if let Some(d) = p.parent().and_then(|d| std::fs::File::open(d).ok()) {
+        let _ = d.sync_all();
+    }
+}
+
+fn mtime_ms(m: &std::fs::Metadata) -> i64 {
+    m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<Entry>) -> Result<()> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir.display(), e))?;
+    for ent in rd {
+        let ent = ent.map_err(|e| Error::io(dir.display(), e))?;
+        let p = ent.path();
+        let m = match std::fs::metadata(&p) {
+            Ok(m) => m,
+            // Gone between listing and stat (a writer renamed it): not there.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(p.display(), e)),
+        };
+        if m.is_dir() {
+            walk(root, &p, out)?;
+        } else if m.is_file() {
+            let rel = p.strip_prefix(root).unwrap_or(&p).to_string_lossy().into_owned();
+            out.push(Entry { rel, size: m.len(), mtime_ms: mtime_ms(&m) });
+        }
+    }
+    Ok(())
+}
+
+async fn blocking<T: Send + 'static>(deadline: Duration, op: &str, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    let task = tokio::task::spawn_blocking(f);
+    let joined = if deadline == Duration::MAX {
+        task.await
+    } else {
+        match tokio::time::timeout(deadline, task).await {
+            Ok(j) => j,
+            Err(_) => {
+                return Err(Error::Stalled {
+                    what: format!("local {op}"),
+                    reason: format!("no answer within {deadline:?} (a hung mount?)"),
+                });
+            }
+        }
+    };
+    joined.map_err(|e| Error::Other(format!("storage task failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Store;
+
+    #[tokio::test]
+    async fn rename_noreplace_never_overwrites() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::from_url(&d.path().display().to_string()).unwrap();
+        s.put_atomic("a", b"one".to_vec()).await.unwrap();
+        s.put_atomic("b", b"two".to_vec()).await.unwrap();
+        assert!(!s.rename_noreplace("a", "b").await.unwrap());
+        assert_eq!(s.read("b").await.unwrap(), b"two");
+        assert!(s.rename_noreplace("a", "c/d").await.unwrap());
+        assert_eq!(s.read("c/d").await.unwrap(), b"one");
+        assert!(s.head("a").await.unwrap().is_none());
+        assert!(Store::from_url("gopher://x").unwrap_err().to_string().contains("gopher"));
+    }
+}

@@ -1,0 +1,197 @@
+//! Transfers that always end: a total deadline and a no-progress watchdog for writes, a
+//! per-piece deadline for reads.
+
+use std::io::Read;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Bytes moved by a transfer, shared with its watchdog; also carries cancellation.
+#[derive(Debug, Clone, Default)]
+pub struct Progress(std::sync::Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicBool)>);
+
+impl Progress {
+    pub fn add(&self, n: u64) {
+        self.0.0.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn bytes(&self) -> u64 {
+        self.0.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn cancel(&self) {
+        self.0.1.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn cancelled(&self) -> bool {
+        self.0.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Runs `fut` under a total `deadline` and a no-progress watchdog: if `progress` does not move
+/// for `stall`, the transfer is abandoned. Either way the error is transient (retry the chunk).
+pub async fn watched<T>(
+    what: &str,
+    deadline: Duration,
+    stall: Duration,
+    progress: Progress,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let watchdog = {
+        let progress = progress.clone();
+        async move {
+            let mut last = progress.bytes();
+            let tick = (stall / 4).max(Duration::from_millis(10));
+            let mut idle = Duration::ZERO;
+            loop {
+                tokio::time::sleep(tick).await;
+                let now = progress.bytes();
+                if now == last {
+                    idle += tick
+                } else {
+                    idle = Duration::ZERO
+                }
+                last = now;
+                if idle >= stall {
+                    return now;
+                }
+            }
+        }
+    };
+    // Dropped before it ends (a hedge lost, a lease was lost): tell the transfer to stop too.
+    struct CancelOnDrop(Progress, bool);
+    impl Drop for CancelOnDrop {
+        fn drop(&mut self) {
+            if !self.1 {
+                self.0.cancel();
+            }
+        }
+    }
+    let mut guard = CancelOnDrop(progress.clone(), false);
+    let res = tokio::select! {
+        r = tokio::time::timeout(deadline, fut) => match r {
+            Ok(r) => r,
+            Err(_) => Err(Error::Stalled { what: what.to_string(), reason: format!("did not finish within its deadline of {deadline:?}") }),
+        },
+        moved = watchdog => Err(Error::Stalled {
+            what: what.to_string(),
+            reason: format!("no progress for {stall:?} after {moved} bytes"),
+        }),
+    };
+    if res.is_err() {
+        progress.cancel();
+    }
+    guard.1 = true;
+    res
+}
+
+/// Feeds every piece of `s` to `f`, waiting at most `stall` for each one (a read's
+/// no-progress watchdog); returns the bytes seen.
+pub(crate) async fn drain(
+    what: &str,
+    stall: Duration,
+    mut s: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+    mut f: impl FnMut(&[u8]),
+) -> Result<u64> {
+    use futures::StreamExt;
+    let mut n = 0u64;
+    loop {
+        match tokio::time::timeout(stall, s.next()).await {
+            Err(_) => return Err(Error::Stalled { what: what.to_string(), reason: format!("no bytes for {stall:?}") }),
+            Ok(None) => return Ok(n),
+            Ok(Some(b)) => {
+                let b = b?;
+                n += b.len() as u64;
+                f(&b);
+            }
+        }
+    }
+}
+
+/// Size and blake3 of a stream, read under [`drain`]'s watchdog.
+pub(crate) async fn drain_hash(
+    what: &str,
+    stall: Duration,
+    s: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+) -> Result<(u64, String)> {
+    let mut h = blake3::Hasher::new();
+    let n = drain(what, stall, s, |b| {
+        h.update(b);
+    })
+    .await?;
+    Ok((n, h.finalize().to_hex().to_string()))
+}
+
+/// A blocking [`Read`] over an async byte stream, for callers on a blocking thread (the
+/// splitter, the decoders). Every wait for the next piece runs under `stall`, so a server that
+/// stops sending ends the read instead of hanging it.
+pub(crate) struct StreamReader {
+    stream: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+    buf: bytes::Bytes,
+    handle: tokio::runtime::Handle,
+    stall: Duration,
+    what: String,
+}
+
+impl StreamReader {
+    pub(crate) fn new(
+        what: String,
+        stall: Duration,
+        stream: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+    ) -> Result<StreamReader> {
+        let handle =
+            tokio::runtime::Handle::try_current().map_err(|_| Error::Other(format!("{what}: blocking read outside the runtime")))?;
+        Ok(StreamReader { stream, buf: bytes::Bytes::new(), handle, stall, what })
+    }
+}
+
+impl Read for StreamReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        use futures::StreamExt;
+        while self.buf.is_empty() {
+            let next = self.handle.block_on(tokio::time::timeout(self.stall, self.stream.next()));
+            match next {
+                Err(_) => {
+                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{}: no bytes for {:?}", self.what, self.stall)));
+                }
+                Ok(None) => return Ok(0),
+                Ok(Some(Err(e))) => return Err(std::io::Error::other(e.to_string())),
+                Ok(Some(Ok(b))) => self.buf = b,
+            }
+        }
+        let n = out.len().min(self.buf.len());
+        out[..n].copy_from_slice(&self.buf[..n]);
+        bytes::Buf::advance(&mut self.buf, n);
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn watchdog_ends_a_stalled_transfer() {
+        let p = Progress::default();
+        let stalled = std::future::pending::<Result<()>>();
+        let e = watched("copy x", Duration::from_secs(600), Duration::from_secs(30), p.clone(), stalled).await.unwrap_err();
+        assert!(matches!(e, Error::Stalled { .. }) && e.to_string().contains("no progress for 30s"), "{e}");
+        assert!(e.is_transient());
+        assert!(p.cancelled(), "the transfer is told to stop");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadline_ends_a_slow_but_moving_transfer() {
+        let p = Progress::default();
+        let trickle = {
+            let p = p.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    p.add(1);
+                }
+                #[allow(unreachable_code)]
+                Ok(())
+            }
+        };
+        let e = watched::<()>("copy y", Duration::from_secs(60), Duration::from_secs(30), p, trickle).await.unwrap_err();
+        assert!(e.to_string().contains("deadline"), "{e}");
+    }
+}
