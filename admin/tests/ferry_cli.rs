@@ -67,3 +67,27 @@ fn bad_ledger_url_is_a_config_error() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("copyy"), "{err}");
 }
+
+#[test]
+fn stages_starting_together_on_a_new_ledger_all_migrate_it() {
+    // cron starts the four stages in the same minute on a new host: four processes create
+    // and migrate one new SQLite ledger at once.
+    for round in 0..10 {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/new/ledger.db", dir.path().display());
+        let children: Vec<_> = (0..4)
+            .map(|_| {
+                Command::new(env!("CARGO_BIN_EXE_ferry"))
+                    .args(["--ledger", &url, "migrate"])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}
