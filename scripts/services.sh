@@ -46,9 +46,17 @@ ferry_stop_postgres() {
   rm -rf "$FERRY_PG_DIR"
 }
 
-# Python readers used as independent checks of the published tables.
+# Python readers used as independent checks of the published tables, and the Kubernetes
+# schema checker for deploy/kubernetes.
 ferry_python_deps() {
-  python3 -c 'import pyarrow, duckdb, fastavro, cramjam, backports.zstd' 2>/dev/null && return 0
-  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs) from PyPI" >&2
-  python3 -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd >&2
+  python3 -c 'import pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate' 2>/dev/null && return 0
+  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate from PyPI" >&2
+  python3 -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd pyyaml kubernetes-validate >&2
+}
+
+# The tools that read what deploy/ ships: Prometheus and promtool (a real scrape in the tests),
+# systemd-analyze (unit files).
+ferry_deploy_tools() {
+  ferry_apt prometheus prometheus
+  ferry_apt systemd-analyze systemd
 }

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 trap 'ferry_stop_s3; ferry_stop_postgres' EXIT
 ferry_start_postgres
 ferry_python_deps
+ferry_deploy_tools
 # HDFS: our MiniDFS program (Hadoop from Maven Central); each test starts its own clusters.
 ferry_build_minidfs
 # S3: versitygw (Go module proxy) over TLS with a CA made here; exports FERRY_TEST_S3_*.

@@ -2,6 +2,7 @@
 //! the one error type of the admin commands.
 
 pub mod sample;
+pub mod status;
 
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
 

@@ -3,19 +3,34 @@
 use clap::{Parser, Subcommand};
 use ferry_admin::Error;
 use ferry_admin::sample::{AvroCodec, Payload};
+use ferry_admin::status;
 use ferry_common::cli::{self, CommonArgs, exit};
-use ferry_common::config::{Config, Format};
+use ferry_common::config::{Config, Format, LedgerUrl};
 use ferry_common::error::ConfigError;
 use ferry_common::paths;
-use ferry_ledger::{Ledger, LedgerOptions, RequeueFilter, Stage, TaskState};
+use ferry_ledger::{Ledger, LedgerOptions, RequeueFilter, Stage};
 use ferry_storage::Store;
 
 /// Administer a Ferry work ledger.
 ///
 /// The ledger is plain SQL: besides these commands you can query its views directly
 /// (backlog, stuck_leases, recent_failures, redone_work, throughput).
+const ADMIN_HELP: &str = "\
+Exit codes:
+  0  done
+  1  fatal: the ledger or a store could not be used
+  2  bad flags, configuration or ledger URL (also: a ledger that does not exist, except for migrate)
+  3  status: something is quarantined
+  status --check uses Nagios codes instead: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN
+
+Environment:
+  FERRY_LEDGER       the ledger URL (--ledger)
+  FERRY_CONFIG       the configuration file (--config of status, check-config, gc)
+  FERRY_LOG_FORMAT   text or json (--log-format)
+  RUST_LOG           log filter (default info)";
+
 #[derive(Parser, Debug)]
-#[command(name = "ferry", version, about, long_about = None)]
+#[command(name = "ferry", version = ferry_ledger::VERSION, about, long_about = None, after_help = ADMIN_HELP)]
 struct Cli {
     #[command(flatten)]
     common: CommonArgs,
@@ -27,8 +42,29 @@ struct Cli {
 enum Cmd {
     /// Create the ledger (if SQLite) and apply pending migrations. Safe to run concurrently.
     Migrate,
-    /// Summarize the ledger: files, backlog per stage and state, stuck leases, redone work.
-    Status,
+    /// Summarize the ledger: per stage the chunks and bytes pending, running, retrying and
+    /// quarantined, the age of the oldest due task, the last success, the rate over the last
+    /// five minutes and an ETA; stuck leases with their owner; the latest errors.
+    ///
+    /// Exits 3 when something is quarantined (0 otherwise); with --check, Nagios codes.
+    Status {
+        /// Read the ledger URL from this configuration (else --ledger / FERRY_LEDGER).
+        #[arg(long, env = "FERRY_CONFIG")]
+        config: Option<std::path::PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Print again every INTERVAL (e.g. 5s) until interrupted.
+        #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "5s", value_parser = humantime::parse_duration)]
+        watch: Option<std::time::Duration>,
+        /// Nagios-style check: one line, exit 0 OK, 1 WARNING (stuck leases, work due longer
+        /// than --max-age), 2 CRITICAL (anything quarantined), 3 UNKNOWN (no ledger).
+        #[arg(long, conflicts_with_all = ["json", "watch"])]
+        check: bool,
+        /// With --check: how long due work may wait before it is a warning.
+        #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+        max_age: std::time::Duration,
+    },
     /// Print the resolved configuration (file + FERRY_* environment), or say what is wrong.
     CheckConfig {
         /// The TOML file shared by all stages.
@@ -106,45 +142,29 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
         _ => {}
     }
+    if let Cmd::Status { config, json, watch, check, max_age } = &cli.cmd {
+        let url = match (&cli.common.ledger, config) {
+            (Some(url), _) => url.clone(),
+            (None, Some(config)) => Config::load(config)?.ledger.url,
+            (None, None) => cli::DEFAULT_LEDGER.to_string(),
+        };
+        let ledger = match existing_ledger(&url).await {
+            Ok(l) => l,
+            Err(e) if *check => {
+                println!("FERRY UNKNOWN - {e}");
+                return Ok(status::check::UNKNOWN);
+            }
+            Err(e) => return Err(e),
+        };
+        return status_command(&ledger, &url, *json, *watch, check.then_some(*max_age)).await;
+    }
     let url = cli.common.ledger.clone().unwrap_or_else(|| cli::DEFAULT_LEDGER.to_string());
-    let ledger = Ledger::connect(&url, LedgerOptions::default()).await?;
     match cli.cmd {
         Cmd::Migrate => {
+            let ledger = Ledger::connect(&url, LedgerOptions::default()).await?;
             println!("ledger {url} ({}) is migrated", ledger.backend_name());
         }
-        Cmd::Status => {
-            let st = ledger.status().await?;
-            println!("ledger: {url}");
-            println!("source files:");
-            if st.files.is_empty() {
-                println!("  (none)");
-            }
-            for (state, n) in &st.files {
-                println!("  {:<12} {n:>8}", state.as_str());
-            }
-            println!("tasks:");
-            println!("  {:<10} {:<12} {:>8} {:>14}", "stage", "state", "tasks", "bytes");
-            for r in &st.backlog {
-                println!("  {:<10} {:<12} {:>8} {:>14}", r.stage.as_str(), r.state.as_str(), r.tasks, r.bytes);
-            }
-            let parts = ledger.table_partitions().await?;
-            if !parts.is_empty() {
-                println!("published:");
-                for p in &parts {
-                    println!("  {}/{:<24} {:>5} files {:>10} rows", p.table, p.partition, p.files, p.records);
-                }
-            }
-            for q in ledger.quarantined().await? {
-                println!("quarantined {} {}: {}", q.kind, q.what, q.reason.unwrap_or_default());
-            }
-            println!("stuck leases: {}", st.stuck_leases);
-            println!("redone attempts: {} ({} bytes)", st.redone_attempts, st.redone_bytes);
-            let quarantined = st.tasks(None, TaskState::Quarantined);
-            if quarantined > 0 {
-                println!("{quarantined} task(s) quarantined: see `SELECT * FROM recent_failures`, then `ferry requeue`");
-            }
-        }
-        Cmd::CheckConfig { .. } | Cmd::Gen { .. } => unreachable!("handled before connecting"),
+        Cmd::CheckConfig { .. } | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
         Cmd::Gc { config, older_than } => {
             let cfg = Config::load(&config)?;
             let cutoff = match older_than {
@@ -178,11 +198,67 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             }
         }
         Cmd::Requeue { stage, chunk } => {
+            // Only `migrate` (and the stages) create a ledger: a typo in a URL must not leave
+            // an empty ledger behind and report "requeued 0".
+            let ledger = existing_ledger(&url).await?;
             let n = ledger.requeue(&RequeueFilter { stage, chunk_id: chunk }).await?;
             println!("requeued {n} task(s)");
         }
     }
     Ok(exit::OK)
+}
+
+/// Connects to a ledger that must exist already (an SQLite file that is not there is an error,
+/// not a new empty ledger).
+async fn existing_ledger(url: &str) -> Result<Ledger, Error> {
+    if let LedgerUrl::Sqlite(path) = LedgerUrl::parse(url)?
+        && !path.exists()
+    {
+        return Err(ConfigError::new(
+            format!("ledger URL {url:?}"),
+            format!("{} does not exist; create it with `ferry migrate` or point --ledger / --config at the right one", path.display()),
+        )
+        .into());
+    }
+    Ok(Ledger::connect(url, LedgerOptions::default()).await?)
+}
+
+/// `ferry status`: the table, JSON, or a Nagios line; `--watch` repeats the first two.
+async fn status_command(
+    ledger: &Ledger,
+    url: &str,
+    json: bool,
+    watch: Option<std::time::Duration>,
+    check: Option<std::time::Duration>,
+) -> Result<i32, Error> {
+    use std::io::IsTerminal;
+    loop {
+        let o = ledger.overview(ferry_ledger::observe::RATE_WINDOW).await?;
+        if let Some(max_age) = check {
+            let (code, line) = status::verdict(&o, max_age);
+            println!("{line}");
+            return Ok(code);
+        }
+        let parts = ledger.table_partitions().await?;
+        let shown = if json {
+            serde_json::to_string_pretty(&status::to_json(&o, url, &parts)).unwrap_or_default()
+        } else {
+            status::text(&o, url, &parts)
+        };
+        let Some(every) = watch else {
+            println!("{}", shown.trim_end());
+            let quarantined = !o.quarantined.is_empty();
+            return Ok(if quarantined { exit::QUARANTINED } else { exit::OK });
+        };
+        if std::io::stdout().is_terminal() && !json {
+            print!("\x1b[2J\x1b[H"); // clear the screen, like watch(1)
+        }
+        println!("{}", shown.trim_end());
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(exit::OK),
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)] // one per `ferry gen` flag

@@ -39,13 +39,48 @@ async fn migrate_status_requeue(db: Db) {
     .await
     .unwrap();
     let (code, out, _) = ferry(&t.url, &["status"]);
-    assert_eq!(code, 0);
+    assert_eq!(code, 3, "something is quarantined: {out}");
     assert!(out.contains("copy") && out.contains("quarantined"), "{out}");
-    assert!(out.contains("chunked"), "{out}");
+    assert!(out.contains("1 chunked"), "{out}");
+    let (code, out, _) = ferry(&t.url, &["status", "--json"]);
+    assert_eq!(code, 3);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let copy = v["stages"].as_array().unwrap().iter().find(|s| s["stage"] == "copy").unwrap().clone();
+    assert_eq!(copy["tasks"]["quarantined"]["chunks"], 1, "{v}");
+    assert_eq!(v["files"]["chunked"], 1, "{v}");
+    assert_eq!(v["quarantined"][0]["reason"], "reset", "{v}");
+    let (code, out, _) = ferry(&t.url, &["status", "--check"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.starts_with("FERRY CRITICAL - 1 copy chunk(s) quarantined"), "{out}");
     let (code, out, _) = ferry(&t.url, &["requeue", "--stage", "copy"]);
     assert_eq!(code, 0);
     assert!(out.contains("requeued 1"), "{out}");
     assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE state = 'available' AND attempt = 0").await, 1);
+    let (code, out, _) = ferry(&t.url, &["status", "--check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("FERRY OK"), "{out}");
+    // Due for longer than --max-age: a warning.
+    let (code, out, _) = ferry(&t.url, &["status", "--check", "--max-age", "0s"]);
+    assert!(code == 1 && out.starts_with("FERRY WARNING - copy work due for"), "{code} {out}");
+}
+
+#[test]
+fn read_commands_never_create_a_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("typo.db");
+    let url = format!("sqlite://{}", db.display());
+    for args in [&["status"][..], &["requeue"][..]] {
+        let (code, _, err) = ferry(&url, args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("does not exist") && err.contains("ferry migrate"), "{err}");
+        assert!(!db.exists(), "{args:?} created {}", db.display());
+    }
+    let (code, out, _) = ferry(&url, &["status", "--check"]);
+    assert_eq!(code, 3, "Nagios UNKNOWN: {out}");
+    assert!(out.starts_with("FERRY UNKNOWN"), "{out}");
+    let (code, _, _) = ferry(&url, &["migrate"]);
+    assert_eq!(code, 0);
+    assert_eq!(ferry(&url, &["status"]).0, 0);
 }
 
 #[tokio::test]

@@ -18,6 +18,29 @@ pub mod exit {
 
 pub const DEFAULT_LEDGER: &str = "sqlite://ferry-ledger.db";
 
+/// The end of every stage binary's `--help`: exit codes and the environment it reads.
+pub const STAGE_HELP: &str = "\
+Exit codes:
+  0  all work available was done (--once), or stopped cleanly (--watch)
+  1  fatal: the ledger or a store could not be used, an I/O error, a bug
+  2  bad flags, configuration or ledger URL; nothing was done
+  3  finished, but chunks or files of this stage are quarantined (see `ferry status`)
+
+Environment:
+  FERRY_CONFIG              the configuration file (--config)
+  FERRY_LEDGER              the ledger URL (--ledger), over ledger.url
+  FERRY_<SECTION>_<KEY>     any configuration key, e.g. FERRY_COPY_CONCURRENCY=8
+  FERRY_LOG_FORMAT          text or json (--log-format)
+  FERRY_METRICS_ADDR        serve /metrics and /healthz here (--metrics-addr)
+  FERRY_METRICS_TEXTFILE    write a node_exporter textfile here at exit (--metrics-textfile)
+  RUST_LOG                  log filter, e.g. info (the default), debug, ferry_storage=debug
+  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_PROFILE
+                            S3 credentials when the store settings name none
+  HADOOP_CONF_DIR, HADOOP_USER_NAME
+                            HDFS client configuration and user
+  NOTIFY_SOCKET, WATCHDOG_USEC
+                            set by systemd for Type=notify services (--watch)";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     /// Human-readable lines (the default).
@@ -39,8 +62,16 @@ pub struct CommonArgs {
     pub log_format: LogFormat,
 }
 
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether logs are JSON lines (`--log-format json`): summaries then go out as log events too.
+pub fn json_logs() -> bool {
+    JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Sets up `tracing` on stderr; `RUST_LOG` filters (default `info`).
 pub fn init_logging(format: LogFormat) {
+    JSON_LOGS.store(format == LogFormat::Json, std::sync::atomic::Ordering::Relaxed);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
@@ -88,6 +119,25 @@ pub struct StageArgs {
     /// After SIGTERM, how long in-flight chunks may finish before their leases are released.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub grace: std::time::Duration,
+
+    /// Serve Prometheus metrics on http://ADDR/metrics and a health check on /healthz
+    /// (e.g. 127.0.0.1:9643). For --watch.
+    #[arg(long, env = "FERRY_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// At exit, write this run's metrics to DIR/ferry_<stage>.prom for node_exporter's textfile
+    /// collector (atomically: a scrape never sees half a file). For --once.
+    #[arg(long, env = "FERRY_METRICS_TEXTFILE", value_name = "DIR")]
+    pub metrics_textfile: Option<std::path::PathBuf>,
+
+    /// /healthz fails (and the systemd watchdog is no longer fed) when the stage has had work
+    /// due and finished nothing for this long. Longer than a chunk can take (copy.deadline).
+    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    pub health_window: std::time::Duration,
+
+    /// How often --watch logs a progress line (chunks, records, bytes, rate).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub progress_interval: std::time::Duration,
 }
 
 impl StageArgs {

@@ -38,6 +38,7 @@ use std::sync::Arc;
 use ferry_common::config::Config;
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
 use ferry_common::paths;
+use ferry_ledger::observe::names;
 use ferry_ledger::{Lease, Ledger, Part, Stage, Work};
 use ferry_storage::{Progress, Store, watched};
 
@@ -180,6 +181,7 @@ impl Copier {
                         let hedge_dest = dest.isolated()?;
                         tracing::info!(chunk = %p.chunk_id, part = %p.rel_path(), after = ?delay, "copy is slow; starting a hedged upload");
                         self.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        metrics::counter!(names::HEDGES_STARTED).increment(1);
                         // Always to its own temp name, even where the first went in place.
                         let second = self.ship(&hedge_dest, src, &hedge_tmp, landed, p, false);
                         tokio::pin!(second);
@@ -195,6 +197,7 @@ impl Copier {
                             r = &mut second => match r {
                                 Ok(()) => {
                                     tracing::info!(chunk = %p.chunk_id, "the hedged upload won");
+                                    metrics::counter!(names::HEDGES_WON).increment(1);
                                     (Ok(()), Some((dest.clone(), tmp.to_string())))
                                 }
                                 Err(e) => {

@@ -12,7 +12,7 @@ use ferry_ledger::runner::{self, open_stage};
 /// a temp name under a deadline and a no-progress watchdog, verify size and hash, rename into
 /// place. A reset or a hung connection redoes one chunk, with backoff; the others keep going.
 #[derive(Parser, Debug)]
-#[command(name = "ferry-copy", version, about)]
+#[command(name = "ferry-copy", version = ferry_ledger::VERSION, about, after_help = cli::STAGE_HELP)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,

@@ -6,12 +6,15 @@
 //! are written under a temp name and renamed, so a crash leaves whole chunks or none; chunk ids
 //! are derived from the file's content hash, so a re-run after a crash names the same chunks.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_common::config::{Config, Disposition};
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
 use ferry_common::paths;
 use ferry_formats::{Piece, SplitError};
+use ferry_ledger::observe::{Health, names};
+use ferry_ledger::runner::{human_bytes, progress_bar};
 use ferry_ledger::{FileState, Ledger, NewChunk, NewSourceFile, RangeKind, Stage, chunk_id};
 use ferry_storage::{Entry, Store};
 
@@ -93,6 +96,7 @@ pub struct Extractor {
     source: Store,
     staging: Store,
     glob: globset::GlobMatcher,
+    health: Arc<Health>,
 }
 
 impl Extractor {
@@ -104,7 +108,13 @@ impl Extractor {
             .build()
             .map_err(|e| ConfigError::new("source.glob", e.to_string()))?
             .compile_matcher();
-        Ok(Extractor { cfg, ledger, source, staging, glob })
+        Ok(Extractor { cfg, ledger, source, staging, glob, health: Health::new(Duration::from_secs(900)) })
+    }
+
+    /// Reports progress to `health` (`/healthz`, the systemd watchdog).
+    pub fn with_health(mut self, health: Arc<Health>) -> Extractor {
+        self.health = health;
+        self
     }
 
     /// One pass over the source: every finished, new file is chunked and recorded.
@@ -131,6 +141,12 @@ impl Extractor {
             }
             ready.push(e);
         }
+        metrics::counter!(names::FILES, "outcome" => "unfinished").increment(pass.unfinished);
+        let bar = if ready.is_empty() { None } else { progress_bar("extract", "files") };
+        if let Some(b) = &bar {
+            b.set_length(ready.len() as u64);
+        }
+        self.health.set_idle(ready.is_empty());
         // A few files at once: reading, hashing and writing chunks to a remote staging store
         // are mostly waiting (an HDFS close alone waits for the DataNode's block report).
         use futures::StreamExt;
@@ -143,6 +159,24 @@ impl Extractor {
             .buffer_unordered(self.cfg.extract.concurrency.max(1));
         while let Some((e, r, p)) = files.next().await {
             pass.add(&p);
+            self.health.progressed();
+            let outcome = match &r {
+                Err(_) => "failed",
+                Ok(()) if p.chunked > 0 => "chunked",
+                Ok(()) if p.quarantined > 0 => "quarantined",
+                Ok(()) if p.unfinished > 0 => "unfinished",
+                Ok(()) => "skipped",
+            };
+            metrics::counter!(names::FILES, "outcome" => outcome).increment(1);
+            if p.chunked > 0 {
+                metrics::counter!(names::CHUNKS, "stage" => "extract", "outcome" => "done").increment(p.chunks);
+                metrics::counter!(names::RECORDS, "stage" => "extract").increment(p.records.max(0) as u64);
+                metrics::counter!(names::BYTES, "stage" => "extract").increment(p.bytes);
+            }
+            if let Some(b) = &bar {
+                b.inc(1);
+                b.set_message(format!("{} chunked, {} chunks, {}", pass.chunked, pass.chunks, human_bytes(pass.bytes as f64)));
+            }
             match r {
                 Ok(()) => {}
                 // One unreadable file must not stop the others; it is retried next pass.
@@ -151,6 +185,9 @@ impl Extractor {
                 }
                 Err(err) => return Err(err),
             }
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
         }
         Ok(pass)
     }
@@ -269,10 +306,14 @@ impl Extractor {
 
 /// `--once` runs one pass; `--watch` passes every `poll` until SIGTERM / SIGINT (a pass under
 /// way finishes first: every step of it is idempotent, but stopping between files is tidier).
-pub async fn run(x: &Extractor, once: bool, poll: Duration) -> Result<Pass> {
+/// `--watch` logs a progress line every `progress_interval`.
+pub async fn run(x: &Extractor, once: bool, poll: Duration, progress_interval: Duration) -> Result<Pass> {
     let mut total = Pass::default();
+    let mode = if once { "once" } else { "watch" };
+    tracing::info!(stage = "extract", mode, "stage starting");
     let stop = ferry_ledger::runner::shutdown_signal();
     tokio::pin!(stop);
+    let mut last_log = (std::time::Instant::now(), Pass::default());
     loop {
         let p = x.pass().await?;
         total.chunked += p.chunked;
@@ -283,11 +324,33 @@ pub async fn run(x: &Extractor, once: bool, poll: Duration) -> Result<Pass> {
         total.unfinished = p.unfinished;
         total.skipped = p.skipped;
         if once {
-            return Ok(total);
+            break;
+        }
+        if last_log.0.elapsed() >= progress_interval {
+            let secs = last_log.0.elapsed().as_secs_f64();
+            tracing::info!(
+                stage = "extract",
+                files = total.chunked,
+                chunks = total.chunks,
+                records = total.records,
+                bytes = total.bytes,
+                files_per_s = format!("{:.2}", (total.chunked - last_log.1.chunked) as f64 / secs),
+                bytes_per_s = %human_bytes((total.bytes - last_log.1.bytes) as f64 / secs),
+                quarantined = total.quarantined,
+                unfinished = total.unfinished,
+                "progress"
+            );
+            last_log = (std::time::Instant::now(), total.clone());
         }
         tokio::select! {
             _ = tokio::time::sleep(poll) => {}
-            _ = &mut stop => return Ok(total),
+            _ = &mut stop => {
+                tracing::info!(stage = "extract", "shutdown requested: stopping between passes");
+                ferry_ledger::observe::sd_notify("STOPPING=1");
+                break;
+            }
         }
     }
+    tracing::info!(stage = "extract", "stage stopped");
+    Ok(total)
 }

@@ -3,13 +3,15 @@
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
 use ferry_extract::{ExtractError, Extractor};
+use ferry_ledger::FileState;
+use ferry_ledger::observe::Observer;
 use ferry_ledger::runner::open_stage;
 
 /// Take finished files from the source, split them at record boundaries into chunks, and
 /// stage the chunks (cluster B) for ferry-transform. Every file and chunk is recorded in the
 /// ledger; a file is never ingested twice, and a changed file is a new version.
 #[derive(Parser, Debug)]
-#[command(name = "ferry-extract", version, about)]
+#[command(name = "ferry-extract", version = ferry_ledger::VERSION, about, after_help = cli::STAGE_HELP)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
@@ -26,19 +28,28 @@ async fn main() {
 
 async fn run(args: Args) -> Result<i32, ExtractError> {
     let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
-    let x = Extractor::new(cfg, ledger)?;
+    let observer = Observer::start("extract", &args.stage, &ledger).await?;
+    let x = Extractor::new(cfg, ledger.clone())?.with_health(observer.health());
     let started = std::time::Instant::now();
-    let p = ferry_extract::run(&x, args.stage.once, args.stage.poll).await?;
-    eprintln!(
-        "extract: {} files chunked into {} chunks ({} records, {} bytes) in {:.1}s; {} quarantined, {} not finished yet, {} already done",
-        p.chunked,
-        p.chunks,
-        p.records,
-        p.bytes,
-        started.elapsed().as_secs_f64(),
-        p.quarantined,
-        p.unfinished,
-        p.skipped
-    );
-    Ok(if p.quarantined > 0 { cli::exit::QUARANTINED } else { cli::exit::OK })
+    let p = ferry_extract::run(&x, args.stage.once, args.stage.poll, args.stage.progress_interval).await?;
+    // 3 means what it means for every stage: something of this stage (a source file) is
+    // quarantined in the ledger, whichever run set it aside.
+    let quarantined_total = ledger.status().await?.files.iter().filter(|(s, _)| *s == FileState::Quarantined).map(|f| f.1).sum::<i64>();
+    let secs = started.elapsed().as_secs_f64();
+    if cli::json_logs() {
+        tracing::info!(
+            target: "ferry::summary",
+            stage = "extract", files = p.chunked, chunks = p.chunks, records = p.records, bytes = p.bytes, seconds = secs,
+            quarantined = p.quarantined, quarantined_in_ledger = quarantined_total, unfinished = p.unfinished, skipped = p.skipped,
+            "summary"
+        );
+    } else {
+        eprintln!(
+            "extract: {} files chunked into {} chunks ({} records, {} bytes) in {secs:.1}s; {} quarantined ({quarantined_total} in ledger), {} not finished yet, {} already done",
+            p.chunked, p.chunks, p.records, p.bytes, p.quarantined, p.unfinished, p.skipped
+        );
+    }
+    let code = if quarantined_total > 0 { cli::exit::QUARANTINED } else { cli::exit::OK };
+    observer.finish(&ledger, code).await;
+    Ok(code)
 }

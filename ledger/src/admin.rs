@@ -3,7 +3,7 @@
 //! what a hand-written query would.
 
 use crate::backend::{Backend, Begin};
-use crate::state::{FileState, Stage, TaskState};
+use crate::state::{AttemptOutcome, FileState, Stage, TaskState};
 use crate::{Ledger, Result, db};
 
 /// One row of the `backlog` view.
@@ -151,5 +151,167 @@ impl Ledger {
             })
         })
         .await
+    }
+}
+
+/// Chunks and the bytes they still have to move.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Count {
+    pub chunks: i64,
+    pub bytes: i64,
+}
+
+/// One stage's work as an operator sees it (`ferry status`, the metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageOverview {
+    pub stage: Stage,
+    /// Tasks and bytes per state (every state, zero where there are none).
+    pub states: Vec<(TaskState, Count)>,
+    /// `scheduled_at` of the oldest task that is due now (ms since the epoch).
+    pub oldest_due_ms: Option<i64>,
+    /// When an attempt of this stage last finished its task.
+    pub last_success_ms: Option<i64>,
+    /// Finished in the last [`Overview::window_ms`]: chunks, records, bytes.
+    pub recent: (i64, i64, i64),
+    /// Attempts that did not finish their task, and the bytes they had moved.
+    pub redone_attempts: i64,
+    pub redone_bytes: i64,
+    /// Running tasks whose lease has expired.
+    pub stuck_leases: i64,
+}
+
+impl StageOverview {
+    pub fn count(&self, state: TaskState) -> Count {
+        self.states.iter().find(|(s, _)| *s == state).map(|(_, c)| *c).unwrap_or_default()
+    }
+}
+
+/// A running task whose lease has expired, with the worker that held it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StuckLease {
+    pub task_id: i64,
+    pub chunk_id: String,
+    #[sqlx(try_from = "String")]
+    pub stage: Stage,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<i64>,
+}
+
+/// One of the latest attempts that did not finish its task.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct RecentFailure {
+    pub ended_at: i64,
+    #[sqlx(try_from = "String")]
+    pub stage: Stage,
+    pub chunk_id: String,
+    pub attempt: i64,
+    pub worker: String,
+    pub outcome: String,
+    pub error: Option<String>,
+}
+
+/// Everything `ferry status` and the ledger metrics show, read at `now_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overview {
+    pub now_ms: i64,
+    /// The window of [`StageOverview::recent`].
+    pub window_ms: i64,
+    pub stages: Vec<StageOverview>,
+    pub files: Vec<(FileState, i64)>,
+    pub stuck: Vec<StuckLease>,
+    pub recent_failures: Vec<RecentFailure>,
+    pub quarantined: Vec<Quarantined>,
+}
+
+impl Ledger {
+    /// The operator's view of every stage (see [`Overview`]); `window` sets how far back
+    /// throughput is measured.
+    pub async fn overview(&self, window: std::time::Duration) -> Result<Overview> {
+        let now = self.now_ms();
+        let window_ms = window.as_millis() as i64;
+        let status = self.status().await?;
+        type Rows = (Vec<(String, i64)>, Vec<(String, i64, i64, i64)>, Vec<(String, i64, i64)>, Vec<StuckLease>, Vec<RecentFailure>);
+        let [due_a, due_b] = TaskState::DUE.map(|s| s.as_str());
+        let (oldest, recent, redone, stuck, failures): Rows = self
+            .call("overview", || async move {
+                on_backend!(self, |pool, begin| {
+                    let op = "overview";
+                    let oldest = sqlx::query_as(
+                        "SELECT stage, MIN(scheduled_at) FROM tasks WHERE state IN ($2, $3) AND scheduled_at <= $1 GROUP BY stage",
+                    )
+                    .bind(now)
+                    .bind(due_a)
+                    .bind(due_b)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(db(op))?;
+                    let recent = sqlx::query_as(
+                        "SELECT stage, COUNT(*), CAST(COALESCE(SUM(records), 0) AS BIGINT), CAST(COALESCE(SUM(bytes), 0) AS BIGINT)
+                         FROM attempts WHERE outcome = $2 AND ended_at >= $1 GROUP BY stage",
+                    )
+                    .bind(now - window_ms)
+                    .bind(AttemptOutcome::Done.as_str())
+                    .fetch_all(pool)
+                    .await
+                    .map_err(db(op))?;
+                    let redone = sqlx::query_as(
+                        "SELECT stage, CAST(SUM(attempts) AS BIGINT), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM redone_work GROUP BY stage",
+                    )
+                    .fetch_all(pool)
+                    .await
+                    .map_err(db(op))?;
+                    let stuck = sqlx::query_as(
+                        "SELECT task_id, chunk_id, stage, lease_owner, lease_expires_at FROM stuck_leases ORDER BY lease_expires_at",
+                    )
+                    .fetch_all(pool)
+                    .await
+                    .map_err(db(op))?;
+                    let failures = sqlx::query_as(
+                        "SELECT ended_at, stage, chunk_id, attempt, worker, outcome, error FROM recent_failures LIMIT 10",
+                    )
+                    .fetch_all(pool)
+                    .await
+                    .map_err(db(op))?;
+                    Ok((oldest, recent, redone, stuck, failures))
+                })
+            })
+            .await?;
+        let mut stages = Vec::new();
+        for &stage in Stage::ALL {
+            let last_success_ms: Option<i64> = self
+                .call("overview", || async move {
+                    on_backend!(self, |pool, begin| {
+                        // Newest first along the ended_at index: stops at the first match.
+                        sqlx::query_scalar("SELECT ended_at FROM attempts WHERE stage = $1 AND outcome = $2 ORDER BY ended_at DESC LIMIT 1")
+                            .bind(stage.as_str())
+                            .bind(AttemptOutcome::Done.as_str())
+                            .fetch_optional(pool)
+                            .await
+                            .map_err(db("overview"))
+                    })
+                })
+                .await?;
+            let name = stage.as_str();
+            let states = TaskState::ALL
+                .iter()
+                .map(|&state| {
+                    let r = status.backlog.iter().find(|r| r.stage == stage && r.state == state);
+                    (state, r.map(|r| Count { chunks: r.tasks, bytes: r.bytes }).unwrap_or_default())
+                })
+                .collect();
+            let (redone_attempts, redone_bytes) = redone.iter().find(|r| r.0 == name).map(|r| (r.1, r.2)).unwrap_or_default();
+            stages.push(StageOverview {
+                stage,
+                states,
+                oldest_due_ms: oldest.iter().find(|r| r.0 == name).map(|r| r.1),
+                last_success_ms,
+                recent: recent.iter().find(|r| r.0 == name).map(|r| (r.1, r.2, r.3)).unwrap_or_default(),
+                redone_attempts,
+                redone_bytes,
+                stuck_leases: stuck.iter().filter(|s| s.stage == stage).count() as i64,
+            });
+        }
+        let quarantined = self.quarantined().await?;
+        Ok(Overview { now_ms: now, window_ms, stages, files: status.files, stuck, recent_failures: failures, quarantined })
     }
 }

@@ -67,13 +67,19 @@ use std::time::Duration;
 
 use ferry_common::config::LedgerSection;
 
-pub use admin::{BacklogRow, Quarantined, RequeueFilter, Status};
+pub use admin::{BacklogRow, Count, Overview, Quarantined, RecentFailure, RequeueFilter, StageOverview, Status, StuckLease};
 use backend::Backend;
 use clock::{Clock, SystemClock};
 pub use error::{Error, Result};
 pub use files::{Chunk, NewChunk, NewSourceFile, SourceFile, chunk_id};
 pub use outputs::{Part, PartitionStats, Reject};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
+/// The ledger schema this binary needs: the number of migrations in each of
+/// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
+pub const SCHEMA_VERSION: i64 = 3;
+/// What `--version` prints.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 3)");
+
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
 
@@ -230,6 +236,7 @@ mod batch;
 pub mod clock;
 mod error;
 mod files;
+pub mod observe;
 mod outputs;
 pub mod runner;
 pub mod state;

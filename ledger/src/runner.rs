@@ -18,6 +18,7 @@ use ferry_common::error::{Classified, ErrorClass};
 use futures::FutureExt;
 use tokio::task::JoinSet;
 
+use crate::observe::{self, Health, Observer, names};
 use crate::{Error, FailOutcome, Lease, Ledger, LedgerOptions, Result, Stage, TaskState, Work};
 
 /// What every stage binary does first: load the config (flags and env win), connect to the
@@ -41,6 +42,26 @@ pub struct RunOptions {
     /// How long in-flight chunks may finish after SIGTERM before their leases are released.
     pub grace: Duration,
     pub worker: String,
+    /// `--watch` logs a progress line this often.
+    pub progress_interval: Duration,
+    /// Told when chunks finish and when there is nothing to do (`/healthz`, the watchdog).
+    pub health: Arc<Health>,
+}
+
+impl RunOptions {
+    /// Options with the defaults of the binaries' flags.
+    pub fn new(stage: Stage, concurrency: usize, once: bool, worker: String) -> RunOptions {
+        RunOptions {
+            stage,
+            concurrency,
+            once,
+            poll: Duration::from_secs(2),
+            grace: Duration::from_secs(30),
+            worker,
+            progress_interval: Duration::from_secs(60),
+            health: Health::new(Duration::from_secs(900)),
+        }
+    }
 }
 
 /// A stage's start-up cleanup of abandoned temp files, best effort: a store that is down
@@ -99,6 +120,19 @@ enum Ended {
     Released,
 }
 
+impl Ended {
+    /// The `outcome` label of the chunk metrics.
+    fn outcome(&self) -> &'static str {
+        match self {
+            Ended::Done(_) => "done",
+            Ended::Failed(FailOutcome::Retry { .. }) => "retried",
+            Ended::Failed(FailOutcome::Quarantined) => "quarantined",
+            Ended::Lost => "lost",
+            Ended::Released => "released",
+        }
+    }
+}
+
 /// What a chunk stage's binary does after setting itself up: run under the flags of
 /// [`StageArgs`] and turn the summary into the process exit code.
 pub async fn serve<E, F>(ledger: &Ledger, args: &StageArgs, stage: Stage, concurrency: usize, work: F, after: AfterCommit) -> Result<i32>
@@ -106,6 +140,7 @@ where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
 {
+    let observer = Observer::start(stage.as_str(), args, ledger).await?;
     let opts = RunOptions {
         stage,
         concurrency: args.concurrency.unwrap_or(concurrency),
@@ -113,8 +148,12 @@ where
         poll: args.poll,
         grace: args.grace,
         worker: crate::worker_name(stage.as_str()),
+        progress_interval: args.progress_interval,
+        health: observer.health(),
     };
-    Ok(run(ledger, &opts, work, after).await?.exit_code())
+    let code = run(ledger, &opts, work, after).await?.exit_code();
+    observer.finish(ledger, code).await;
+    Ok(code)
 }
 
 /// Called after a chunk's completion is committed: the place to delete what only the
@@ -130,57 +169,165 @@ where
 {
     let work = Arc::new(work);
     let started = Instant::now();
+    let stage = opts.stage;
+    let mode = if opts.once { "once" } else { "watch" };
+    tracing::info!(%stage, worker = %opts.worker, concurrency = opts.concurrency, mode, "stage starting");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
-        tracing::warn!("shutdown requested: no new claims; finishing in-flight chunks");
+        tracing::info!(%stage, "shutdown requested: no new claims; finishing in-flight chunks");
+        observe::sd_notify("STOPPING=1");
         let _ = stop_tx.send(true);
     });
-    let bar = progress_bar(opts.stage);
+    let mut progress = Progress::new(stage, ledger.clone()).await;
     let mut summary = Summary::default();
-    let mut set: JoinSet<Result<Ended>> = JoinSet::new();
+    let mut set: JoinSet<Result<(Ended, Duration)>> = JoinSet::new();
     let mut stop = stop_rx.clone();
+    let mut report = tokio::time::interval(opts.progress_interval.max(Duration::from_millis(100)));
+    report.tick().await;
     loop {
         let stopping = *stop.borrow();
         let mut claimed = 0;
         if !stopping && set.len() < opts.concurrency {
             let free = (opts.concurrency - set.len()) as i64;
-            for lease in ledger.claim(opts.stage, &opts.worker, free).await? {
+            for lease in ledger.claim(stage, &opts.worker, free).await? {
                 claimed += 1;
-                set.spawn(run_one(ledger.clone(), lease, work.clone(), after.clone(), stop_rx.clone(), opts.grace));
+                let one = run_one(ledger.clone(), lease, work.clone(), after.clone(), stop_rx.clone(), opts.grace);
+                set.spawn(async move {
+                    let t0 = Instant::now();
+                    one.await.map(|ended| (ended, t0.elapsed()))
+                });
             }
         }
+        opts.health.set_idle(set.is_empty() && claimed == 0);
         if set.is_empty() && (stopping || (opts.once && claimed == 0)) {
             break;
         }
         if claimed > 0 && set.len() < opts.concurrency {
             continue; // more may be claimable right away
         }
+        progress.refresh_total(&summary).await;
         tokio::select! {
             joined = set.join_next(), if !set.is_empty() => {
                 if let Some(joined) = joined {
-                    let ended = joined.map_err(|e| Error::Internal(format!("{} task failed: {e}", opts.stage)))??;
-                    tally(&mut summary, ended);
-                    if let Some(b) = &bar {
-                        b.set_message(format!("{} done, {} retried, {} quarantined", summary.done, summary.retries, summary.quarantined));
-                        b.tick();
-                    }
+                    let (ended, took) = joined.map_err(|e| Error::Internal(format!("{stage} task failed: {e}")))??;
+                    tally(&mut summary, stage, ended, took);
+                    opts.health.progressed();
+                    progress.show(&summary);
                 }
             }
             _ = tokio::time::sleep(opts.poll), if set.len() < opts.concurrency && !opts.once => {}
             _ = stop.changed(), if !stopping => {}
+            _ = report.tick(), if !opts.once => progress.log(&summary, set.len()),
         }
     }
-    if let Some(b) = bar {
-        b.finish_and_clear();
+    progress.finish();
+    summary.pending = ledger.pending(stage).await?;
+    summary.quarantined_total = ledger.status().await?.tasks(Some(stage), TaskState::Quarantined);
+    let elapsed = started.elapsed();
+    if ferry_common::cli::json_logs() {
+        let s = &summary;
+        tracing::info!(
+            target: "ferry::summary",
+            %stage, done = s.done, records = s.records, bytes = s.bytes, seconds = elapsed.as_secs_f64(),
+            retried = s.retries, quarantined = s.quarantined, quarantined_in_ledger = s.quarantined_total,
+            leases_lost = s.lost, released = s.released, pending = s.pending,
+            "summary"
+        );
+    } else {
+        eprintln!("{}", summary.line(stage, elapsed));
     }
-    summary.pending = ledger.pending(opts.stage).await?;
-    summary.quarantined_total = ledger.status().await?.tasks(Some(opts.stage), TaskState::Quarantined);
-    eprintln!("{}", summary.line(opts.stage, started.elapsed()));
+    tracing::info!(%stage, "stage stopped");
     Ok(summary)
 }
 
-fn tally(s: &mut Summary, ended: Ended) {
+/// What a stage shows of its progress: a bar on a terminal (done / known work, rate, ETA, like
+/// rclone's -P), a log line every `--progress-interval` under `--watch`.
+pub(crate) struct Progress {
+    stage: Stage,
+    ledger: Ledger,
+    bar: Option<indicatif::ProgressBar>,
+    started: Instant,
+    refreshed: Option<Instant>,
+    last_log: (Instant, u64, i64, i64),
+}
+
+impl Progress {
+    pub(crate) async fn new(stage: Stage, ledger: Ledger) -> Progress {
+        let bar = progress_bar(&format!("{stage}"), "chunks");
+        let now = Instant::now();
+        let mut p = Progress { stage, ledger, bar, started: now, refreshed: None, last_log: (now, 0, 0, 0) };
+        p.refresh_total(&Summary::default()).await;
+        p
+    }
+
+    /// The bar's total: chunks done by this run plus what the ledger still has for the stage
+    /// (read at most every two seconds).
+    async fn refresh_total(&mut self, s: &Summary) {
+        let Some(bar) = &self.bar else { return };
+        if self.refreshed.is_some_and(|t| t.elapsed() < Duration::from_secs(2)) {
+            return;
+        }
+        self.refreshed = Some(Instant::now());
+        if let Ok(pending) = self.ledger.pending(self.stage).await {
+            bar.set_length(s.done + pending.max(0) as u64);
+        }
+    }
+
+    fn show(&self, s: &Summary) {
+        if let Some(b) = &self.bar {
+            b.set_position(s.done);
+            let rate = s.bytes as f64 / self.started.elapsed().as_secs_f64().max(0.001);
+            b.set_message(format!("{}/s, {} retried, {} quarantined", human_bytes(rate), s.retries, s.quarantined));
+        }
+    }
+
+    fn log(&mut self, s: &Summary, in_flight: usize) {
+        let (at, done, records, bytes) = self.last_log;
+        let secs = at.elapsed().as_secs_f64().max(0.001);
+        tracing::info!(
+            stage = %self.stage,
+            done = s.done,
+            records = s.records,
+            bytes = s.bytes,
+            chunks_per_s = format!("{:.2}", (s.done - done) as f64 / secs),
+            records_per_s = format!("{:.0}", (s.records - records) as f64 / secs),
+            bytes_per_s = %human_bytes((s.bytes - bytes) as f64 / secs),
+            in_flight,
+            retried = s.retries,
+            quarantined = s.quarantined,
+            "progress"
+        );
+        self.last_log = (Instant::now(), s.done, s.records, s.bytes);
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// 1234567 -> "1.2 MB".
+pub fn human_bytes(n: f64) -> String {
+    let units = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = n;
+    let mut i = 0;
+    while v >= 1000.0 && i + 1 < units.len() {
+        v /= 1000.0;
+        i += 1;
+    }
+    if i == 0 { format!("{v:.0} {}", units[i]) } else { format!("{v:.1} {}", units[i]) }
+}
+
+fn tally(s: &mut Summary, stage: Stage, ended: Ended, took: Duration) {
+    let (st, outcome) = (stage.as_str(), ended.outcome());
+    metrics::counter!(names::CHUNKS, "stage" => st, "outcome" => outcome).increment(1);
+    metrics::histogram!(names::ATTEMPT_SECONDS, "stage" => st, "outcome" => outcome).record(took.as_secs_f64());
+    if let Ended::Done(w) = &ended {
+        metrics::counter!(names::RECORDS, "stage" => st).increment(w.records.max(0) as u64);
+        metrics::counter!(names::BYTES, "stage" => st).increment(w.bytes.max(0) as u64);
+    }
     match ended {
         Ended::Done(w) => {
             s.done += 1;
@@ -297,13 +444,15 @@ pub async fn shutdown_signal() {
     }
 }
 
-fn progress_bar(stage: Stage) -> Option<indicatif::ProgressBar> {
+/// A progress bar on stderr when it is a terminal: `prefix [=====>   ] 12/40 unit  msg  ETA 1m`.
+pub fn progress_bar(prefix: &str, unit: &str) -> Option<indicatif::ProgressBar> {
     if !std::io::stderr().is_terminal() {
         return None;
     }
-    let b = indicatif::ProgressBar::new_spinner();
-    b.set_prefix(stage.to_string());
-    b.set_style(indicatif::ProgressStyle::with_template("{spinner} {prefix}: {msg} [{elapsed}]").ok()?);
-    b.enable_steady_tick(Duration::from_millis(200));
+    let b = indicatif::ProgressBar::new(0);
+    b.set_prefix(prefix.to_string());
+    let style = format!("{{prefix}} [{{bar:30}}] {{pos}}/{{len}} {unit}  {{msg}}  ETA {{eta}} [{{elapsed}}]");
+    b.set_style(indicatif::ProgressStyle::with_template(&style).ok()?.progress_chars("=> "));
+    b.enable_steady_tick(Duration::from_millis(500));
     Some(b)
 }

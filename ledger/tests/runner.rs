@@ -17,14 +17,7 @@ async fn a_panicking_chunk_fails_its_attempt_and_the_stage_goes_on() {
     let ledger = t.ledger(Default::default(), None).await;
     let chunks = seed(&ledger, "panics", 3).await;
     let bad = chunks[1].clone();
-    let opts = RunOptions {
-        stage: Stage::Transform,
-        concurrency: 2,
-        once: true,
-        poll: Duration::from_millis(20),
-        grace: Duration::from_secs(1),
-        worker: "test".into(),
-    };
+    let opts = RunOptions { poll: Duration::from_millis(20), ..RunOptions::new(Stage::Transform, 2, true, "test".into()) };
     let work = move |lease: Lease| -> TaskFuture<ConfigError> {
         let bad = bad.clone();
         Box::pin(async move {

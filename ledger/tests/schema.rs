@@ -137,3 +137,12 @@ async fn postgres_claim_uses_the_partial_index() {
         .unwrap();
     assert!(plan.iter().any(|l| l.contains("tasks_due")), "{}", plan.join("\n"));
 }
+
+#[test]
+fn the_schema_version_is_the_number_of_migrations() {
+    for backend in ["sqlite", "postgres"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations").join(backend);
+        assert_eq!(std::fs::read_dir(dir).unwrap().count() as i64, ferry_ledger::SCHEMA_VERSION, "{backend}");
+    }
+    assert!(ferry_ledger::VERSION.ends_with(&format!("(ledger schema {})", ferry_ledger::SCHEMA_VERSION)));
+}

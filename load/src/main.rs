@@ -12,7 +12,7 @@ use ferry_load::{LoadError, Loader};
 /// <table>/<k=v>/part-<chunk>.parquet by atomic rename, record it in the ledger, and keep the
 /// table's manifest and Hive DDL under <table>/_ferry/. Re-running publishes nothing twice.
 #[derive(Parser, Debug)]
-#[command(name = "ferry-load", version, about)]
+#[command(name = "ferry-load", version = ferry_ledger::VERSION, about, after_help = cli::STAGE_HELP)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,

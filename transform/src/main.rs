@@ -12,7 +12,7 @@ use ferry_transform::{TransformError, Transformer};
 /// [transform] plan, and write Parquet to the local spool for ferry-copy. Bad records go to
 /// the ledger's `rejects` table; a chunk with too many is quarantined, the others flow on.
 #[derive(Parser, Debug)]
-#[command(name = "ferry-transform", version, about)]
+#[command(name = "ferry-transform", version = ferry_ledger::VERSION, about, after_help = cli::STAGE_HELP)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,

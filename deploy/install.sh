@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Installs Ferry on a host: stripped release binaries, systemd units, a configuration skeleton,
+# the ferry user and the directories the stages write. Safe to run again (an upgrade): it never
+# overwrites /etc/ferry/ferry.toml or ferry.env.
+#
+#   deploy/install.sh                   build (cargo, release) and install under /usr/local
+#   deploy/install.sh --bin-dir DIR     install binaries already built in DIR instead
+#   deploy/install.sh --root DIR        install into DIR as if it were / (packaging, tests):
+#                                       no user is created and nothing is started
+#
+# Then: edit /etc/ferry/ferry.toml (and secrets in /etc/ferry/ferry.env), check it with
+# `ferry check-config`, and start either the timers (--once every minute) or the services:
+#   systemctl enable --now ferry-extract.timer ferry-transform.timer ferry-copy.timer ferry-load.timer
+#   systemctl enable --now ferry-{extract,transform,copy,load}-watch.service
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+root="" bin_dir="" prefix=/usr/local
+while [ $# -gt 0 ]; do
+  case $1 in
+    --root) root=$2; shift 2 ;;
+    --bin-dir) bin_dir=$2; shift 2 ;;
+    --prefix) prefix=$2; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+binaries=(ferry ferry-extract ferry-transform ferry-copy ferry-load)
+
+if [ -z "$bin_dir" ]; then
+  (cd "$repo" && cargo build --release --locked --bins)
+  bin_dir=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
+fi
+for b in "${binaries[@]}"; do
+  [ -x "$bin_dir/$b" ] || { echo "install.sh: $bin_dir/$b is missing; build first or drop --bin-dir" >&2; exit 1; }
+done
+
+echo "installing Ferry into ${root:-/} (binaries in $prefix/bin)"
+install -d "$root$prefix/bin" "$root/etc/systemd/system" "$root/etc/ferry" \
+  "$root$prefix/share/ferry" "$root$prefix/share/doc/ferry"
+for b in "${binaries[@]}"; do
+  install -m 0755 "$bin_dir/$b" "$root$prefix/bin/$b"
+  strip "$root$prefix/bin/$b" 2>/dev/null || true
+done
+
+# Units name /usr/local/bin; another prefix is written into them.
+for u in "$here"/systemd/*.service "$here"/systemd/*.timer; do
+  sed "s#/usr/local/bin/#$prefix/bin/#g; s#/usr/local/share/#$prefix/share/#g" "$u" > "$root/etc/systemd/system/$(basename "$u")"
+  chmod 0644 "$root/etc/systemd/system/$(basename "$u")"
+done
+# The rest for reference: cron file, Kubernetes manifests, alert rules, dashboard, docs.
+cp -r "$here/cron" "$here/kubernetes" "$here/prometheus" "$here/grafana" "$root$prefix/share/ferry/"
+install -m 0644 "$repo/README.md" "$repo/CONTRIBUTING.md" "$here/ferry.example.toml" "$root$prefix/share/doc/ferry/"
+
+# A configuration skeleton for this host: embedded SQLite ledger, spool under /var/spool.
+if [ ! -e "$root/etc/ferry/ferry.toml" ]; then
+  sed -e 's#^url = "sqlite://ferry-ledger.db"#url = "sqlite:///var/lib/ferry/ledger.db"#' \
+      "$here/ferry.example.toml" > "$root/etc/ferry/ferry.toml"
+  chmod 0644 "$root/etc/ferry/ferry.toml"
+  echo "wrote $root/etc/ferry/ferry.toml: edit source, staging, destination and table"
+fi
+if [ ! -e "$root/etc/ferry/ferry.env" ]; then
+  cat > "$root/etc/ferry/ferry.env" <<'ENV'
+# Secrets for the Ferry stages, as environment variables (this file is mode 0600).
+# FERRY_LEDGER=postgres://ferry:PASSWORD@db.example.com/ferry
+# AWS_ACCESS_KEY_ID=...
+# AWS_SECRET_ACCESS_KEY=...
+ENV
+  chmod 0600 "$root/etc/ferry/ferry.env"
+fi
+
+install -d -m 0750 "$root/var/spool/ferry" "$root/var/lib/ferry" "$root/var/log/ferry"
+if [ -z "$root" ]; then
+  getent group ferry >/dev/null || groupadd --system ferry
+  getent passwd ferry >/dev/null || useradd --system --gid ferry --home-dir /var/lib/ferry --shell /usr/sbin/nologin ferry
+  chown ferry:ferry /var/spool/ferry /var/lib/ferry /var/log/ferry
+  chown root:ferry /etc/ferry/ferry.env && chmod 0640 /etc/ferry/ferry.env
+  command -v systemctl >/dev/null && systemctl daemon-reload 2>/dev/null || true
+fi
+
+cat <<EOF
+installed: ${binaries[*]}
+next:
+  \$EDITOR /etc/ferry/ferry.toml && ferry check-config --config /etc/ferry/ferry.toml
+  systemctl enable --now ferry-extract.timer ferry-transform.timer ferry-copy.timer ferry-load.timer
+  ferry status --config /etc/ferry/ferry.toml
+EOF
