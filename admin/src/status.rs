@@ -58,11 +58,8 @@ pub fn text(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> String
     );
     for s in &o.stages {
         let secs = o.window_ms as f64 / 1000.0;
-        let rate = if s.recent.0 == 0 {
-            "-".to_string()
-        } else {
-            format!("{} chunks, {}/s", s.recent.0, human_bytes(s.recent.2 as f64 / secs))
-        };
+        let rate =
+            if s.recent.0 == 0 { "-".to_string() } else { format!("{} chunks, {}/s", s.recent.0, human_bytes(s.recent.2 as f64 / secs)) };
         let _ = writeln!(
             out,
             "{:<10} {:>16} {:>16} {:>16} {:>16} {:>11} {:>13} {:>22} {:>8}",
