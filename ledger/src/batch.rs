@@ -50,10 +50,8 @@ async fn flush_completions(pool: &sqlx::SqlitePool, batch: &[Completion]) -> Res
 }
 
 impl Ledger {
-    /// SQLite: queue the completion; whoever holds the writer lock commits every queued
-    /// completion in one statement. On SQLite the cost of a statement is mostly the hop to
-    /// sqlx's connection thread and back (measured: ~60% of CPU in thread wake-ups), so N
-    /// concurrent completions become one hop instead of N. Returns whether this lease's row changed.
+    /// Queues the completion; whoever holds the writer lock commits every queued completion in
+    /// one statement (see the module note). Returns whether this lease's row changed.
     pub(crate) async fn complete_batched(&self, pool: &sqlx::SqlitePool, mut item: Completion) -> Result<bool> {
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         item.reply = Some(tx);
