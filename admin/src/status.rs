@@ -80,6 +80,18 @@ pub fn text(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> String
             let _ = writeln!(out, "  {}/{:<24} {:>5} files {:>10} rows", p.table, p.partition, p.files, p.records);
         }
     }
+    let _ = writeln!(out, "open outages: {}", o.outages.len());
+    for x in &o.outages {
+        let _ = writeln!(
+            out,
+            "  {} down for {} since {} ({} probes): {}",
+            x.store,
+            x.stage,
+            ago(o.now_ms, Some(x.started_at)),
+            x.probes,
+            x.last_error.as_deref().unwrap_or("")
+        );
+    }
     let redone: i64 = o.stages.iter().map(|s| s.redone_attempts).sum();
     let redone_bytes: i64 = o.stages.iter().map(|s| s.redone_bytes).sum();
     let _ = writeln!(out, "redone attempts: {redone} ({redone_bytes} bytes)");
@@ -153,19 +165,27 @@ pub fn to_json(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> ser
             "ended_unix_ms": f.ended_at, "stage": f.stage.as_str(), "chunk": f.chunk_id, "attempt": f.attempt,
             "worker": f.worker, "outcome": f.outcome, "error": f.error,
         })).collect::<Vec<_>>(),
+        "outages": o.outages.iter().map(|x| json!({
+            "store": x.store, "stage": x.stage.as_str(), "since_unix_ms": x.started_at, "probes": x.probes,
+            "last_probe_unix_ms": x.last_probe_at, "last_error": x.last_error,
+        })).collect::<Vec<_>>(),
         "quarantined": o.quarantined.iter().map(|q| json!({"kind": q.kind, "what": q.what, "reason": q.reason})).collect::<Vec<_>>(),
         "published": partitions.iter().map(|p| json!({"table": p.table, "partition": p.partition, "files": p.files, "records": p.records})).collect::<Vec<_>>(),
     })
 }
 
-/// A Nagios-style verdict: CRITICAL when anything is quarantined, WARNING for stuck leases or
-/// work due for longer than `max_age`, else OK. Returns the exit code and the one-line report.
+/// A Nagios-style verdict: CRITICAL when anything is quarantined, WARNING for a store that is
+/// down (it heals by itself, but someone should know), stuck leases or work due for longer than
+/// `max_age`, else OK. Returns the exit code and the one-line report.
 pub fn verdict(o: &Overview, max_age: Duration) -> (i32, String) {
     let mut critical = Vec::new();
     let mut warning = Vec::new();
     let files = o.files.iter().find(|(s, _)| *s == FileState::Quarantined).map_or(0, |f| f.1);
     if files > 0 {
         critical.push(format!("{files} source file(s) quarantined"));
+    }
+    for x in &o.outages {
+        warning.push(format!("{} down for {} since {}", x.store, x.stage, ago(o.now_ms, Some(x.started_at))));
     }
     for s in &o.stages {
         let q = s.count(TaskState::Quarantined).chunks;

@@ -271,6 +271,9 @@ pub struct LedgerSection {
     pub backoff_max: HumanDuration,
     /// Deadline of one ledger call.
     pub call_timeout: HumanDuration,
+    /// The longest wait between probes of a store that is down (staging, destination, the
+    /// ledger). Probes start 1 s apart and double, with jitter, up to this.
+    pub outage_probe_max: HumanDuration,
 }
 
 impl Default for LedgerSection {
@@ -285,6 +288,9 @@ impl Default for LedgerSection {
             backoff_min: HumanDuration(Duration::from_secs(1)),
             backoff_max: HumanDuration(Duration::from_secs(300)),
             call_timeout: HumanDuration(Duration::from_secs(30)),
+            // An outage is noticed back within five minutes, and a store that is down for
+            // hours sees a dozen probes an hour per worker.
+            outage_probe_max: HumanDuration(Duration::from_secs(300)),
         }
     }
 }

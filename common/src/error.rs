@@ -34,6 +34,13 @@ pub trait Classified: std::error::Error + Send + 'static {
     fn is_config(&self) -> bool {
         false
     }
+
+    /// The store a transient failure is about (`staging`, `destination`, `ledger`), if it is
+    /// one: failures of every chunk on one store, with no success between them, mean the store
+    /// is down rather than the chunks broken.
+    fn store(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// A configuration the binaries cannot work with; `file` names the file, flag or URL.

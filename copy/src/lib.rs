@@ -76,6 +76,13 @@ impl Classified for CopyError {
             CopyError::Io { source, .. } => ferry_common::error::io_error_class(source),
         }
     }
+    fn store(&self) -> Option<&'static str> {
+        match self {
+            CopyError::Storage(_) | CopyError::Verify(_) => Some("destination"),
+            CopyError::Ledger(e) if e.is_transient() => Some("ledger"),
+            _ => None,
+        }
+    }
     fn is_config(&self) -> bool {
         match self {
             CopyError::Config(_) => true,

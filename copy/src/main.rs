@@ -29,6 +29,8 @@ async fn main() {
 
 async fn run(args: Args) -> Result<i32, CopyError> {
     let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
+    // The store whose outage pauses this stage (its errors name it), and the ledger.
+    let stores = vec![("destination", cfg.destination.url.clone()), ("ledger", "the work ledger".to_string())];
     let concurrency = cfg.copy_concurrency();
     let c = Arc::new(Copier::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
     runner::cleanup(c.gc()).await;
@@ -38,6 +40,7 @@ async fn run(args: Args) -> Result<i32, CopyError> {
         &args.stage,
         Stage::Copy,
         concurrency,
+        stores,
         move |lease| Box::pin(work.clone().chunk(lease)),
         Arc::new(move |lease| after.remove_spool(lease)),
     )

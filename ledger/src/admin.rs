@@ -221,6 +221,8 @@ pub struct Overview {
     pub stuck: Vec<StuckLease>,
     pub recent_failures: Vec<RecentFailure>,
     pub quarantined: Vec<Quarantined>,
+    /// Stores down now, as the stages found them.
+    pub outages: Vec<crate::Outage>,
 }
 
 impl Ledger {
@@ -312,6 +314,7 @@ impl Ledger {
             });
         }
         let quarantined = self.quarantined().await?;
-        Ok(Overview { now_ms: now, window_ms, stages, files: status.files, stuck, recent_failures: failures, quarantined })
+        let outages = self.open_outages().await?;
+        Ok(Overview { now_ms: now, window_ms, stages, files: status.files, stuck, recent_failures: failures, quarantined, outages })
     }
 }

@@ -72,13 +72,14 @@ use backend::Backend;
 use clock::{Clock, SystemClock};
 pub use error::{Error, Result};
 pub use files::{Chunk, NewChunk, NewSourceFile, SourceFile, chunk_id};
+pub use outages::Outage;
 pub use outputs::{Part, PartitionStats, Reject};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 /// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 3)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 4)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
@@ -131,6 +132,8 @@ pub struct LedgerOptions {
     pub reclaim_interval: Duration,
     /// Connections in the pool.
     pub max_connections: u32,
+    /// The longest wait between probes of a store that is down (see [`breaker`]).
+    pub outage_probe_max: Duration,
 }
 
 impl Default for LedgerOptions {
@@ -154,6 +157,7 @@ impl LedgerOptions {
             // 100 ms so that a short test lease does not turn every claim into two statements.
             reclaim_interval: (s.lease.0 / 4).max(Duration::from_millis(100)),
             max_connections: 8,
+            outage_probe_max: s.outage_probe_max.0,
         }
     }
 }
@@ -233,10 +237,12 @@ macro_rules! write_tx {
 mod admin;
 mod backend;
 mod batch;
+pub mod breaker;
 pub mod clock;
 mod error;
 mod files;
 pub mod observe;
+mod outages;
 mod outputs;
 pub mod runner;
 pub mod state;

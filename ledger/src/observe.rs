@@ -57,6 +57,12 @@ pub mod names {
     pub const QUARANTINED_FILES: &str = "ferry_quarantined_files";
     /// 1 while this process makes progress or has nothing due; 0 when /healthz fails.
     pub const HEALTHY: &str = "ferry_healthy";
+    /// Outages of a `store` this process found (it stopped claiming, then probed), and whether
+    /// the store is down now, by `stage` and `store` (staging, destination, ledger).
+    pub const STORE_OUTAGES: &str = "ferry_store_outages_total";
+    pub const STORE_DOWN: &str = "ferry_store_down";
+    /// From the ledger: outages not over yet, by `stage`.
+    pub const OPEN_OUTAGES: &str = "ferry_open_outages";
     /// Textfile (--once) only: when the run ended, and its exit code.
     pub const LAST_RUN: &str = "ferry_last_run_timestamp_seconds";
     pub const LAST_EXIT: &str = "ferry_last_run_exit_code";
@@ -199,6 +205,9 @@ fn install() -> Result<PrometheusHandle> {
     metrics::describe_gauge!(names::REDONE_ATTEMPTS, "Attempts that did not finish their task, from the ledger.");
     metrics::describe_gauge!(names::REDONE_BYTES, "Bytes moved by attempts that did not finish their task, from the ledger.");
     metrics::describe_gauge!(names::QUARANTINED_FILES, "Source files set aside, from the ledger.");
+    metrics::describe_counter!(names::STORE_OUTAGES, "Outages of a store this process found, by stage and store.");
+    metrics::describe_gauge!(names::STORE_DOWN, "1 while this process finds the store down.");
+    metrics::describe_gauge!(names::OPEN_OUTAGES, "Outages not over yet, from the ledger, by stage.");
     metrics::describe_gauge!(names::HEALTHY, "1 while the stage makes progress or has nothing due.");
     metrics::describe_gauge!(names::LAST_RUN, metrics::Unit::Seconds, "When this --once run ended (Unix time).");
     metrics::describe_gauge!(names::LAST_EXIT, "The exit code of this --once run.");
@@ -233,6 +242,7 @@ async fn refresh(ledger: &Ledger, stage: &'static str, health: &Health) {
         metrics::gauge!(names::STUCK_LEASES, "stage" => st).set(s.stuck_leases as f64);
         metrics::gauge!(names::REDONE_ATTEMPTS, "stage" => st).set(s.redone_attempts as f64);
         metrics::gauge!(names::REDONE_BYTES, "stage" => st).set(s.redone_bytes as f64);
+        metrics::gauge!(names::OPEN_OUTAGES, "stage" => st).set(o.outages.iter().filter(|x| x.stage == s.stage).count() as f64);
     }
     let files = o.files.iter().find(|(s, _)| *s == FileState::Quarantined).map_or(0, |f| f.1);
     metrics::gauge!(names::QUARANTINED_FILES).set(files as f64);

@@ -18,6 +18,7 @@ use ferry_common::error::{Classified, ErrorClass};
 use futures::FutureExt;
 use tokio::task::JoinSet;
 
+use crate::breaker::{Breakers, Verdict};
 use crate::observe::{self, Health, Observer, names};
 use crate::{Error, FailOutcome, Lease, Ledger, LedgerOptions, Result, Stage, TaskState, Work};
 
@@ -46,6 +47,11 @@ pub struct RunOptions {
     pub progress_interval: Duration,
     /// Told when chunks finish and when there is nothing to do (`/healthz`, the watchdog).
     pub health: Arc<Health>,
+    /// The stores the stage's chunks go to, by the name their errors give (`destination`)
+    /// with what the outage record calls them (`destination s3://bucket/prefix`).
+    pub stores: Vec<(&'static str, String)>,
+    /// The longest wait between probes of a store that is down.
+    pub outage_probe_max: Duration,
 }
 
 impl RunOptions {
@@ -60,7 +66,14 @@ impl RunOptions {
             worker,
             progress_interval: Duration::from_secs(60),
             health: Health::new(Duration::from_secs(900)),
+            stores: Vec::new(),
+            outage_probe_max: Duration::from_secs(300),
         }
+    }
+
+    /// How the outage record names `store`.
+    fn label(&self, store: &str) -> String {
+        self.stores.iter().find(|(s, _)| *s == store).map_or_else(|| store.to_string(), |(s, url)| format!("{s} {url}"))
     }
 }
 
@@ -135,7 +148,15 @@ impl Ended {
 
 /// What a chunk stage's binary does after setting itself up: run under the flags of
 /// [`StageArgs`] and turn the summary into the process exit code.
-pub async fn serve<E, F>(ledger: &Ledger, args: &StageArgs, stage: Stage, concurrency: usize, work: F, after: AfterCommit) -> Result<i32>
+pub async fn serve<E, F>(
+    ledger: &Ledger,
+    args: &StageArgs,
+    stage: Stage,
+    concurrency: usize,
+    stores: Vec<(&'static str, String)>,
+    work: F,
+    after: AfterCommit,
+) -> Result<i32>
 where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
@@ -150,6 +171,8 @@ where
         worker: crate::worker_name(stage.as_str()),
         progress_interval: args.progress_interval,
         health: observer.health(),
+        stores,
+        outage_probe_max: ledger.options().outage_probe_max,
     };
     let code = run(ledger, &opts, work, after).await?.exit_code();
     observer.finish(ledger, code).await;
@@ -180,6 +203,8 @@ where
         let _ = stop_tx.send(true);
     });
     let mut progress = Progress::new(stage, ledger.clone()).await;
+    let breakers = Arc::new(std::sync::Mutex::new(Breakers::new(opts.outage_probe_max)));
+    let shared = Arc::new(opts.clone());
     let mut summary = Summary::default();
     let mut set: JoinSet<Result<(Ended, Duration)>> = JoinSet::new();
     let mut stop = stop_rx.clone();
@@ -188,24 +213,29 @@ where
     loop {
         let stopping = *stop.borrow();
         let mut claimed = 0;
-        if !stopping && set.len() < opts.concurrency {
-            let free = (opts.concurrency - set.len()) as i64;
-            for lease in ledger.claim(stage, &opts.worker, free).await? {
+        // While a store is down: no claims, then one probe at a time.
+        let free =
+            breakers.lock().unwrap_or_else(|e| e.into_inner()).claim_limit(set.len(), opts.concurrency - set.len().min(opts.concurrency));
+        if !stopping && free > 0 {
+            for lease in ledger.claim(stage, &opts.worker, free as i64).await? {
                 claimed += 1;
-                let one = run_one(ledger.clone(), lease, work.clone(), after.clone(), stop_rx.clone(), opts.grace);
+                let one = run_one(ledger.clone(), lease, work.clone(), after.clone(), stop_rx.clone(), shared.clone(), breakers.clone());
                 set.spawn(async move {
                     let t0 = Instant::now();
                     one.await.map(|ended| (ended, t0.elapsed()))
                 });
             }
         }
+        let down = breakers.lock().unwrap_or_else(|e| e.into_inner()).any_down();
+        // Waiting out an outage is not being stuck: the probes are the progress.
         opts.health.set_idle(set.is_empty() && claimed == 0);
         if set.is_empty() && (stopping || (opts.once && claimed == 0)) {
             break;
         }
-        if claimed > 0 && set.len() < opts.concurrency {
+        if claimed > 0 && set.len() < opts.concurrency && !down {
             continue; // more may be claimable right away
         }
+        let wake = breakers.lock().unwrap_or_else(|e| e.into_inner()).next_probe().map(tokio::time::Instant::from_std);
         progress.refresh_total(&summary).await;
         tokio::select! {
             joined = set.join_next(), if !set.is_empty() => {
@@ -216,7 +246,8 @@ where
                     progress.show(&summary);
                 }
             }
-            _ = tokio::time::sleep(opts.poll), if set.len() < opts.concurrency && !opts.once => {}
+            _ = tokio::time::sleep(opts.poll), if set.len() < opts.concurrency && !opts.once && wake.is_none() => {}
+            _ = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() && !opts.once => {}
             _ = stop.changed(), if !stopping => {}
             _ = report.tick(), if !opts.once => progress.log(&summary, set.len()),
         }
@@ -349,7 +380,8 @@ async fn run_one<E, F>(
     work: Arc<F>,
     after: AfterCommit,
     mut stop: tokio::sync::watch::Receiver<bool>,
-    grace: Duration,
+    opts: Arc<RunOptions>,
+    breakers: Arc<std::sync::Mutex<Breakers>>,
 ) -> Result<Ended>
 where
     E: Classified,
@@ -376,7 +408,7 @@ where
                 }
             }
             _ = stop.changed(), if deadline.is_none() => {
-                deadline = Some(Box::pin(tokio::time::sleep(grace)));
+                deadline = Some(Box::pin(tokio::time::sleep(opts.grace)));
             }
             _ = async { deadline.as_mut().unwrap().await }, if deadline.is_some() => {
                 tracing::warn!(chunk = %lease.chunk_id, "grace period over; releasing the chunk");
@@ -390,17 +422,56 @@ where
     };
     let failed = match result {
         Ok(Ok(w)) => Ok(w),
-        Ok(Err(e)) => Err((e.class(), e.to_string())),
+        Ok(Err(e)) => Err((e.class(), e.to_string(), e.store())),
         Err(panic) => {
-            Err((ErrorClass::Transient, format!("{} of chunk {} panicked: {}", lease.stage, lease.chunk_id, panic_message(&panic))))
+            Err((ErrorClass::Transient, format!("{} of chunk {} panicked: {}", lease.stage, lease.chunk_id, panic_message(&panic)), None))
         }
     };
+    let stage = lease.stage;
     let outcome = match failed {
-        Ok(w) => ledger.complete(&lease, w).await.map(|_| {
-            after(&lease);
-            Ended::Done(w)
-        }),
-        Err((class, msg)) => {
+        Ok(w) => {
+            let back = breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
+            for (store, down_for) in back {
+                let label = opts.label(store);
+                tracing::info!(%stage, store = %label, down_for = ?down_for, "store is back; claiming again");
+                metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => store).set(0.0);
+                ledger.outage_close(&label, stage).await?;
+            }
+            ledger.complete(&lease, w).await.map(|_| {
+                after(&lease);
+                Ended::Done(w)
+            })
+        }
+        Err((ErrorClass::Transient, msg, Some(store))) => {
+            let verdict = breakers.lock().unwrap_or_else(|e| e.into_inner()).failed(store, (lease.task_id, lease.epoch));
+            let at_ms = |at: Instant| ledger.now_ms() + at.saturating_duration_since(Instant::now()).as_millis() as i64;
+            match verdict {
+                Verdict::Counted => {
+                    tracing::warn!(chunk = %lease.chunk_id, attempt = lease.attempt, error = %msg, "chunk failed; will retry");
+                    ledger.fail(&lease, ErrorClass::Transient, &msg, Work::default()).await.map(Ended::Failed)
+                }
+                Verdict::Tripped { refund, retry_at } => {
+                    let label = opts.label(store);
+                    tracing::error!(%stage, store = %label, error = %msg, "store is down: every chunk fails on it and none gets through; claims stop, probes follow, attempts are not counted");
+                    metrics::counter!(names::STORE_OUTAGES, "stage" => stage.as_str(), "store" => store).increment(1);
+                    metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => store).set(1.0);
+                    ledger.outage_open(&label, stage, &msg).await?;
+                    ledger.refund_attempts(&refund).await?;
+                    ledger.fail_uncounted(&lease, &msg, Work::default(), at_ms(retry_at)).await.map(Ended::Failed)
+                }
+                Verdict::StillDown { retry_at, probes } => {
+                    let label = opts.label(store);
+                    tracing::warn!(%stage, store = %label, probes, error = %msg, "store still down");
+                    ledger.outage_probe(&label, stage, &msg).await?;
+                    ledger.fail_uncounted(&lease, &msg, Work::default(), at_ms(retry_at)).await.map(Ended::Failed)
+                }
+            }
+        }
+        Err((class, msg, _)) => {
+            if class == ErrorClass::Permanent {
+                // The store answered (with a refusal): it is not down.
+                breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
+            }
             match class {
                 ErrorClass::Transient => {
                     tracing::warn!(chunk = %lease.chunk_id, attempt = lease.attempt, error = %msg, "chunk failed; will retry")

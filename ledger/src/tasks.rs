@@ -100,10 +100,11 @@ const INSERT_ATTEMPT: &str = "INSERT INTO attempts
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
 
 /// Ends a running task at the caller's epoch: `$3` state, `$4` scheduled_at, `$5` error,
-/// `$6` error class, `$7` the time; `$8` is `running` and `$9` `quarantined`.
+/// `$6` error class, `$7` the time; `$8` is `running` and `$9` `quarantined`; `$10` is 1 to
+/// give the attempt back (it failed because its store was down), else 0.
 const END_RUNNING: &str = "UPDATE tasks SET state = $3, scheduled_at = $4, lease_owner = NULL,
         lease_expires_at = NULL, last_error = $5, last_error_class = $6,
-        finalized_at = CASE WHEN $3 = $9 THEN $7 ELSE NULL END
+        finalized_at = CASE WHEN $3 = $9 THEN $7 ELSE NULL END, attempt = attempt - $10
     WHERE id = $1 AND epoch = $2 AND state = $8";
 
 impl Ledger {
@@ -225,10 +226,28 @@ impl Ledger {
     /// Records a failed attempt. Transient failures go to `retryable` with backoff until
     /// `max_attempts`; permanent ones (and the last attempt) go to `quarantined`.
     pub async fn fail(&self, lease: &Lease, class: ErrorClass, error: &str, work: Work) -> Result<FailOutcome> {
+        self.end_failed(lease, class, error, work, None).await
+    }
+
+    /// Records a failed attempt that does not count toward `max_attempts`: the chunk's store
+    /// was down (an outage is not the chunk's fault). The task is retried at `retry_at_ms`.
+    pub async fn fail_uncounted(&self, lease: &Lease, error: &str, work: Work, retry_at_ms: i64) -> Result<FailOutcome> {
+        self.end_failed(lease, ErrorClass::Transient, error, work, Some(retry_at_ms)).await
+    }
+
+    async fn end_failed(
+        &self,
+        lease: &Lease,
+        class: ErrorClass,
+        error: &str,
+        work: Work,
+        uncounted_until: Option<i64>,
+    ) -> Result<FailOutcome> {
         let now = self.now_ms();
-        let exhausted = lease.attempt >= lease.max_attempts;
+        let exhausted = lease.attempt >= lease.max_attempts && uncounted_until.is_none();
         let quarantine = class == ErrorClass::Permanent || exhausted;
-        let retry_at = now + self.opts.backoff.delay(lease.attempt).as_millis() as i64;
+        let retry_at = uncounted_until.unwrap_or_else(|| now + self.opts.backoff.delay(lease.attempt).as_millis() as i64);
+        let refund = i64::from(uncounted_until.is_some());
         let (state, outcome) = if quarantine {
             (TaskState::Quarantined, FailOutcome::Quarantined)
         } else {
@@ -237,6 +256,8 @@ impl Ledger {
         let attempt_outcome = if quarantine { AttemptOutcome::Quarantined } else { AttemptOutcome::Retryable };
         let message = if exhausted && class == ErrorClass::Transient {
             format!("{error} (gave up after {} attempts)", lease.attempt)
+        } else if refund == 1 {
+            format!("{error} (store down: not counted as an attempt)")
         } else {
             error.to_string()
         };
@@ -256,6 +277,7 @@ impl Ledger {
                         .bind(now)
                         .bind(TaskState::Running.as_str())
                         .bind(TaskState::Quarantined.as_str())
+                        .bind(refund)
                         .execute(&mut *tx)
                         .await
                         .map_err(db(op))?
@@ -366,6 +388,7 @@ impl Ledger {
                         .bind(now)
                         .bind(TaskState::Running.as_str())
                         .bind(TaskState::Quarantined.as_str())
+                        .bind(0i64)
                         .execute(&mut *tx)
                         .await
                         .map_err(db(op))?

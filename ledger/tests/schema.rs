@@ -59,6 +59,7 @@ fn check_lists_equal_the_enums_in_both_migration_sets() {
         expect("tasks", "last_error_class", set(&ErrorClass::ALL, ErrorClass::as_str));
         expect("attempts", "outcome", set(AttemptOutcome::ALL, AttemptOutcome::as_str));
         expect("attempts", "error_class", set(&ErrorClass::ALL, ErrorClass::as_str));
+        expect("outages", "stage", set(Stage::ALL, Stage::as_str));
         let finals: Vec<TaskState> = TaskState::ALL.iter().copied().filter(|s| s.is_final()).collect();
         assert!(sql.contains(&format!("CHECK ((state IN {}) = (finalized_at IS NOT NULL))", sql_list(&finals))), "{backend}");
         // The claim's state list is the partial index's predicate, word for word.

@@ -54,6 +54,13 @@ impl Classified for LoadError {
             LoadError::Storage(e) => e.class(),
         }
     }
+    fn store(&self) -> Option<&'static str> {
+        match self {
+            LoadError::Storage(_) => Some("destination"),
+            LoadError::Ledger(e) if e.is_transient() => Some("ledger"),
+            _ => None,
+        }
+    }
     fn is_config(&self) -> bool {
         match self {
             LoadError::Config(_) => true,

@@ -76,6 +76,13 @@ impl Classified for TransformError {
             TransformError::Internal(_) => ErrorClass::Transient,
         }
     }
+    fn store(&self) -> Option<&'static str> {
+        match self {
+            TransformError::Storage(_) => Some("staging"),
+            TransformError::Ledger(e) if e.is_transient() => Some("ledger"),
+            _ => None,
+        }
+    }
     fn is_config(&self) -> bool {
         match self {
             TransformError::Config(_) | TransformError::ConfigFile(_) => true,

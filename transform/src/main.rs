@@ -29,9 +29,11 @@ async fn main() {
 
 async fn run(args: Args) -> Result<i32, TransformError> {
     let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
+    // The store whose outage pauses this stage (its errors name it), and the ledger.
+    let stores = vec![("staging", cfg.staging.url.clone()), ("ledger", "the work ledger".to_string())];
     let concurrency = cfg.transform.concurrency;
     let s = Arc::new(Transformer::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
     runner::cleanup(s.gc()).await;
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
-    Ok(runner::serve(&ledger, &args.stage, Stage::Transform, concurrency, work, Arc::new(|_: &Lease| {})).await?)
+    Ok(runner::serve(&ledger, &args.stage, Stage::Transform, concurrency, stores, work, Arc::new(|_: &Lease| {})).await?)
 }

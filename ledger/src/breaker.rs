@@ -1,0 +1,199 @@
+//! Telling a sick store from a sick chunk.
+//!
+//! A stage's chunks fail for two different reasons: the chunk is bad (or unlucky), or the store
+//! it goes to is down. Only the first should spend the chunk's attempts; an outage of the
+//! destination (a NameNode restart, an S3 maintenance window, a dead VPN link) would otherwise
+//! quarantine every chunk in flight within minutes and stop the pipeline until an operator
+//! requeues them.
+//!
+//! ```text
+//!            transient failure on store S (streak of failures, no success in between)
+//!   up ──────────────────────────────────────────────────────────────────────► down
+//!    ▲   streak of TRIP failures from at least two different chunks               │
+//!    │                                                                             │ claims stop;
+//!    │   a chunk succeeds (the probe, or one still in flight)                      │ one probe claim
+//!    └─────────────────────────────────────────────────────────────────────────────┘ after capped,
+//!                                                                                    jittered backoff
+//! ```
+//!
+//! When the store goes down, the streak's attempts are given back and the outage is recorded
+//! once in the ledger (`outages`); every failure while it is down is not counted and is
+//! retried at the next probe. A chunk that keeps failing on its own while other chunks go
+//! through never trips the breaker (its streak is broken by their successes, and one chunk
+//! alone is not a streak), so it is still quarantined after `max_attempts`. The state is per
+//! process: several workers that find one store down share its ledger row.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use backon::BackoffBuilder;
+
+/// Failures in a row, from at least two chunks, that make a store "down".
+pub const TRIP: usize = 3;
+
+/// What to do with one failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// A failure like any other: it counts toward `max_attempts`.
+    Counted,
+    /// The store has just been found down: give back these earlier attempts (task, epoch),
+    /// record the outage, and retry this one at the first probe.
+    Tripped { refund: Vec<(i64, i64)>, retry_at: Instant },
+    /// The store is still down: not counted, retried at the next probe.
+    StillDown { retry_at: Instant, probes: u64 },
+}
+
+#[derive(Debug)]
+struct Down {
+    since: Instant,
+    probes: u64,
+    next_probe: Instant,
+    backoff: backon::ExponentialBackoff,
+}
+
+#[derive(Debug, Default)]
+struct Store {
+    /// Failed attempts (task, epoch) since the last success.
+    streak: Vec<(i64, i64)>,
+    chunks: std::collections::HashSet<i64>,
+    down: Option<Down>,
+}
+
+/// The breakers of one stage process, one per store its chunks go to.
+#[derive(Debug)]
+pub struct Breakers {
+    cap: Duration,
+    stores: HashMap<&'static str, Store>,
+}
+
+impl Breakers {
+    /// `cap`: the longest wait between probes of a store that is down.
+    pub fn new(cap: Duration) -> Breakers {
+        Breakers { cap, stores: HashMap::new() }
+    }
+
+    fn backoff(&self) -> backon::ExponentialBackoff {
+        // 1 s doubling to the cap, jittered so that many workers do not probe in step.
+        backon::ExponentialBuilder::new()
+            .with_min_delay(Duration::from_secs(1))
+            .with_max_delay(self.cap.max(Duration::from_secs(1)))
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+
+    /// A transient failure of task `(id, epoch)` on `store`.
+    pub fn failed(&mut self, store: &'static str, task: (i64, i64)) -> Verdict {
+        let cap = self.backoff();
+        let s = self.stores.entry(store).or_default();
+        let now = Instant::now();
+        if let Some(d) = &mut s.down {
+            d.probes += 1;
+            let wait = d.backoff.next().unwrap_or(Duration::from_secs(1));
+            d.next_probe = now + wait;
+            return Verdict::StillDown { retry_at: d.next_probe, probes: d.probes };
+        }
+        s.streak.push(task);
+        s.chunks.insert(task.0);
+        if s.streak.len() < TRIP || s.chunks.len() < 2 {
+            return Verdict::Counted;
+        }
+        let mut backoff = cap;
+        let next_probe = now + backoff.next().unwrap_or(Duration::from_secs(1));
+        s.down = Some(Down { since: now, probes: 0, next_probe, backoff });
+        s.chunks.clear();
+        // The last failure is the one that tripped: it is given back by not being counted.
+        let mut refund = std::mem::take(&mut s.streak);
+        refund.pop();
+        Verdict::Tripped { refund, retry_at: next_probe }
+    }
+
+    /// A chunk finished, or failed for a reason of its own (the store answered): every store of
+    /// the stage is up. Returns the stores that were down, with how long.
+    pub fn succeeded(&mut self) -> Vec<(&'static str, Duration)> {
+        let mut back = Vec::new();
+        for (name, s) in self.stores.iter_mut() {
+            s.streak.clear();
+            s.chunks.clear();
+            if let Some(d) = s.down.take() {
+                back.push((*name, d.since.elapsed()));
+            }
+        }
+        back
+    }
+
+    /// Whether any store is down.
+    pub fn any_down(&self) -> bool {
+        self.stores.values().any(|s| s.down.is_some())
+    }
+
+    /// How many new claims may go out now, with `in_flight` chunks running and room for
+    /// `free` more. While a store is down: none, then one probe once its time has come and
+    /// nothing else is in flight.
+    pub fn claim_limit(&self, in_flight: usize, free: usize) -> usize {
+        let downs: Vec<&Down> = self.stores.values().filter_map(|s| s.down.as_ref()).collect();
+        if downs.is_empty() {
+            return free;
+        }
+        let due = downs.iter().all(|d| Instant::now() >= d.next_probe);
+        if due && in_flight == 0 { free.min(1) } else { 0 }
+    }
+
+    /// When the next probe is due, if a store is down.
+    pub fn next_probe(&self) -> Option<Instant> {
+        self.stores.values().filter_map(|s| s.down.as_ref()).map(|d| d.next_probe).max()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_trips_after_a_streak_of_several_chunks_and_heals_on_success() {
+        let mut b = Breakers::new(Duration::from_secs(300));
+        assert_eq!(b.failed("destination", (1, 1)), Verdict::Counted);
+        assert_eq!(b.failed("destination", (2, 1)), Verdict::Counted);
+        let Verdict::Tripped { refund, .. } = b.failed("destination", (3, 1)) else { panic!("trips") };
+        assert_eq!(refund, vec![(1, 1), (2, 1)], "the streak's earlier attempts are given back");
+        assert!(b.any_down());
+        assert_eq!(b.claim_limit(0, 4), 0, "no claims before the first probe is due");
+        assert!(matches!(b.failed("destination", (4, 1)), Verdict::StillDown { probes: 1, .. }));
+        let back = b.succeeded();
+        assert_eq!(back.len(), 1);
+        assert!(!b.any_down());
+        assert_eq!(b.claim_limit(0, 4), 4);
+    }
+
+    #[test]
+    fn one_chunk_failing_alone_or_between_successes_never_trips() {
+        let mut b = Breakers::new(Duration::from_secs(300));
+        for epoch in 1..10 {
+            assert_eq!(b.failed("destination", (7, epoch)), Verdict::Counted, "a poison chunk counts");
+        }
+        b.succeeded();
+        for t in 0..10 {
+            assert_eq!(b.failed("destination", (t, 1)), Verdict::Counted);
+            if t % 2 == 1 {
+                b.succeeded(); // others get through between the failures
+            }
+        }
+        assert!(!b.any_down());
+    }
+
+    #[test]
+    fn probes_wait_longer_each_time_up_to_the_cap() {
+        let mut b = Breakers::new(Duration::from_secs(4));
+        for t in 0..3 {
+            b.failed("staging", (t, 1));
+        }
+        let mut waits = Vec::new();
+        for t in 10..20 {
+            let Verdict::StillDown { retry_at, .. } = b.failed("staging", (t, 1)) else { panic!() };
+            waits.push(retry_at.saturating_duration_since(Instant::now()));
+        }
+        assert!(waits.iter().all(|w| *w <= Duration::from_secs(8)), "capped (jitter adds at most one delay): {waits:?}");
+        assert!(waits.last().unwrap() >= &Duration::from_secs(3), "grown to the cap: {waits:?}");
+    }
+}
