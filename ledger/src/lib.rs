@@ -23,6 +23,10 @@
 //! `attempts` is append-only: one row per lease that ended (done, retryable, quarantined,
 //! lease_expired, released), with the worker, the times, the error class and the bytes moved.
 //!
+//! A failure while the chunk's store is down (see [`breaker`]) also goes running -> retryable,
+//! but gives its attempt back (`fail_uncounted`), as do the failures that found the store down
+//! (`refund_attempts`); the outage itself is one row of `outages` ([`Ledger::outage_open`]).
+//!
 //! ## Invariants
 //! - A task is `running` exactly when it has a lease owner and expiry (CHECK constraint), and
 //!   `finalized_at` is set exactly for `done` / `quarantined` (CHECK constraint).

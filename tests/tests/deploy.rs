@@ -98,7 +98,7 @@ fn install_puts_binaries_units_and_config_in_place_and_systemd_accepts_the_units
 fn alert_rules_pass_promtool() {
     let out = Command::new("promtool").args(["check", "rules"]).arg(deploy().join("prometheus/alerts.yml")).output().unwrap();
     let text = ok(&out, "promtool check rules");
-    assert!(text.contains("SUCCESS: 6 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 7 rules found"), "{text}");
 }
 
 #[test]
