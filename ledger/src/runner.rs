@@ -227,7 +227,7 @@ where
             }
         }
         let down = breakers.lock().unwrap_or_else(|e| e.into_inner()).any_down();
-        // Waiting out an outage is not being stuck: the probes are the progress.
+        // Nothing due, or waiting out an outage between probes: idle, which is healthy.
         opts.health.set_idle(set.is_empty() && claimed == 0);
         if set.is_empty() && (stopping || (opts.once && claimed == 0)) {
             break;
@@ -235,7 +235,14 @@ where
         if claimed > 0 && set.len() < opts.concurrency && !down {
             continue; // more may be claimable right away
         }
-        let wake = breakers.lock().unwrap_or_else(|e| e.into_inner()).next_probe().map(tokio::time::Instant::from_std);
+        // The next probe, while it is still ahead (a due probe is claimed above, or waits for
+        // the one in flight: never a wake-up in the past, which would spin).
+        let wake = breakers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_probe()
+            .filter(|t| *t > Instant::now())
+            .map(tokio::time::Instant::from_std);
         progress.refresh_total(&summary).await;
         tokio::select! {
             joined = set.join_next(), if !set.is_empty() => {
@@ -246,7 +253,7 @@ where
                     progress.show(&summary);
                 }
             }
-            _ = tokio::time::sleep(opts.poll), if set.len() < opts.concurrency && !opts.once && wake.is_none() => {}
+            _ = tokio::time::sleep(opts.poll), if set.len() < opts.concurrency && !opts.once && wake.is_none() && (!down || set.is_empty()) => {}
             _ = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() && !opts.once => {}
             _ = stop.changed(), if !stopping => {}
             _ = report.tick(), if !opts.once => progress.log(&summary, set.len()),
