@@ -5,7 +5,7 @@ use ferry_admin::Error;
 use ferry_admin::sample::{AvroCodec, Payload};
 use ferry_admin::status;
 use ferry_common::cli::{self, CommonArgs, exit};
-use ferry_common::config::{Config, Format, LedgerUrl};
+use ferry_common::config::{Config, Format, LedgerUrl, redact_url};
 use ferry_common::error::ConfigError;
 use ferry_common::paths;
 use ferry_ledger::{Ledger, LedgerOptions, RequeueFilter, Stage};
@@ -156,13 +156,13 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             }
             Err(e) => return Err(e),
         };
-        return status_command(&ledger, &url, *json, *watch, check.then_some(*max_age)).await;
+        return status_command(&ledger, &redact_url(&url), *json, *watch, check.then_some(*max_age)).await;
     }
     let url = cli.common.ledger.clone().unwrap_or_else(|| cli::DEFAULT_LEDGER.to_string());
     match cli.cmd {
         Cmd::Migrate => {
             let ledger = Ledger::connect(&url, LedgerOptions::default()).await?;
-            println!("ledger {url} ({}) is migrated", ledger.backend_name());
+            println!("ledger {} ({}) is migrated", redact_url(&url), ledger.backend_name());
         }
         Cmd::CheckConfig { .. } | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
         Cmd::Gc { config, older_than } => {
@@ -215,7 +215,7 @@ async fn existing_ledger(url: &str) -> Result<Ledger, Error> {
         && !path.exists()
     {
         return Err(ConfigError::new(
-            format!("ledger URL {url:?}"),
+            format!("ledger URL {:?}", redact_url(url)),
             format!("{} does not exist; create it with `ferry migrate` or point --ledger / --config at the right one", path.display()),
         )
         .into());

@@ -63,6 +63,34 @@ fn gen_is_readable_by_independent_readers_and_identical_across_formats() {
 }
 
 #[test]
+fn check_config_never_prints_a_secret() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/ferry.example.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken-from-a-file").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["--ledger", "postgres://ferry:hunter2@db.example.com/ferry", "check-config", "--config", example])
+        .env("FERRY_DESTINATION_STORE_S3_ACCESS_KEY_ID", "AKIAEXAMPLE")
+        .env("FERRY_DESTINATION_STORE_S3_SECRET_ACCESS_KEY", "wJalrXUtnFEMI")
+        .env("FERRY_DESTINATION_STORE_S3_SESSION_TOKEN_FILE", &token)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    for secret in ["hunter2", "wJalrXUtnFEMI", "t0ken-from-a-file"] {
+        assert!(!text.contains(secret), "{secret} printed:\n{text}");
+    }
+    assert!(text.contains("postgres://ferry:***@db.example.com"), "{text}");
+    assert!(text.contains("secret_access_key = \"***\"") && text.contains("session_token = \"***\""), "{text}");
+    assert!(text.contains("AKIAEXAMPLE"), "the key id is not a secret: {text}");
+    // A bad URL's error does not print the password either.
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry")).args(["--ledger", "mysql://root:hunter2@db/x", "status"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("hunter2") && err.contains("root:***@db"), "{err}");
+}
+
+#[test]
 fn check_config_prints_resolved_config_and_names_bad_keys() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/ferry.example.toml");
     let out = Command::new(env!("CARGO_BIN_EXE_ferry"))

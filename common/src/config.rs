@@ -261,8 +261,10 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerSection {
-    /// sqlite://PATH or postgres://...
+    /// sqlite://PATH or postgres://USER:PASSWORD@HOST/DB.
     pub url: String,
+    /// Read the URL (with its password) from this file instead.
+    pub url_file: Option<PathBuf>,
     /// A claim's validity without a heartbeat; a crashed worker's chunk is retried after it.
     pub lease: HumanDuration,
     /// Attempts per (chunk, stage) before the chunk is quarantined.
@@ -280,6 +282,7 @@ impl Default for LedgerSection {
     fn default() -> Self {
         LedgerSection {
             url: crate::cli::DEFAULT_LEDGER.to_string(),
+            url_file: None,
             // Long enough that a heartbeat (every third of it) survives a slow ledger call,
             // short enough that a crashed worker's chunk is picked up within a minute.
             lease: HumanDuration(Duration::from_secs(60)),
@@ -304,7 +307,7 @@ pub enum LedgerUrl {
 
 impl LedgerUrl {
     pub fn parse(url: &str) -> Result<LedgerUrl> {
-        let bad = |reason: &str| ConfigError::new(format!("ledger URL {url:?}"), reason);
+        let bad = |reason: &str| ConfigError::new(format!("ledger URL {:?}", redact_url(url)), reason);
         if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
             let path = path.split('?').next().unwrap_or("");
             if path.is_empty() {
@@ -428,6 +431,11 @@ pub struct S3Options {
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
     pub session_token: Option<String>,
+    /// The same three read from files (a mounted Kubernetes Secret, a systemd credential), so
+    /// secrets need not sit in the TOML. A key and its `_file` are not both set.
+    pub access_key_id_file: Option<PathBuf>,
+    pub secret_access_key_file: Option<PathBuf>,
+    pub session_token_file: Option<PathBuf>,
     pub profile: Option<String>,
     /// Path-style requests (`endpoint/bucket/key`), which most self-hosted servers need.
     pub path_style: bool,
@@ -465,6 +473,9 @@ impl Default for S3Options {
             access_key_id: None,
             secret_access_key: None,
             session_token: None,
+            access_key_id_file: None,
+            secret_access_key_file: None,
+            session_token_file: None,
             profile: None,
             path_style: false,
             ca_bundle: None,
@@ -639,9 +650,10 @@ impl Config {
         toml::from_str::<Config>(&text).map_err(|e| err(e.to_string().trim_end().to_string()))?;
         let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| err(e.to_string()))?;
         apply_env(&mut doc, std::env::vars()).map_err(err)?;
-        let cfg: Config = toml::Value::Table(doc)
+        let mut cfg: Config = toml::Value::Table(doc)
             .try_into()
             .map_err(|e: toml::de::Error| err(format!("after FERRY_* environment overrides: {}", e.message())))?;
+        cfg.read_secret_files().map_err(err)?;
         cfg.validate().map_err(err)?;
         Ok(cfg)
     }
@@ -693,9 +705,84 @@ impl Config {
         now_ms - (self.copy.deadline.0 + self.ledger.lease.0 * 2).as_millis() as i64
     }
 
+    /// The resolved configuration as TOML, secrets replaced by `***` (what `ferry
+    /// check-config` prints).
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+        let mut shown = self.clone();
+        shown.ledger.url = redact_url(&shown.ledger.url);
+        for store in [&mut shown.source.store, &mut shown.staging.store, &mut shown.destination.store] {
+            for secret in [&mut store.s3.secret_access_key, &mut store.s3.session_token] {
+                if secret.is_some() {
+                    *secret = Some(REDACTED.into());
+                }
+            }
+        }
+        toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
+
+    /// Fills the secrets given as `*_file` keys from their files; a secret given both ways,
+    /// or a file that cannot be read, is an error naming the key.
+    fn read_secret_files(&mut self) -> std::result::Result<(), String> {
+        fn read(key: &str, path: &Path) -> std::result::Result<String, String> {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))?;
+            Ok(text.trim_end_matches(['\r', '\n']).to_string())
+        }
+        fn fill(key: &str, value: &mut Option<String>, file: &Option<PathBuf>) -> std::result::Result<(), String> {
+            if let Some(path) = file {
+                if value.is_some() {
+                    return Err(format!("{key}: set either it or {key}_file, not both"));
+                }
+                *value = Some(read(&format!("{key}_file"), path)?);
+            }
+            Ok(())
+        }
+        if let Some(path) = &self.ledger.url_file {
+            self.ledger.url = read("ledger.url_file", path)?;
+        }
+        for (name, store) in
+            [("source", &mut self.source.store), ("staging", &mut self.staging.store), ("destination", &mut self.destination.store)]
+        {
+            let s3 = &mut store.s3;
+            fill(&format!("{name}.store.s3.access_key_id"), &mut s3.access_key_id, &s3.access_key_id_file)?;
+            fill(&format!("{name}.store.s3.secret_access_key"), &mut s3.secret_access_key, &s3.secret_access_key_file)?;
+            fill(&format!("{name}.store.s3.session_token"), &mut s3.session_token, &s3.session_token_file)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a secret is shown as.
+pub const REDACTED: &str = "***";
+
+/// A URL with its password replaced by `***` (`postgres://ferry:***@db/ferry`), for logs,
+/// errors and `ferry status`. A URL without a password is returned as it is.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:{REDACTED}@{host}"),
+            None => authority.to_string(),
+        },
+        None => authority.to_string(),
+    };
+    // libpq-style parameters can carry one too: ?password=...
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") || k.eq_ignore_ascii_case("sslpassword") => {
+                        format!("{k}={REDACTED}")
+                    }
+                    _ => p.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => tail.to_string(),
+    };
+    format!("{scheme}://{authority}{tail}")
 }
 
 /// `FERRY_COPY_CONCURRENCY=8` sets `copy.concurrency`. Section and key are matched against the
@@ -717,11 +804,33 @@ fn apply_env(doc: &mut toml::Table, vars: impl Iterator<Item = (String, String)>
         };
         let value =
             format!("v = {v}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v")).unwrap_or(toml::Value::String(v.clone()));
-        let table = doc
-            .entry(section)
-            .or_insert_with(|| toml::Value::Table(Default::default()))
-            .as_table_mut()
-            .ok_or_else(|| format!("{section}: expected a section (from env {k})"))?;
+        // Store settings nest: FERRY_DESTINATION_STORE_S3_SECRET_ACCESS_KEY is
+        // [destination.store.s3] secret_access_key.
+        let mut path = vec![section.to_string()];
+        let mut key = key;
+        if ["source", "staging", "destination"].contains(&section) {
+            for nest in ["store_s3_", "store_hdfs_", "store_"] {
+                if let Some(inner) = key.strip_prefix(nest) {
+                    path.extend(nest.trim_end_matches('_').split('_').map(str::to_string));
+                    key = inner.to_string();
+                    break;
+                }
+            }
+        }
+        // Secrets, URLs and paths are text even when they look like a number or a boolean.
+        let value = if ["_key", "_key_id", "_token", "url", "_file"].iter().any(|end| key.ends_with(end)) {
+            toml::Value::String(v.clone())
+        } else {
+            value
+        };
+        let mut table = &mut *doc;
+        for name in &path {
+            table = table
+                .entry(name.as_str())
+                .or_insert_with(|| toml::Value::Table(Default::default()))
+                .as_table_mut()
+                .ok_or_else(|| format!("{}: expected a section (from env {k})", path.join(".")))?;
+        }
         table.insert(key, value);
     }
     Ok(())
@@ -808,6 +917,58 @@ name = "events"
         assert!(e.contains("xml") && e.contains("auto"), "{e}");
         assert_eq!(SourceFormat::Fixed(Format::Csv).of("x.avro"), Some(Format::Csv));
         assert_eq!(SourceFormat::Auto.of("x.ndjson"), Some(Format::Jsonl));
+    }
+
+    #[test]
+    fn secrets_come_from_files_or_nested_env_and_are_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "s3cr3t-from-file\n").unwrap();
+        let url = dir.path().join("url");
+        std::fs::write(&url, "postgres://ferry:pa55word@db.example.com/ferry?application_name=x\n").unwrap();
+        let text = format!("{MIN}\n[destination.store.s3]\naccess_key_id = \"AKIA\"\nsecret_access_key_file = \"{}\"\n", secret.display())
+            .replace("[source]", &format!("[ledger]\nurl_file = \"{}\"\n[source]", url.display()));
+        let c = load_str(&text).unwrap();
+        assert_eq!(c.destination.store.s3.secret_access_key.as_deref(), Some("s3cr3t-from-file"));
+        assert_eq!(c.ledger.url, "postgres://ferry:pa55word@db.example.com/ferry?application_name=x");
+        let shown = c.to_toml();
+        assert!(!shown.contains("s3cr3t") && !shown.contains("pa55word"), "{shown}");
+        assert!(shown.contains("postgres://ferry:***@db.example.com/ferry?application_name=x"), "{shown}");
+
+        // Both ways at once, or a file that is not there: named.
+        let both = text.replace("access_key_id = \"AKIA\"", "access_key_id = \"AKIA\"\nsecret_access_key = \"x\"");
+        let e = load_str(&both).unwrap_err().to_string();
+        assert!(e.contains("destination.store.s3.secret_access_key") && e.contains("not both"), "{e}");
+        let missing = text.replace(&secret.display().to_string(), "/nonexistent/secret");
+        let e = load_str(&missing).unwrap_err().to_string();
+        assert!(e.contains("secret_access_key_file") && e.contains("/nonexistent/secret"), "{e}");
+
+        // Nested store keys from the environment; a secret that looks like a number stays text.
+        let mut doc: toml::Table = MIN.parse().unwrap();
+        apply_env(
+            &mut doc,
+            vec![
+                ("FERRY_DESTINATION_STORE_S3_SECRET_ACCESS_KEY".to_string(), "123456".to_string()),
+                ("FERRY_STAGING_STORE_CALL_TIMEOUT".into(), "5s".into()),
+                ("FERRY_SOURCE_STORE_HDFS_USER".into(), "etl".into()),
+            ]
+            .into_iter(),
+        )
+        .unwrap();
+        let c: Config = toml::Value::Table(doc).try_into().unwrap();
+        assert_eq!(c.destination.store.s3.secret_access_key.as_deref(), Some("123456"));
+        assert_eq!(c.staging.store.call_timeout, HumanDuration(Duration::from_secs(5)));
+        assert_eq!(c.source.store.hdfs.user.as_deref(), Some("etl"));
+    }
+
+    #[test]
+    fn urls_lose_their_password_only() {
+        assert_eq!(redact_url("postgres://u:p@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://u@h/db?sslmode=verify-full&password=x"), "postgres://u@h/db?sslmode=verify-full&password=***");
+        assert_eq!(redact_url("sqlite:///var/lib/ferry/ledger.db"), "sqlite:///var/lib/ferry/ledger.db");
+        let e = LedgerUrl::parse("mysql://root:hunter2@db/x").unwrap_err().to_string();
+        assert!(!e.contains("hunter2") && e.contains("mysql://root:***@db/x"), "{e}");
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl Backend {
     async fn connect_postgres(url: &str, opts: &LedgerOptions) -> Result<Backend> {
         let ms = opts.lock_timeout.as_millis().to_string();
         let connect = PgConnectOptions::from_str(url)
-            .map_err(|e| ConfigError::new(format!("ledger URL {url:?}"), e.to_string()))?
+            .map_err(|e| ConfigError::new(format!("ledger URL {:?}", ferry_common::config::redact_url(url)), e.to_string()))?
             .options([("statement_timeout", ms.as_str()), ("lock_timeout", ms.as_str())])
             .application_name("ferry");
         let pool = PgPoolOptions::new()
