@@ -334,3 +334,22 @@ pub fn sd_notify(state: &str) {
         tracing::warn!(state, error = %e, "cannot notify systemd");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthy_while_idle_or_progressing_unhealthy_when_work_is_due_and_nothing_finishes() {
+        let h = Health::new(Duration::from_millis(50));
+        assert!(h.check().is_ok(), "a new stage is healthy");
+        h.set_idle(false);
+        h.progressed();
+        assert!(h.check().is_ok(), "just finished a chunk");
+        std::thread::sleep(Duration::from_millis(80));
+        let why = h.check().unwrap_err();
+        assert!(why.contains("work is due and nothing finished"), "{why}");
+        h.set_idle(true);
+        assert!(h.check().is_ok(), "nothing due is healthy, however long");
+    }
+}
