@@ -25,7 +25,7 @@ Exit codes:
 
 Environment:
   FERRY_LEDGER       the ledger URL (--ledger)
-  FERRY_CONFIG       the configuration file (--config of status, check-config, gc)
+  FERRY_CONFIG       the configuration file (--config); its ledger.url is the ledger
   FERRY_LOG_FORMAT   text or json (--log-format)
   RUST_LOG           log filter (default info)";
 
@@ -34,6 +34,11 @@ Environment:
 struct Cli {
     #[command(flatten)]
     common: CommonArgs,
+    /// The configuration file shared by all stages: its `ledger.url` is the ledger every
+    /// command uses (unless --ledger / FERRY_LEDGER says otherwise); check-config and gc
+    /// need it.
+    #[arg(long, env = "FERRY_CONFIG", global = true)]
+    config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -48,9 +53,6 @@ enum Cmd {
     ///
     /// Exits 3 when something is quarantined (0 otherwise); with --check, Nagios codes.
     Status {
-        /// Read the ledger URL from this configuration (else --ledger / FERRY_LEDGER).
-        #[arg(long, env = "FERRY_CONFIG")]
-        config: Option<std::path::PathBuf>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -66,11 +68,7 @@ enum Cmd {
         max_age: std::time::Duration,
     },
     /// Print the resolved configuration (file + FERRY_* environment), or say what is wrong.
-    CheckConfig {
-        /// The TOML file shared by all stages.
-        #[arg(long, env = "FERRY_CONFIG")]
-        config: std::path::PathBuf,
-    },
+    CheckConfig,
     /// Write deterministic sample events (as in seed 000: 200 B to 1 KB records).
     Gen {
         /// avro, jsonl or csv.
@@ -102,13 +100,12 @@ enum Cmd {
     /// files, and abandoned S3 multipart uploads. Only what is older than copy.deadline plus two leases (or
     /// `--older-than`) goes, so running writers are never disturbed.
     Gc {
-        #[arg(long, env = "FERRY_CONFIG")]
-        config: std::path::PathBuf,
         /// Age instead of copy.deadline plus two leases, e.g. "1h".
         #[arg(long)]
         older_than: Option<humantime::Duration>,
     },
-    /// Send quarantined tasks back to `available` with a fresh attempt budget.
+    /// Send quarantined work back with a fresh attempt budget: tasks (all, of a stage, of a
+    /// chunk) or a source file (after fixing what made it fail, e.g. source.format).
     Requeue {
         /// Only tasks of this stage (transform, copy, load).
         #[arg(long)]
@@ -116,6 +113,39 @@ enum Cmd {
         /// Only this chunk.
         #[arg(long)]
         chunk: Option<String>,
+        /// A source file, by its URI or its path below the source: the file is extracted
+        /// again if it was quarantined, and its chunks' quarantined tasks are requeued.
+        #[arg(long, conflicts_with_all = ["stage", "chunk"])]
+        file: Option<String>,
+        /// Say what would be requeued, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Run a chunk again from a stage on, even where that stage is done (a spool or landed
+    /// file lost, a published file deleted by hand): the stage's task becomes available and
+    /// each later stage runs again after it. Load replaces the chunk's published files.
+    /// `--from transform` needs the staged chunk, `copy` the spool file, `load` the landed one.
+    Rerun {
+        #[arg(long)]
+        chunk: String,
+        /// transform, copy or load.
+        #[arg(long)]
+        from: Stage,
+        /// Say what would run again, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Give up on a chunk for good: its unfinished tasks become `skipped` with the reason,
+    /// kept in the ledger; nothing of it is published later. `ferry rerun` undoes it.
+    Skip {
+        #[arg(long)]
+        chunk: String,
+        /// Why (kept in the ledger and shown by `ferry status`).
+        #[arg(long)]
+        reason: String,
+        /// Say what would be skipped, change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -127,9 +157,12 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<i32, Error> {
+    let config = || {
+        cli.config.as_deref().ok_or_else(|| ConfigError::new("--config", "this command needs the configuration file (--config or FERRY_CONFIG)"))
+    };
     match &cli.cmd {
-        Cmd::CheckConfig { config } => {
-            let mut cfg = Config::load(config)?;
+        Cmd::CheckConfig => {
+            let mut cfg = Config::load(config()?)?;
             if let Some(url) = &cli.common.ledger {
                 cfg.ledger.url = url.clone();
             }
@@ -142,12 +175,14 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
         _ => {}
     }
-    if let Cmd::Status { config, json, watch, check, max_age } = &cli.cmd {
-        let url = match (&cli.common.ledger, config) {
-            (Some(url), _) => url.clone(),
-            (None, Some(config)) => Config::load(config)?.ledger.url,
-            (None, None) => cli::DEFAULT_LEDGER.to_string(),
-        };
+    // The ledger: --ledger / FERRY_LEDGER, else the config's, else the default file.
+    let cfg = cli.config.as_deref().map(Config::load).transpose()?;
+    let url = match (&cli.common.ledger, &cfg) {
+        (Some(url), _) => url.clone(),
+        (None, Some(cfg)) => cfg.ledger.url.clone(),
+        (None, None) => cli::DEFAULT_LEDGER.to_string(),
+    };
+    if let Cmd::Status { json, watch, check, max_age } = &cli.cmd {
         let ledger = match existing_ledger(&url).await {
             Ok(l) => l,
             Err(e) if *check => {
@@ -158,54 +193,87 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         };
         return status_command(&ledger, &redact_url(&url), *json, *watch, check.then_some(*max_age)).await;
     }
-    let url = cli.common.ledger.clone().unwrap_or_else(|| cli::DEFAULT_LEDGER.to_string());
     match cli.cmd {
         Cmd::Migrate => {
             let ledger = Ledger::connect(&url, LedgerOptions::default()).await?;
             println!("ledger {} ({}) is migrated", redact_url(&url), ledger.backend_name());
         }
-        Cmd::CheckConfig { .. } | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
-        Cmd::Gc { config, older_than } => {
-            let cfg = Config::load(&config)?;
-            let cutoff = match older_than {
-                Some(d) => chrono::Utc::now().timestamp_millis() - std::time::Duration::from(d).as_millis() as i64,
-                // A live writer is at most a copy deadline into its file, plus two leases.
-                None => cfg.temp_cutoff_ms(chrono::Utc::now().timestamp_millis()),
-            };
-            let table = &cfg.table.name;
-            let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
-            let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-            let spool = Store::from_url(&cfg.spool.dir.to_string_lossy())?;
-            // Each place on its own: one store that is down does not stop the others' cleanup.
-            let (mut n, mut failed) = (0, 0);
-            for (what, r) in [
-                ("staging", staging.remove_stale_temps(table, cutoff).await),
-                ("destination temp files and uploads", dest.gc(paths::COPY_TEMP_DIR, cutoff).await),
-                ("destination table metadata", dest.remove_stale_temps(&paths::table_meta(table), cutoff).await),
-                ("spool", spool.remove_stale_temps(table, cutoff).await),
-            ] {
-                match r {
-                    Ok(k) => n += k,
-                    Err(e) => {
-                        failed += 1;
-                        eprintln!("gc of {what} failed: {e}");
-                    }
+        Cmd::CheckConfig | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
+        Cmd::Gc { older_than } => {
+            let cfg = Config::load(config()?)?;
+            return gc(&cfg, &url, older_than.map(Into::into)).await;
+        }
+        // Only `migrate` (and the stages) create a ledger: a typo in a URL must not leave an
+        // empty ledger behind and report "requeued 0".
+        Cmd::Requeue { stage, chunk, file, dry_run } => {
+            let ledger = existing_ledger(&url).await?;
+            let verb = if dry_run { "would requeue" } else { "requeued" };
+            if let Some(file) = file {
+                let source = cfg.as_ref().map(|c| Store::open(&c.source.url, &c.source.store)).transpose()?;
+                // A path below the source names the same file as its URI.
+                let uri = source.map(|s| if file.contains("://") { file.clone() } else { s.url(&file) }).unwrap_or(file);
+                let (files, tasks) = ledger.requeue_file(&uri, dry_run).await?;
+                if files == 0 && tasks == 0 {
+                    return Err(ConfigError::new("--file", format!("{uri}: no quarantined source file or chunk of it in the ledger")).into());
                 }
-            }
-            println!("removed {n} abandoned file(s) or upload(s)");
-            if failed > 0 {
-                return Ok(exit::FATAL);
+                println!("{verb} {files} source file(s) and {tasks} task(s) of {uri}");
+            } else {
+                let n = ledger.requeue_tasks(&RequeueFilter { stage, chunk_id: chunk }, dry_run).await?;
+                println!("{verb} {n} task(s)");
             }
         }
-        Cmd::Requeue { stage, chunk } => {
-            // Only `migrate` (and the stages) create a ledger: a typo in a URL must not leave
-            // an empty ledger behind and report "requeued 0".
+        Cmd::Rerun { chunk, from, dry_run } => {
             let ledger = existing_ledger(&url).await?;
-            let n = ledger.requeue(&RequeueFilter { stage, chunk_id: chunk }).await?;
-            println!("requeued {n} task(s)");
+            let plan = ledger.rerun(&chunk, from, dry_run).await?;
+            let verb = if dry_run { "would run" } else { "will run" };
+            println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
+        }
+        Cmd::Skip { chunk, reason, dry_run } => {
+            let ledger = existing_ledger(&url).await?;
+            let n = ledger.skip(&chunk, &reason, dry_run).await?;
+            let verb = if dry_run { "would skip" } else { "skipped" };
+            println!("{verb} {n} unfinished task(s) of chunk {chunk}: {reason}");
         }
     }
     Ok(exit::OK)
+}
+
+/// `ferry gc`: what crashed writers left behind, and landed copies of chunks already published
+/// (a zombie copy that landed a chunk again after load published it).
+async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>) -> Result<i32, Error> {
+    let cutoff = match older_than {
+        Some(d) => chrono::Utc::now().timestamp_millis() - d.as_millis() as i64,
+        // A live writer is at most a copy deadline into its file, plus two leases.
+        None => cfg.temp_cutoff_ms(chrono::Utc::now().timestamp_millis()),
+    };
+    let table = &cfg.table.name;
+    let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
+    let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
+    let spool = Store::from_url(&cfg.spool.dir.to_string_lossy())?;
+    let ledger = existing_ledger(url).await?;
+    // Each place on its own: one store that is down does not stop the others' cleanup.
+    let (mut n, mut failed) = (0, 0);
+    let text = |r: Result<usize, ferry_storage::Error>| r.map_err(|e| e.to_string());
+    for (what, r) in [
+        ("staging", text(staging.remove_stale_temps(table, cutoff).await)),
+        ("destination temp files and uploads", text(dest.gc(paths::COPY_TEMP_DIR, cutoff).await)),
+        ("destination table metadata", text(dest.remove_stale_temps(&paths::table_meta(table), cutoff).await)),
+        ("spool", text(spool.remove_stale_temps(table, cutoff).await)),
+        (
+            "landed copies of published chunks",
+            ferry_load::remove_stray_landed(&ledger, &dest, table, cutoff).await.map_err(|e| e.to_string()),
+        ),
+    ] {
+        match r {
+            Ok(k) => n += k,
+            Err(e) => {
+                failed += 1;
+                eprintln!("gc of {what} failed: {e}");
+            }
+        }
+    }
+    println!("removed {n} abandoned file(s) or upload(s)");
+    Ok(if failed > 0 { exit::FATAL } else { exit::OK })
 }
 
 /// Connects to a ledger that must exist already (an SQLite file that is not there is an error,

@@ -41,6 +41,7 @@ async fn main() {
                 mtime_ms: 0,
                 content_hash: hash.clone(),
                 format: Some(ferry_common::config::Format::Avro),
+                change_token: None,
             })
             .await
             .expect("register");

@@ -14,6 +14,9 @@ pub mod exit {
     pub const CONFIG: i32 = 2;
     /// The run finished, but some chunks or files are quarantined (see `ferry status`).
     pub const QUARANTINED: i32 = 3;
+    /// `--once` made no progress: work was due, but every attempt failed or a store (or the
+    /// ledger) was down. Nothing is lost; the next run retries. The summary line says why.
+    pub const NO_PROGRESS: i32 = 4;
 }
 
 pub const DEFAULT_LEDGER: &str = "sqlite://ferry-ledger.db";
@@ -25,6 +28,8 @@ Exit codes:
   1  fatal: the ledger or a store could not be used, an I/O error, a bug
   2  bad flags, configuration or ledger URL; nothing was done
   3  finished, but chunks or files of this stage are quarantined (see `ferry status`)
+  4  --once made no progress: work was due but every attempt failed, or a store was
+     down (the summary line says why; nothing is lost, the next run retries)
 
 Environment:
   FERRY_CONFIG              the configuration file (--config)

@@ -332,6 +332,17 @@ pub enum Disposition {
     Delete,
 }
 
+/// What a file with new bytes at a path that was ingested before means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Versions {
+    /// A correction: the new version's rows replace the old version's in the table.
+    #[default]
+    Replace,
+    /// Another file that happens to reuse the name (a rotated `events.jsonl`): both stay.
+    Keep,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceSection {
@@ -355,6 +366,10 @@ pub struct SourceSection {
     /// Where `archive` moves files.
     #[serde(default)]
     pub archive_url: Option<String>,
+    /// New bytes under a path that was ingested before: `replace` (a corrected file: its
+    /// rows replace the earlier version's) or `keep` (a new file reusing the name).
+    #[serde(default)]
+    pub versions: Versions,
     /// Deadlines and backend settings for `url` (and `archive_url`).
     #[serde(default)]
     pub store: StoreOptions,

@@ -76,6 +76,10 @@ pub struct Pass {
     pub quarantined: u64,
     pub unfinished: u64,
     pub skipped: u64,
+    /// Files that could not be extracted now (a store or the ledger failing); retried.
+    pub failed: u64,
+    /// The last such failure.
+    pub last_error: Option<String>,
 }
 
 impl Pass {
@@ -87,6 +91,17 @@ impl Pass {
         self.quarantined += o.quarantined;
         self.unfinished += o.unfinished;
         self.skipped += o.skipped;
+        self.failed += o.failed;
+        if o.last_error.is_some() {
+            self.last_error.clone_from(&o.last_error);
+        }
+    }
+
+    /// Why a run made no progress, if it made none because of failures.
+    pub fn stalled(&self) -> Option<String> {
+        (self.chunked == 0 && self.failed > 0).then(|| {
+            format!("{} files could not be extracted; the last error: {}", self.failed, self.last_error.as_deref().unwrap_or("?"))
+        })
     }
 }
 
@@ -120,7 +135,8 @@ impl Extractor {
     /// One pass over the source: every finished, new file is chunked and recorded.
     pub async fn pass(&self) -> Result<Pass> {
         let mut pass = Pass::default();
-        self.staging.remove_stale_temps(&self.cfg.table.name, self.cfg.temp_cutoff_ms(self.ledger.now_ms())).await?;
+        ferry_ledger::runner::cleanup(self.staging.remove_stale_temps(&self.cfg.table.name, self.cfg.temp_cutoff_ms(self.ledger.now_ms())))
+            .await;
         let entries = self.source.list("").await?;
         let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.rel.as_str()).collect();
         let now = self.ledger.now_ms();
@@ -182,6 +198,8 @@ impl Extractor {
                 // One unreadable file must not stop the others; it is retried next pass.
                 Err(err) if err.is_transient() => {
                     tracing::warn!(file = %e.rel, error = %err, "cannot extract now; will retry");
+                    pass.failed += 1;
+                    pass.last_error = Some(format!("{}: {err}", e.rel));
                 }
                 Err(err) => return Err(err),
             }
@@ -194,7 +212,9 @@ impl Extractor {
 
     async fn file(&self, e: &Entry, pass: &mut Pass) -> Result<()> {
         let uri = self.source.url(&e.rel);
-        if let Some(known) = self.ledger.find_file(&uri, e.size as i64, e.mtime_ms).await?
+        // Skipped unread only when nothing can have rewritten it (see `Entry::change_token`);
+        // otherwise hashed, so no bytes are skipped or deleted without being looked at.
+        if let Some(known) = self.ledger.find_file(&uri, e.size as i64, e.mtime_ms, e.change_token.as_deref()).await?
             && known.state != FileState::Registered
         {
             pass.skipped += 1;
@@ -219,7 +239,7 @@ impl Extractor {
         }
         let file = self
             .ledger
-            .register_file(&NewSourceFile { uri: uri.clone(), size: size as i64, mtime_ms: e.mtime_ms, content_hash: hash.clone(), format })
+            .register_file(&NewSourceFile { uri: uri.clone(), size: size as i64, mtime_ms: e.mtime_ms, content_hash: hash.clone(), format, change_token: e.change_token.clone() })
             .await?;
         if file.state != FileState::Registered {
             pass.skipped += 1;
@@ -314,8 +334,47 @@ pub async fn run(x: &Extractor, once: bool, poll: Duration, progress_interval: D
     let stop = ferry_ledger::runner::shutdown_signal();
     tokio::pin!(stop);
     let mut last_log = (std::time::Instant::now(), Pass::default());
+    // A pass that fails as a whole (the source cannot be listed, the ledger is down) is
+    // waited out under --watch: an outage of a store is not the end of the service.
+    let mut outage: Option<(std::time::Instant, backon::ExponentialBackoff)> = None;
     loop {
-        let p = x.pass().await?;
+        let p = match x.pass().await {
+            Ok(p) => {
+                if let Some((since, _)) = outage.take() {
+                    tracing::info!(stage = "extract", down_for = ?since.elapsed(), "the source and ledger answer again; extracting");
+                }
+                p
+            }
+            Err(e) if !once && e.is_transient() => {
+                use backon::BackoffBuilder;
+                let first = outage.is_none();
+                let (_, delays) = outage.get_or_insert_with(|| {
+                    let b = backon::ExponentialBuilder::new()
+                        .with_min_delay(poll.max(Duration::from_secs(1)))
+                        .with_max_delay(x.cfg.ledger.outage_probe_max.0.max(poll))
+                        .with_jitter()
+                        .without_max_times()
+                        .build();
+                    (std::time::Instant::now(), b)
+                });
+                let wait = delays.next().unwrap_or(poll);
+                if first {
+                    tracing::error!(stage = "extract", error = %e, retry_in = ?wait, "pass failed: a store or the ledger is unreachable; retrying until it answers");
+                } else {
+                    tracing::warn!(stage = "extract", error = %e, retry_in = ?wait, "still unreachable");
+                }
+                total.failed += 1;
+                total.last_error = Some(e.to_string());
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => continue,
+                    _ = &mut stop => {
+                        tracing::info!(stage = "extract", "shutdown requested");
+                        break;
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        };
         total.chunked += p.chunked;
         total.chunks += p.chunks;
         total.records += p.records;
@@ -323,6 +382,10 @@ pub async fn run(x: &Extractor, once: bool, poll: Duration, progress_interval: D
         total.quarantined += p.quarantined;
         total.unfinished = p.unfinished;
         total.skipped = p.skipped;
+        total.failed += p.failed;
+        if p.last_error.is_some() {
+            total.last_error = p.last_error;
+        }
         if once {
             break;
         }

@@ -34,7 +34,15 @@ async fn run(args: Args) -> Result<i32, ExtractError> {
     let p = ferry_extract::run(&x, args.stage.once, args.stage.poll, args.stage.progress_interval).await?;
     // 3 means what it means for every stage: something of this stage (a source file) is
     // quarantined in the ledger, whichever run set it aside.
-    let quarantined_total = ledger.status().await?.files.iter().filter(|(s, _)| *s == FileState::Quarantined).map(|f| f.1).sum::<i64>();
+    let quarantined_total = match ledger.status().await {
+        Ok(s) => s.files.iter().filter(|(s, _)| *s == FileState::Quarantined).map(|f| f.1).sum::<i64>(),
+        // A --watch service stopping while the ledger is away still stops cleanly.
+        Err(e) if !args.stage.once && e.is_transient() => {
+            tracing::warn!(error = %e, "could not read the closing counts from the ledger");
+            0
+        }
+        Err(e) => return Err(e.into()),
+    };
     let secs = started.elapsed().as_secs_f64();
     if cli::json_logs() {
         tracing::info!(
@@ -49,7 +57,14 @@ async fn run(args: Args) -> Result<i32, ExtractError> {
             p.chunked, p.chunks, p.records, p.bytes, p.quarantined, p.unfinished, p.skipped
         );
     }
-    let code = if quarantined_total > 0 { cli::exit::QUARANTINED } else { cli::exit::OK };
+    let code = if let Some(why) = p.stalled() {
+        tracing::error!(stage = "extract", "no progress: {why}");
+        cli::exit::NO_PROGRESS
+    } else if quarantined_total > 0 {
+        cli::exit::QUARANTINED
+    } else {
+        cli::exit::OK
+    };
     observer.finish(&ledger, code).await;
     Ok(code)
 }

@@ -52,28 +52,203 @@ pub struct RequeueFilter {
 impl Ledger {
     /// Sends quarantined tasks back to `available` with a fresh attempt budget.
     pub async fn requeue(&self, filter: &RequeueFilter) -> Result<u64> {
+        self.requeue_tasks(filter, false).await
+    }
+
+    /// [`Ledger::requeue`]; with `dry_run`, only counts what it would requeue.
+    pub async fn requeue_tasks(&self, filter: &RequeueFilter, dry_run: bool) -> Result<u64> {
         let now = self.now_ms();
         let stage = filter.stage.map(|s| s.as_str());
         self.call("requeue", || async move {
             on_backend!(self, |pool, begin| {
-                Ok(sqlx::query(
+                let q = if dry_run {
+                    "SELECT COUNT(*) FROM tasks WHERE $1 = $1 AND $4 = $4
+                       AND state = $5 AND ($2 IS NULL OR stage = $2) AND ($3 IS NULL OR chunk_id = $3)"
+                } else {
                     "UPDATE tasks SET state = $4, attempt = 0, scheduled_at = $1, finalized_at = NULL
                      WHERE state = $5
                        AND ($2 IS NULL OR stage = $2)
-                       AND ($3 IS NULL OR chunk_id = $3)",
-                )
-                .bind(now)
-                .bind(stage)
-                .bind(filter.chunk_id.as_deref())
-                .bind(TaskState::Available.as_str())
-                .bind(TaskState::Quarantined.as_str())
-                .execute(pool)
-                .await
-                .map_err(db("requeue"))?
-                .rows_affected())
+                       AND ($3 IS NULL OR chunk_id = $3)"
+                };
+                let query = sqlx::query(q)
+                    .bind(now)
+                    .bind(stage)
+                    .bind(filter.chunk_id.as_deref())
+                    .bind(TaskState::Available.as_str())
+                    .bind(TaskState::Quarantined.as_str());
+                if dry_run {
+                    let row = query.fetch_one(pool).await.map_err(db("requeue"))?;
+                    Ok(sqlx::Row::try_get::<i64, _>(&row, 0).map_err(db("requeue"))? as u64)
+                } else {
+                    Ok(query.execute(pool).await.map_err(db("requeue"))?.rows_affected())
+                }
             })
         })
         .await
+    }
+
+    /// Requeues a source file (every version at `uri`): a quarantined file goes back to
+    /// `registered`, so the next extract pass splits it again under the current config, and
+    /// its chunks' quarantined tasks become available. Returns (files, tasks).
+    pub async fn requeue_file(&self, uri: &str, dry_run: bool) -> Result<(u64, u64)> {
+        let now = self.now_ms();
+        self.call("requeue_file", || async move {
+            on_backend!(self, |pool, begin| {
+                let op = "requeue_file";
+                let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                let files: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM source_files WHERE uri = $1 AND state = $2")
+                    .bind(uri)
+                    .bind(FileState::Quarantined.as_str())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                let tasks: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM tasks t JOIN chunks c ON c.id = t.chunk_id JOIN source_files f ON f.id = c.file_id
+                     WHERE f.uri = $1 AND t.state = $2",
+                )
+                .bind(uri)
+                .bind(TaskState::Quarantined.as_str())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db(op))?;
+                if !dry_run {
+                    sqlx::query("UPDATE source_files SET state = $3, error = NULL WHERE uri = $1 AND state = $2")
+                        .bind(uri)
+                        .bind(FileState::Quarantined.as_str())
+                        .bind(FileState::Registered.as_str())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                    sqlx::query(
+                        "UPDATE tasks SET state = $3, attempt = 0, scheduled_at = $4, finalized_at = NULL
+                         WHERE state = $2 AND chunk_id IN
+                           (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri = $1)",
+                    )
+                    .bind(uri)
+                    .bind(TaskState::Quarantined.as_str())
+                    .bind(TaskState::Available.as_str())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                }
+                tx.commit().await.map_err(db(op))?;
+                Ok((files as u64, tasks as u64))
+            })
+        })
+        .await
+    }
+
+    /// Runs `chunk` again from stage `from` on: that stage's task becomes available with a
+    /// fresh budget (whatever its state); each later stage's task is reset when the stage
+    /// before it completes (the `tasks_on_done` trigger), and load replaces the chunk's
+    /// published files. Refused while a task of the chunk is running. Returns the stages that
+    /// will run.
+    pub async fn rerun(&self, chunk: &str, from: Stage, dry_run: bool) -> Result<Vec<Stage>> {
+        let now = self.now_ms();
+        let plan: Vec<Stage> = std::iter::successors(Some(from), |s| s.next()).collect();
+        let stages: Vec<(String, String)> = self
+            .call("rerun", || async move {
+                on_backend!(self, |pool, begin| {
+                    let op = "rerun";
+                    let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                    let rows: Vec<(String, String)> = sqlx::query_as("SELECT stage, state FROM tasks WHERE chunk_id = $1")
+                        .bind(chunk)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                    let ready = rows.iter().any(|(s, _)| s == from.as_str()) && !rows.iter().any(|(_, st)| st == TaskState::Running.as_str());
+                    if ready && !dry_run {
+                        sqlx::query(
+                            "UPDATE tasks SET state = $3, attempt = 0, scheduled_at = $4, finalized_at = NULL,
+                                last_error = NULL, last_error_class = NULL
+                             WHERE chunk_id = $1 AND stage = $2",
+                        )
+                        .bind(chunk)
+                        .bind(from.as_str())
+                        .bind(TaskState::Available.as_str())
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                        sqlx::query("DELETE FROM skips WHERE chunk_id = $1").bind(chunk).execute(&mut *tx).await.map_err(db(op))?;
+                    }
+                    tx.commit().await.map_err(db(op))?;
+                    Ok(rows)
+                })
+            })
+            .await?;
+        let bad = |m: String| crate::Error::Config(ferry_common::error::ConfigError::new("--chunk", m));
+        if stages.is_empty() {
+            return Err(bad(format!("no chunk {chunk} in the ledger")));
+        }
+        if let Some((s, _)) = stages.iter().find(|(_, st)| st == TaskState::Running.as_str()) {
+            return Err(bad(format!("chunk {chunk} is running in {s} now; wait for it (or stop that stage) and run this again")));
+        }
+        if !stages.iter().any(|(s, _)| s == from.as_str()) {
+            return Err(bad(format!("chunk {chunk} has not reached {from} yet; it will run there by itself")));
+        }
+        Ok(plan)
+    }
+
+    /// Gives up on `chunk` for good: its unfinished tasks are closed as done without output,
+    /// with `reason` kept in `skips`. Returns how many tasks it closed.
+    pub async fn skip(&self, chunk: &str, reason: &str, dry_run: bool) -> Result<u64> {
+        let now = self.now_ms();
+        // Not a running task: its completion would hand the chunk on (the trigger).
+        let [a, b, c] = [TaskState::Available, TaskState::Retryable, TaskState::Quarantined].map(|s| s.as_str());
+        let n = self
+            .call("skip", || async move {
+                on_backend!(self, |pool, begin| {
+                    let op = "skip";
+                    let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                    let open: Vec<(String, String)> =
+                        sqlx::query_as("SELECT stage, state FROM tasks WHERE chunk_id = $1 AND state IN ($2, $3, $4)")
+                            .bind(chunk)
+                            .bind(a)
+                            .bind(b)
+                            .bind(c)
+                            .fetch_all(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
+                    if !dry_run {
+                        for (stage, _) in &open {
+                            sqlx::query(
+                                "UPDATE tasks SET state = $3, finalized_at = $4, lease_owner = NULL, lease_expires_at = NULL,
+                                    epoch = epoch + 1, last_error = $5, bytes = 0, records = 0
+                                 WHERE chunk_id = $1 AND stage = $2",
+                            )
+                            .bind(chunk)
+                            .bind(stage)
+                            .bind(TaskState::Done.as_str())
+                            .bind(now)
+                            .bind(format!("skipped by an operator: {reason}"))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
+                            sqlx::query(
+                                "INSERT INTO skips (chunk_id, stage, reason, skipped_at) VALUES ($1, $2, $3, $4)
+                                 ON CONFLICT (chunk_id, stage) DO UPDATE SET reason = excluded.reason, skipped_at = excluded.skipped_at",
+                            )
+                            .bind(chunk)
+                            .bind(stage)
+                            .bind(reason)
+                            .bind(now)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
+                        }
+                    }
+                    tx.commit().await.map_err(db(op))?;
+                    Ok(open.len() as u64)
+                })
+            })
+            .await?;
+        if n == 0 {
+            let bad = ferry_common::error::ConfigError::new("--chunk", format!("chunk {chunk} has no task to skip (none waiting or quarantined; a running one must end first)"));
+            return Err(crate::Error::Config(bad));
+        }
+        Ok(n)
     }
 
     /// Is there anything left for `stage` to do now or later (not done, not quarantined)?

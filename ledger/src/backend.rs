@@ -3,6 +3,9 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
@@ -30,10 +33,42 @@ impl Begin {
 #[derive(Debug, Clone)]
 pub(crate) enum Backend {
     Sqlite(SqlitePool),
-    Postgres(PgPool),
+    Postgres(PgPool, Suspect),
+}
+
+/// When the last transient ledger error happened. A Postgres restart or a dropped link kills
+/// every pooled connection at once, but each only shows it when used: without this, every
+/// retry of a call would draw another dead connection until the retries run out. Connections
+/// that went idle before the last error are pinged before use (and replaced if dead); the
+/// common case, no recent error, costs no extra round trip.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Suspect(Arc<AtomicU64>);
+
+impl Suspect {
+    fn since_start() -> Duration {
+        static START: OnceLock<Instant> = OnceLock::new();
+        START.get_or_init(Instant::now).elapsed()
+    }
+
+    fn mark(&self) {
+        self.0.store(Self::since_start().as_millis() as u64 + 1, Ordering::Relaxed);
+    }
+
+    /// Whether a connection idle for `idle_for` was already idle at the last error.
+    fn covers(&self, idle_for: Duration) -> bool {
+        let at = self.0.load(Ordering::Relaxed);
+        at != 0 && Self::since_start().saturating_sub(idle_for).as_millis() as u64 <= at
+    }
 }
 
 impl Backend {
+    /// Called on every transient error: see [`Suspect`].
+    pub(crate) fn suspect_connections(&self) {
+        if let Backend::Postgres(_, suspect) = self {
+            suspect.mark();
+        }
+    }
+
     /// Connects and applies pending migrations. Safe when several processes start at once on
     /// a new ledger (cron starting four stages in the same minute): Postgres migrations hold an
     /// advisory lock; SQLite's first connection (which creates the file and switches it to WAL)
@@ -87,10 +122,28 @@ impl Backend {
         let ms = opts.lock_timeout.as_millis().to_string();
         let connect = PgConnectOptions::from_str(url)
             .map_err(|e| ConfigError::new(format!("ledger URL {:?}", ferry_common::config::redact_url(url)), e.to_string()))?
-            .options([("statement_timeout", ms.as_str()), ("lock_timeout", ms.as_str())])
+            // A client that stops inside a transaction (a paused VM, SIGSTOP) would hold its
+            // row locks until it wakes: the server ends such a session instead.
+            .options([
+                ("statement_timeout", ms.as_str()),
+                ("lock_timeout", ms.as_str()),
+                ("idle_in_transaction_session_timeout", ms.as_str()),
+            ])
             .application_name("ferry");
+        let suspect = Suspect::default();
+        let check = suspect.clone();
         let pool = PgPoolOptions::new()
             .test_before_acquire(false)
+            .before_acquire(move |conn, meta| {
+                let stale = check.covers(meta.idle_for);
+                Box::pin(async move {
+                    if stale {
+                        use sqlx::Connection;
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .max_connections(opts.max_connections)
             .acquire_timeout(opts.call_timeout)
             .connect_with(connect);
@@ -98,13 +151,13 @@ impl Backend {
             .await
             .map_err(|_| Error::Timeout { op: "connect", deadline: opts.call_timeout })?
             .map_err(|source| Error::Database { op: "connect", source })?;
-        Ok(Backend::Postgres(pool))
+        Ok(Backend::Postgres(pool, suspect))
     }
 
     /// Applies pending migrations, under the same locks as [`Backend::open`].
     pub(crate) async fn migrate(&self) -> Result<()> {
         match self {
-            Backend::Postgres(pool) => Ok(POSTGRES_MIGRATIONS.run(pool).await?),
+            Backend::Postgres(pool, _) => Ok(POSTGRES_MIGRATIONS.run(pool).await?),
             Backend::Sqlite(pool) => {
                 let _lock = lock_beside(pool.connect_options().get_filename()).await?;
                 Ok(SQLITE_MIGRATIONS.run(pool).await?)

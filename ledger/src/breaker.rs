@@ -123,6 +123,13 @@ impl Breakers {
         back
     }
 
+    /// The stores that are down now.
+    pub fn down_stores(&self) -> Vec<&'static str> {
+        let mut v: Vec<_> = self.stores.iter().filter(|(_, s)| s.down.is_some()).map(|(n, _)| *n).collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Whether any store is down.
     pub fn any_down(&self) -> bool {
         self.stores.values().any(|s| s.down.is_some())

@@ -14,6 +14,8 @@ pub struct NewSourceFile {
     pub content_hash: String,
     /// None: the format could not be told from the name (the file is then quarantined).
     pub format: Option<Format>,
+    /// See `ferry_storage::Entry::change_token`.
+    pub change_token: Option<String>,
 }
 
 /// The text of a format the file name did not tell.
@@ -83,16 +85,19 @@ macro_rules! select_source_file {
 impl Ledger {
     /// The file already known at this uri with this size and mtime, if any: lets extract skip
     /// hashing files it has seen.
-    pub async fn find_file(&self, uri: &str, size: i64, mtime_ms: i64) -> Result<Option<SourceFile>> {
+    pub async fn find_file(&self, uri: &str, size: i64, mtime_ms: i64, change_token: Option<&str>) -> Result<Option<SourceFile>> {
+        // Without a change token, size and mtime prove nothing: the caller hashes.
+        let Some(token) = change_token else { return Ok(None) };
         self.call("find_file", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query_as::<_, SourceFile>(concat!(
                     select_source_file!(),
-                    " WHERE uri = $1 AND size = $2 AND mtime_ms = $3 ORDER BY id DESC LIMIT 1"
+                    " WHERE uri = $1 AND size = $2 AND mtime_ms = $3 AND change_token = $4 ORDER BY id DESC LIMIT 1"
                 ))
                 .bind(uri)
                 .bind(size)
                 .bind(mtime_ms)
+                .bind(token)
                 .fetch_optional(pool)
                 .await
                 .map_err(db("find_file"))
@@ -110,10 +115,12 @@ impl Ledger {
             on_backend!(self, |pool, begin| {
                 sqlx::query(
                     "INSERT INTO source_files
-                        (uri, size, mtime_ms, content_hash, version, format, registered_at)
+                        (uri, size, mtime_ms, content_hash, version, format, registered_at, change_token)
                      VALUES ($1, $2, $3, $4,
-                        (SELECT COUNT(*) + 1 FROM source_files WHERE uri = $1), $5, $6)
-                     ON CONFLICT (uri, content_hash) DO NOTHING",
+                        (SELECT COUNT(*) + 1 FROM source_files WHERE uri = $1), $5, $6, $7)
+                     ON CONFLICT (uri, content_hash) DO UPDATE SET
+                        mtime_ms = excluded.mtime_ms, change_token = excluded.change_token,
+                        format = CASE WHEN source_files.state = $8 THEN excluded.format ELSE source_files.format END",
                 )
                 .bind(&f.uri)
                 .bind(f.size)
@@ -121,6 +128,8 @@ impl Ledger {
                 .bind(&f.content_hash)
                 .bind(format)
                 .bind(now)
+                .bind(f.change_token.as_deref())
+                .bind(FileState::Registered.as_str())
                 .execute(pool)
                 .await
                 .map_err(db("register_file"))?;

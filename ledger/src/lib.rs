@@ -81,9 +81,9 @@ pub use outputs::{Part, PartitionStats, Reject};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 /// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 4)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 5)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
@@ -218,7 +218,7 @@ macro_rules! on_backend {
                 let $begin = Begin::SQLITE;
                 $body
             }
-            Backend::Postgres($pool) => {
+            Backend::Postgres($pool, _) => {
                 #[allow(unused_variables)]
                 let $begin = Begin::POSTGRES;
                 $body
@@ -280,7 +280,7 @@ impl Ledger {
     pub fn backend_name(&self) -> &'static str {
         match self.backend {
             Backend::Sqlite(_) => "sqlite",
-            Backend::Postgres(_) => "postgres",
+            Backend::Postgres(..) => "postgres",
         }
     }
 
@@ -303,30 +303,43 @@ impl Ledger {
     async fn write_guard(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         match self.backend {
             Backend::Sqlite(_) => Some(self.sqlite_writer.lock().await),
-            Backend::Postgres(_) => None,
+            Backend::Postgres(..) => None,
         }
     }
 
     /// Runs one ledger call under the client-side deadline, retrying transient failures with
-    /// capped, jittered backoff. The only retry loop around ledger calls.
+    /// capped, jittered backoff (`backon`). The only retry loop around ledger calls; a caller
+    /// that must outlive a longer ledger outage (the stage runner) waits it out above this.
     async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let backoff = Backoff { min: Duration::from_millis(50), max: Duration::from_secs(5), factor: 2.0 };
-        let mut tries = 0;
+        use backon::BackoffBuilder;
+        let mut delays = backon::ExponentialBuilder::new()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(5))
+            .with_factor(2.0)
+            .with_jitter()
+            .with_max_times(self.opts.call_retries as usize)
+            .build();
         loop {
-            tries += 1;
             let res = match tokio::time::timeout(self.opts.call_timeout, f()).await {
                 Ok(r) => r,
                 Err(_) => Err(Error::Timeout { op, deadline: self.opts.call_timeout }),
             };
             match res {
-                Err(e) if e.is_transient() && tries <= self.opts.call_retries => {
-                    let d = backoff.delay(tries as i64);
-                    tracing::warn!(op, error = %e, retry_in = ?d, "ledger call failed, retrying");
-                    tokio::time::sleep(d).await;
+                Err(e) if e.is_transient() => {
+                    // Connections idle in the pool since before this error may be dead too
+                    // (a server restart ends them all): test them before the next use.
+                    self.backend.suspect_connections();
+                    match delays.next() {
+                        Some(d) => {
+                            tracing::warn!(op, error = %e, retry_in = ?d, "ledger call failed, retrying");
+                            tokio::time::sleep(d).await;
+                        }
+                        None => return Err(e),
+                    }
                 }
                 other => return other,
             }

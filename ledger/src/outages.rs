@@ -85,6 +85,31 @@ impl Ledger {
         .await
     }
 
+    /// Records an outage that is already over: one the stage could not write while it lasted
+    /// (the ledger's own).
+    pub async fn outage_recorded(&self, store: &str, stage: Stage, started_at: i64, probes: i64, error: &str) -> Result<()> {
+        let now = self.now_ms();
+        self.call("outage_recorded", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query(
+                    "INSERT INTO outages (store, stage, started_at, ended_at, probes, last_probe_at, last_error)
+                     VALUES ($1, $2, $3, $4, $5, $4, $6)",
+                )
+                .bind(store)
+                .bind(stage.as_str())
+                .bind(started_at)
+                .bind(now)
+                .bind(probes)
+                .bind(error)
+                .execute(pool)
+                .await
+                .map_err(db("outage_recorded"))?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
     /// The outages not over yet, oldest first.
     pub async fn open_outages(&self) -> Result<Vec<Outage>> {
         self.call("open_outages", || async move {

@@ -124,8 +124,78 @@ impl Ledger {
         .await
     }
 
-    /// Records the chunk's files as published in `table`, if `lease` is still current.
-    /// Idempotent: a path already recorded stays as it is.
+    /// The files the ledger says `chunk_id` has in the table: (path, content hash).
+    pub async fn published_of(&self, chunk_id: &str) -> Result<Vec<(String, String)>> {
+        self.call("published_of", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_as("SELECT path, content_hash FROM published WHERE chunk_id = $1 ORDER BY path")
+                    .bind(chunk_id)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(db("published_of"))
+            })
+        })
+        .await
+    }
+
+    /// The newest version registered for the source file of `chunk_id`, when it is newer
+    /// than the chunk's own (the chunk's file was replaced by a corrected one).
+    pub async fn newer_version(&self, chunk_id: &str) -> Result<Option<i64>> {
+        self.call("newer_version", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_scalar(
+                    "SELECT MAX(n.version) FROM chunks c
+                     JOIN source_files f ON f.id = c.file_id
+                     JOIN source_files n ON n.uri = f.uri AND n.version > f.version
+                     WHERE c.id = $1",
+                )
+                .bind(chunk_id)
+                .fetch_one(pool)
+                .await
+                .map_err(db("newer_version"))
+            })
+        })
+        .await
+    }
+
+    /// Files in the table from older versions of the source file of `chunk_id`: (path, chunk).
+    pub async fn older_versions_published(&self, chunk_id: &str) -> Result<Vec<(String, String)>> {
+        self.call("older_versions_published", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_as(
+                    "SELECT p.path, p.chunk_id FROM chunks c
+                     JOIN source_files f ON f.id = c.file_id
+                     JOIN source_files o ON o.uri = f.uri AND o.version < f.version
+                     JOIN chunks oc ON oc.file_id = o.id
+                     JOIN published p ON p.chunk_id = oc.id
+                     WHERE c.id = $1 ORDER BY p.path",
+                )
+                .bind(chunk_id)
+                .fetch_all(pool)
+                .await
+                .map_err(db("older_versions_published"))
+            })
+        })
+        .await
+    }
+
+    /// Forgets published files that were removed from the table (an older version's).
+    pub async fn retract_published(&self, paths: &[String]) -> Result<()> {
+        self.call("retract_published", || async move {
+            on_backend!(self, |pool, begin| {
+                let op = "retract_published";
+                let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                for p in paths {
+                    sqlx::query("DELETE FROM published WHERE path = $1").bind(p).execute(&mut *tx).await.map_err(db(op))?;
+                }
+                tx.commit().await.map_err(db(op))
+            })
+        })
+        .await
+    }
+
+    /// Records the chunk's files as published in `table`, if `lease` is still current. They
+    /// replace what was recorded for the chunk before (a rerun); idempotent.
     pub async fn record_published(&self, lease: &Lease, table: &str, parts: &[(String, Part)]) -> Result<()> {
         let now = self.now_ms();
         let ok = self
@@ -136,6 +206,7 @@ impl Ledger {
                     if !fence!(tx, lease, op) {
                         return Ok(false);
                     }
+                    sqlx::query("DELETE FROM published WHERE chunk_id = $1").bind(&lease.chunk_id).execute(&mut *tx).await.map_err(db(op))?;
                     for (path, p) in parts {
                         sqlx::query(
                             "INSERT INTO published (path, table_name, chunk_id, partition, records, bytes,

@@ -79,7 +79,7 @@ impl RunOptions {
 
 /// A stage's start-up cleanup of abandoned temp files, best effort: a store that is down
 /// right now must not stop the stage; the next start collects what this one could not.
-pub async fn cleanup<E: std::fmt::Display>(gc: impl Future<Output = std::result::Result<(), E>>) {
+pub async fn cleanup<T, E: std::fmt::Display>(gc: impl Future<Output = std::result::Result<T, E>>) {
     if let Err(e) = gc.await {
         tracing::warn!(error = %e, "cleanup of abandoned temp files failed; continuing");
     }
@@ -99,6 +99,8 @@ pub struct Summary {
     pub quarantined_total: i64,
     /// Tasks of this stage still waiting (e.g. for a retry's backoff).
     pub pending: i64,
+    /// Why nothing got through, when a store was down or every attempt failed.
+    pub stalled: Option<String>,
 }
 
 impl Summary {
@@ -115,12 +117,19 @@ impl Summary {
             self.lost,
             self.released,
             self.pending
-        )
+        ) + &self.stalled.as_ref().filter(|_| self.done == 0).map(|why| format!("; no progress: {why}")).unwrap_or_default()
     }
 
-    /// The process exit code for this run (see `ferry_common::cli::exit`).
+    /// The process exit code for this run (see `ferry_common::cli::exit`): no progress
+    /// because of failures first (it needs someone soonest), then quarantined work.
     pub fn exit_code(&self) -> i32 {
-        if self.quarantined_total > 0 { exit::QUARANTINED } else { exit::OK }
+        if self.done == 0 && self.stalled.is_some() {
+            exit::NO_PROGRESS
+        } else if self.quarantined_total > 0 {
+            exit::QUARANTINED
+        } else {
+            exit::OK
+        }
     }
 }
 
@@ -128,7 +137,8 @@ pub type TaskFuture<E> = Pin<Box<dyn Future<Output = std::result::Result<Work, E
 
 enum Ended {
     Done(Work),
-    Failed(FailOutcome),
+    /// The outcome, the task and the error.
+    Failed(FailOutcome, i64, String),
     Lost,
     Released,
 }
@@ -138,8 +148,8 @@ impl Ended {
     fn outcome(&self) -> &'static str {
         match self {
             Ended::Done(_) => "done",
-            Ended::Failed(FailOutcome::Retry { .. }) => "retried",
-            Ended::Failed(FailOutcome::Quarantined) => "quarantined",
+            Ended::Failed(FailOutcome::Retry { .. }, ..) => "retried",
+            Ended::Failed(FailOutcome::Quarantined, ..) => "quarantined",
             Ended::Lost => "lost",
             Ended::Released => "released",
         }
@@ -183,8 +193,70 @@ where
 /// finished stage needed (the spool file copy shipped), which must outlive the commit.
 pub type AfterCommit = Arc<dyn Fn(&Lease) + Send + Sync>;
 
+/// The ledger as the runner sees it: reachable, or down since some time (a Postgres restart,
+/// a lost link). While it is down no claims go out and the stage waits with capped, jittered
+/// backoff; a `--watch` service never ends because of it.
+struct LedgerLink {
+    down: Option<(Instant, u64, String, backon::ExponentialBackoff)>,
+    retry_at: Option<Instant>,
+    cap: Duration,
+}
+
+impl LedgerLink {
+    fn new(cap: Duration) -> LedgerLink {
+        LedgerLink { down: None, retry_at: None, cap }
+    }
+
+    fn ready(&self) -> bool {
+        self.retry_at.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// A ledger call failed with a transient error (after its own retries).
+    fn failed(&mut self, stage: Stage, e: &Error) {
+        use backon::BackoffBuilder;
+        let cap = self.cap;
+        let (_, tries, last, backoff) = self.down.get_or_insert_with(|| {
+            tracing::error!(%stage, error = %e, "ledger unreachable: no claims until it answers; chunks in flight keep their results until it does");
+            metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => "ledger").set(1.0);
+            let b = backon::ExponentialBuilder::new()
+                .with_min_delay(Duration::from_secs(1))
+                .with_max_delay(cap.max(Duration::from_secs(1)))
+                .with_jitter()
+                .without_max_times()
+                .build();
+            (Instant::now(), 0, String::new(), b)
+        });
+        *tries += 1;
+        *last = e.to_string();
+        let wait = backoff.next().unwrap_or(Duration::from_secs(1));
+        if *tries > 1 {
+            tracing::warn!(%stage, error = %e, retry_in = ?wait, "ledger still unreachable");
+        }
+        self.retry_at = Some(Instant::now() + wait);
+    }
+
+    /// A ledger call went through: if the ledger was down, say so and record the outage
+    /// (now that it can be written).
+    async fn answered(&mut self, ledger: &Ledger, stage: Stage) {
+        self.retry_at = None;
+        if let Some((since, probes, error, _)) = self.down.take() {
+            let down_for = since.elapsed();
+            tracing::info!(%stage, ?down_for, "ledger is back; claiming again");
+            metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => "ledger").set(0.0);
+            let started = ledger.now_ms() - down_for.as_millis() as i64;
+            if let Err(e) = ledger.outage_recorded("ledger", stage, started, probes as i64, &error).await {
+                tracing::warn!(%stage, error = %e, "could not record the ledger outage");
+            }
+        }
+    }
+}
+
 /// Runs a stage until `--once` finds nothing left, or until a shutdown signal; `after` runs
 /// after each committed completion.
+///
+/// `--once` gives each chunk at most one attempt per run: a chunk that failed in this run and
+/// comes due again (its backoff shorter than an attempt) is left for the next run, so one
+/// run never spends a chunk's whole attempt budget.
 pub async fn run<E, F>(ledger: &Ledger, opts: &RunOptions, work: F, after: AfterCommit) -> Result<Summary>
 where
     E: Classified,
@@ -210,23 +282,43 @@ where
     let mut stop = stop_rx.clone();
     let mut report = tokio::time::interval(opts.progress_interval.max(Duration::from_millis(100)));
     report.tick().await;
+    let mut link = LedgerLink::new(opts.outage_probe_max);
+    // `--once`: the tasks that failed in this run, and whether one of them came due again.
+    let mut failed_here = std::collections::HashSet::new();
+    let mut claims_over = false;
+    let mut last_error: Option<String> = None;
     loop {
         let stopping = *stop.borrow();
         let mut claimed = 0;
         // While a store is down: no claims, then one probe at a time.
         let free =
             breakers.lock().unwrap_or_else(|e| e.into_inner()).claim_limit(set.len(), opts.concurrency - set.len().min(opts.concurrency));
-        if !stopping && free > 0 {
-            for lease in ledger.claim(stage, &opts.worker, free as i64).await? {
-                claimed += 1;
-                let one = run_one(ledger.clone(), lease, work.clone(), after.clone(), stop_rx.clone(), shared.clone(), breakers.clone());
-                set.spawn(async move {
-                    let t0 = Instant::now();
-                    one.await.map(|ended| (ended, t0.elapsed()))
-                });
+        if !stopping && !claims_over && free > 0 && link.ready() {
+            match ledger.claim(stage, &opts.worker, free as i64).await {
+                Ok(leases) => {
+                    link.answered(ledger, stage).await;
+                    for lease in leases {
+                        if opts.once && failed_here.contains(&lease.task_id) {
+                            // Its backoff is over before this run is: it waits for the next run.
+                            claims_over = true;
+                            if let Err(e) = ledger.release(&lease).await {
+                                tracing::warn!(chunk = %lease.chunk_id, error = %e, "could not give back a chunk for the next run");
+                            }
+                            continue;
+                        }
+                        claimed += 1;
+                        let one = run_one(ledger.clone(), lease, work.clone(), after.clone(), stop_rx.clone(), shared.clone(), breakers.clone());
+                        set.spawn(async move {
+                            let t0 = Instant::now();
+                            one.await.map(|ended| (ended, t0.elapsed()))
+                        });
+                    }
+                }
+                Err(e) if e.is_transient() && !opts.once => link.failed(stage, &e),
+                Err(e) => return Err(e),
             }
         }
-        let down = breakers.lock().unwrap_or_else(|e| e.into_inner()).any_down();
+        let down = breakers.lock().unwrap_or_else(|e| e.into_inner()).any_down() || link.down.is_some();
         // Nothing due, or waiting out an outage between probes: idle, which is healthy.
         opts.health.set_idle(set.is_empty() && claimed == 0);
         if set.is_empty() && (stopping || (opts.once && claimed == 0)) {
@@ -241,13 +333,20 @@ where
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .next_probe()
+            .into_iter()
+            .chain(link.retry_at)
             .filter(|t| *t > Instant::now())
+            .min()
             .map(tokio::time::Instant::from_std);
         progress.refresh_total(&summary).await;
         tokio::select! {
             joined = set.join_next(), if !set.is_empty() => {
                 if let Some(joined) = joined {
                     let (ended, took) = joined.map_err(|e| Error::Internal(format!("{stage} task failed: {e}")))??;
+                    if let Ended::Failed(_, id, msg) = &ended {
+                        failed_here.insert(*id);
+                        last_error = Some(msg.clone());
+                    }
                     tally(&mut summary, stage, ended, took);
                     opts.health.progressed();
                     progress.show(&summary);
@@ -260,8 +359,26 @@ where
         }
     }
     progress.finish();
-    summary.pending = ledger.pending(stage).await?;
-    summary.quarantined_total = ledger.status().await?.tasks(Some(stage), TaskState::Quarantined);
+    let downs = breakers.lock().unwrap_or_else(|e| e.into_inner()).down_stores();
+    summary.stalled = if let Some(store) = downs.first() {
+        Some(format!("{} is down", opts.label(store)))
+    } else if let Some((_, _, error, _)) = &link.down {
+        Some(format!("the ledger is unreachable: {error}"))
+    } else {
+        last_error.filter(|_| summary.retries > 0).map(|e| format!("every attempt failed; the last: {e}"))
+    };
+    // The closing counts; on the way out (a shutdown, a ledger that just went away) they must
+    // not hold the process: they are only for the summary line.
+    let bound = ledger.options().call_timeout.min(Duration::from_secs(10));
+    let counts = tokio::time::timeout(bound, async { Ok::<_, Error>((ledger.pending(stage).await?, ledger.status().await?)) }).await;
+    match counts {
+        Ok(Ok((pending, status))) => {
+            summary.pending = pending;
+            summary.quarantined_total = status.tasks(Some(stage), TaskState::Quarantined);
+        }
+        Ok(Err(e)) if opts.once && !e.is_transient() => return Err(e),
+        _ => tracing::warn!(%stage, "could not read the closing counts from the ledger"),
+    }
     let elapsed = started.elapsed();
     if ferry_common::cli::json_logs() {
         let s = &summary;
@@ -269,7 +386,7 @@ where
             target: "ferry::summary",
             %stage, done = s.done, records = s.records, bytes = s.bytes, seconds = elapsed.as_secs_f64(),
             retried = s.retries, quarantined = s.quarantined, quarantined_in_ledger = s.quarantined_total,
-            leases_lost = s.lost, released = s.released, pending = s.pending,
+            leases_lost = s.lost, released = s.released, pending = s.pending, no_progress = s.stalled.as_deref().filter(|_| s.done == 0),
             "summary"
         );
     } else {
@@ -372,8 +489,8 @@ fn tally(s: &mut Summary, stage: Stage, ended: Ended, took: Duration) {
             s.records += w.records;
             s.bytes += w.bytes;
         }
-        Ended::Failed(FailOutcome::Retry { .. }) => s.retries += 1,
-        Ended::Failed(FailOutcome::Quarantined) => s.quarantined += 1,
+        Ended::Failed(FailOutcome::Retry { .. }, ..) => s.retries += 1,
+        Ended::Failed(FailOutcome::Quarantined, ..) => s.quarantined += 1,
         Ended::Lost => s.lost += 1,
         Ended::Released => s.released += 1,
     }
@@ -381,6 +498,9 @@ fn tally(s: &mut Summary, stage: Stage, ended: Ended, took: Duration) {
 
 /// Works on one lease: heartbeats while the work runs, then records the outcome. A lost lease
 /// abandons the work (someone else owns the chunk now); a shutdown past `grace` releases it.
+///
+/// The heartbeat runs in a task of its own: it never waits on the work it guards (a pool
+/// connection the work holds, a paused process catching up), and the work never waits on it.
 async fn run_one<E, F>(
     ledger: Ledger,
     lease: Lease,
@@ -394,35 +514,36 @@ where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
 {
-    let beat = (ledger.options().lease / 3).max(Duration::from_millis(50));
+    let (lost_tx, mut lost) = tokio::sync::oneshot::channel::<Error>();
+    let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat(ledger.clone(), lease.clone(), lost_tx)));
     // A panic in the chunk's work is this chunk's failure, not the stage's end.
     let fut = std::panic::AssertUnwindSafe(work(lease.clone())).catch_unwind();
     tokio::pin!(fut);
-    let mut ticker = tokio::time::interval(beat);
-    ticker.tick().await;
     let mut deadline: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let result = loop {
         tokio::select! {
             r = &mut fut => break r,
-            _ = ticker.tick() => {
-                match ledger.heartbeat(&lease).await {
-                    Ok(()) => {}
-                    Err(e @ Error::LeaseLost { .. }) => {
-                        tracing::warn!(chunk = %lease.chunk_id, error = %e, "abandoning chunk");
-                        return Ok(Ended::Lost);
-                    }
-                    Err(e) => tracing::warn!(chunk = %lease.chunk_id, error = %e, "heartbeat failed; will retry"),
-                }
+            Ok(e) = &mut lost => {
+                tracing::warn!(chunk = %lease.chunk_id, error = %e, "abandoning chunk");
+                return Ok(Ended::Lost);
             }
             _ = stop.changed(), if deadline.is_none() => {
                 deadline = Some(Box::pin(tokio::time::sleep(opts.grace)));
             }
             _ = async { deadline.as_mut().unwrap().await }, if deadline.is_some() => {
                 tracing::warn!(chunk = %lease.chunk_id, "grace period over; releasing the chunk");
-                return match ledger.release(&lease).await {
-                    Ok(()) => Ok(Ended::Released),
-                    Err(Error::LeaseLost { .. }) => Ok(Ended::Lost),
-                    Err(e) => Err(e),
+                // Bounded: the process is on its way out. A release that does not get through
+                // leaves the lease to expire, and the chunk is redone by whoever claims it.
+                return match tokio::time::timeout(RELEASE_BOUND, ledger.release(&lease)).await {
+                    Ok(Ok(())) => Ok(Ended::Released),
+                    Ok(Err(e)) => {
+                        tracing::warn!(chunk = %lease.chunk_id, error = %e, "could not release the chunk; its lease will expire");
+                        Ok(Ended::Lost)
+                    }
+                    Err(_) => {
+                        tracing::warn!(chunk = %lease.chunk_id, "the release did not get through in time; the lease will expire");
+                        Ok(Ended::Lost)
+                    }
                 };
             }
         }
@@ -435,6 +556,7 @@ where
         }
     };
     let stage = lease.stage;
+    let record = Recorder { ledger: &ledger, lease: &lease, stop: stop.clone(), once: opts.once, cap: opts.outage_probe_max };
     let outcome = match failed {
         Ok(w) => {
             let back = breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
@@ -442,9 +564,9 @@ where
                 let label = opts.label(store);
                 tracing::info!(%stage, store = %label, down_for = ?down_for, "store is back; claiming again");
                 metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => store).set(0.0);
-                ledger.outage_close(&label, stage).await?;
+                best_effort("close the outage record", ledger.outage_close(&label, stage)).await;
             }
-            ledger.complete(&lease, w).await.map(|_| {
+            record.retrying("complete", || ledger.complete(&lease, w)).await.map(|()| {
                 after(&lease);
                 Ended::Done(w)
             })
@@ -453,24 +575,27 @@ where
             let verdict = breakers.lock().unwrap_or_else(|e| e.into_inner()).failed(store, (lease.task_id, lease.epoch));
             let at_ms = |at: Instant| ledger.now_ms() + at.saturating_duration_since(Instant::now()).as_millis() as i64;
             match verdict {
-                Verdict::Counted => {
-                    tracing::warn!(chunk = %lease.chunk_id, attempt = lease.attempt, error = %msg, "chunk failed; will retry");
-                    ledger.fail(&lease, ErrorClass::Transient, &msg, Work::default()).await.map(Ended::Failed)
-                }
+                Verdict::Counted => record.failed(ErrorClass::Transient, &msg).await,
                 Verdict::Tripped { refund, retry_at } => {
                     let label = opts.label(store);
                     tracing::error!(%stage, store = %label, error = %msg, "store is down: every chunk fails on it and none gets through; claims stop, probes follow, attempts are not counted");
                     metrics::counter!(names::STORE_OUTAGES, "stage" => stage.as_str(), "store" => store).increment(1);
                     metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => store).set(1.0);
-                    ledger.outage_open(&label, stage, &msg).await?;
-                    ledger.refund_attempts(&refund).await?;
-                    ledger.fail_uncounted(&lease, &msg, Work::default(), at_ms(retry_at)).await.map(Ended::Failed)
+                    best_effort("record the outage", ledger.outage_open(&label, stage, &msg)).await;
+                    best_effort("give back the attempts spent on the outage", ledger.refund_attempts(&refund)).await;
+                    record
+                        .retrying("fail", || ledger.fail_uncounted(&lease, &msg, Work::default(), at_ms(retry_at)))
+                        .await
+                        .map(|o| Ended::Failed(o, lease.task_id, msg.clone()))
                 }
                 Verdict::StillDown { retry_at, probes } => {
                     let label = opts.label(store);
                     tracing::warn!(%stage, store = %label, probes, error = %msg, "store still down");
-                    ledger.outage_probe(&label, stage, &msg).await?;
-                    ledger.fail_uncounted(&lease, &msg, Work::default(), at_ms(retry_at)).await.map(Ended::Failed)
+                    best_effort("count the probe", ledger.outage_probe(&label, stage, &msg)).await;
+                    record
+                        .retrying("fail", || ledger.fail_uncounted(&lease, &msg, Work::default(), at_ms(retry_at)))
+                        .await
+                        .map(|o| Ended::Failed(o, lease.task_id, msg.clone()))
                 }
             }
         }
@@ -479,21 +604,112 @@ where
                 // The store answered (with a refusal): it is not down.
                 breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
             }
-            match class {
-                ErrorClass::Transient => {
-                    tracing::warn!(chunk = %lease.chunk_id, attempt = lease.attempt, error = %msg, "chunk failed; will retry")
-                }
-                ErrorClass::Permanent => tracing::error!(chunk = %lease.chunk_id, error = %msg, "chunk quarantined"),
-            }
-            ledger.fail(&lease, class, &msg, Work::default()).await.map(Ended::Failed)
+            record.failed(class, &msg).await
         }
     };
     match outcome {
         Err(e @ Error::LeaseLost { .. }) => {
-            tracing::warn!(chunk = %lease.chunk_id, error = %e, "result discarded");
+            tracing::warn!(chunk = %lease.chunk_id, error = %e, "result discarded: the chunk's lease was taken over");
             Ok(Ended::Lost)
         }
         other => other,
+    }
+}
+
+/// How long a shutting-down stage waits for a release to be recorded.
+const RELEASE_BOUND: Duration = Duration::from_secs(5);
+
+/// Extends the lease every third of its length until the lease is lost (reported once on
+/// `lost`) or the task is aborted. A failed beat is retried at the next tick: the lease has
+/// two more before it expires.
+async fn heartbeat(ledger: Ledger, lease: Lease, lost: tokio::sync::oneshot::Sender<Error>) {
+    let beat = (ledger.options().lease / 3).max(Duration::from_millis(50));
+    let mut ticker = tokio::time::interval(beat);
+    // A paused process wakes to one beat, not a burst of the ones it missed.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        match ledger.heartbeat(&lease).await {
+            Ok(()) => {}
+            Err(e @ Error::LeaseLost { .. }) => {
+                let _ = lost.send(e);
+                return;
+            }
+            Err(e) => tracing::warn!(chunk = %lease.chunk_id, error = %e, "heartbeat failed; will retry"),
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A ledger write that only says how things went (an outage record, a refund): its failure
+/// is logged, and never costs the chunk or the stage.
+async fn best_effort<T>(what: &str, call: impl Future<Output = Result<T>>) {
+    if let Err(e) = call.await {
+        tracing::warn!(error = %e, "could not {what} in the ledger; going on");
+    }
+}
+
+/// Records a chunk's outcome. Under `--watch` a ledger that is down (after the call's own
+/// retries) is waited out with capped, jittered backoff: the chunk's result is kept until the
+/// ledger answers, or until a shutdown, when the lease is left to expire and the chunk is redone.
+struct Recorder<'a> {
+    ledger: &'a Ledger,
+    lease: &'a Lease,
+    stop: tokio::sync::watch::Receiver<bool>,
+    once: bool,
+    cap: Duration,
+}
+
+impl Recorder<'_> {
+    async fn retrying<T, Fut>(&self, op: &str, f: impl Fn() -> Fut) -> Result<T>
+    where
+        Fut: Future<Output = Result<T>>,
+    {
+        use backon::BackoffBuilder;
+        let mut delays = backon::ExponentialBuilder::new()
+            .with_min_delay(Duration::from_secs(1))
+            .with_max_delay(self.cap.max(Duration::from_secs(1)))
+            .with_jitter()
+            .without_max_times()
+            .build();
+        loop {
+            match f().await {
+                Err(e) if e.is_transient() && !self.once && !*self.stop.borrow() => {
+                    let d = delays.next().unwrap_or(Duration::from_secs(1));
+                    tracing::warn!(chunk = %self.lease.chunk_id, error = %e, retry_in = ?d, "ledger unreachable: cannot record the chunk's {op} yet; keeping it");
+                    tokio::time::sleep(d).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Records a failed attempt; logs what the ledger made of it (a zombie whose lease was
+    /// taken over has quarantined nothing, and says so instead).
+    async fn failed(&self, class: ErrorClass, msg: &str) -> Result<Ended> {
+        let lease = self.lease;
+        let outcome = self.retrying("failure", || self.ledger.fail(lease, class, msg, Work::default())).await?;
+        match outcome {
+            FailOutcome::Retry { .. } => {
+                tracing::warn!(chunk = %lease.chunk_id, stage = %lease.stage, attempt = lease.attempt, error = %msg, "chunk failed; will retry")
+            }
+            FailOutcome::Quarantined => {
+                let file = self.ledger.chunk(&lease.chunk_id).await.map(|c| c.file_uri).unwrap_or_else(|_| "?".into());
+                tracing::error!(
+                    chunk = %lease.chunk_id, stage = %lease.stage, source_file = %file, attempts = lease.attempt, reason = %msg,
+                    "chunk quarantined; after fixing the cause: ferry requeue --chunk {}", lease.chunk_id
+                );
+            }
+        }
+        Ok(Ended::Failed(outcome, lease.task_id, msg.to_string()))
     }
 }
 

@@ -194,7 +194,7 @@ impl Ledger {
             .call("complete", || async move {
                 match &self.backend {
                     // One statement, one round trip, one commit.
-                    Backend::Postgres(pool) => sqlx::query(COMPLETE)
+                    Backend::Postgres(pool, _) => sqlx::query(COMPLETE)
                         .bind(lease.task_id)
                         .bind(lease.epoch)
                         .bind(now)

@@ -336,13 +336,18 @@ async fn registration_is_idempotent_and_versions_changes(db: Db) {
         mtime_ms: T0,
         content_hash: "aaa".into(),
         format: Some(ferry_common::config::Format::Jsonl),
+        change_token: Some("dev:ino:ctime1".into()),
     };
     let a = ledger.register_file(&f).await.unwrap();
     let a2 = ledger.register_file(&f).await.unwrap();
     assert_eq!(a, a2);
     assert_eq!(a.version, 1);
-    let found = ledger.find_file(&f.uri, 10, T0).await.unwrap().unwrap();
+    let found = ledger.find_file(&f.uri, 10, T0, Some("dev:ino:ctime1")).await.unwrap().unwrap();
     assert_eq!(found.id, a.id);
+    // Same size and mtime, but rewritten (another ctime), or a store with no token: not
+    // found, so the caller hashes the bytes instead of skipping them.
+    assert!(ledger.find_file(&f.uri, 10, T0, Some("dev:ino:ctime2")).await.unwrap().is_none());
+    assert!(ledger.find_file(&f.uri, 10, T0, None).await.unwrap().is_none());
     let changed = NewSourceFile { size: 12, mtime_ms: T0 + 1, content_hash: "bbb".into(), ..f.clone() };
     let b = ledger.register_file(&changed).await.unwrap();
     assert_ne!(b.id, a.id);

@@ -17,6 +17,7 @@ async fn seed_one(ledger: &ferry_ledger::Ledger) {
             mtime_ms: 1,
             content_hash: "h".into(),
             format: Some(ferry_common::config::Format::Csv),
+            change_token: None,
         })
         .await
         .unwrap();

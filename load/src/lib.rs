@@ -22,7 +22,7 @@
 
 use std::sync::Arc;
 
-use ferry_common::config::{ColumnType, Config};
+use ferry_common::config::{ColumnType, Config, Versions};
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
 use ferry_common::paths;
 use ferry_ledger::{Lease, Ledger, Part, Stage, Work};
@@ -71,6 +71,26 @@ impl Classified for LoadError {
     }
 }
 
+/// Removes landed files older than `cutoff` of chunks whose load is done: a zombie copy that
+/// landed a chunk again after load published it. Returns how many went.
+pub async fn remove_stray_landed(ledger: &Ledger, dest: &Store, table: &str, cutoff: i64) -> Result<usize, LoadError> {
+    let landed = dest.list(&paths::landed_dir(table)).await?;
+    if landed.is_empty() {
+        return Ok(0);
+    }
+    let done: std::collections::HashSet<String> = ledger.done_chunks(Stage::Load).await?.into_iter().collect();
+    let mut n = 0;
+    for e in landed {
+        let chunk = paths::parse_landed(table, &e.rel).map_or("", |(chunk, _)| chunk);
+        if e.mtime_ms < cutoff && done.contains(chunk) {
+            tracing::info!(file = %dest.url(&e.rel), "removing a landed copy of a published chunk");
+            dest.delete(&e.rel).await?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 pub struct Loader {
     cfg: Config,
     ledger: Ledger,
@@ -92,18 +112,31 @@ impl Loader {
         let table = &self.cfg.table.name;
         let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
         self.dest.remove_stale_temps(&paths::table_meta(table), cutoff).await?;
-        let landed = self.dest.list(&paths::landed_dir(table)).await?;
-        if !landed.is_empty() {
-            let done: std::collections::HashSet<String> = self.ledger.done_chunks(Stage::Load).await?.into_iter().collect();
-            for e in landed {
-                let chunk = paths::parse_landed(table, &e.rel).map_or("", |(chunk, _)| chunk);
-                if e.mtime_ms < cutoff && done.contains(chunk) {
-                    tracing::info!(file = %self.dest.url(&e.rel), "removing a landed copy of a published chunk");
-                    self.dest.delete(&e.rel).await?;
-                }
-            }
-        }
+        remove_stray_landed(&self.ledger, &self.dest, table, cutoff).await?;
         Ok(())
+    }
+
+    /// Removes from the table the files of older versions of this chunk's source file, and
+    /// then their `published` rows. Idempotent: a crash between the two is finished by the
+    /// next chunk of the new version (or its retry).
+    async fn retract_older_versions(&self, chunk_id: &str) -> Result<(), LoadError> {
+        let old = self.ledger.older_versions_published(chunk_id).await?;
+        if old.is_empty() {
+            return Ok(());
+        }
+        for (path, chunk) in &old {
+            tracing::info!(file = %self.dest.url(path), old_chunk = %chunk, "removing an older version's rows from the table");
+            self.dest.delete(path).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
+        }
+        let chunks: std::collections::BTreeSet<&String> = old.iter().map(|(_, c)| c).collect();
+        for chunk in chunks {
+            let manifest = paths::manifest(&self.cfg.table.name, chunk);
+            self.dest.delete(&manifest).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
+        }
+        let paths: Vec<String> = old.into_iter().map(|(p, _)| p).collect();
+        self.ledger.retract_published(&paths).await?;
+        // The DDL lists partitions from `published`: one may have gone.
+        self.write_ddl().await
     }
 
     fn table_path(&self, p: &Part) -> String {
@@ -112,6 +145,19 @@ impl Loader {
 
     pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, LoadError> {
         let table = &self.cfg.table.name;
+        let replace = self.cfg.source.versions == Versions::Replace;
+        // A chunk of a file that has since been corrected (a newer version at the same path)
+        // is not published: the newer version's rows replace its.
+        if replace && let Some(v) = self.ledger.newer_version(&lease.chunk_id).await? {
+            tracing::info!(chunk = %lease.chunk_id, newer_version = v, "not publishing: its source file was replaced by a newer version");
+            return Ok(Work::default());
+        }
+        // This chunk's own earlier publish, if any (`ferry rerun`): its files are ours to replace.
+        let before = self.ledger.published_of(&lease.chunk_id).await?;
+        // Before this version's rows go in, the older versions' go out: never both.
+        if replace {
+            self.retract_older_versions(&lease.chunk_id).await?;
+        }
         let parts = self.ledger.parts(&lease.chunk_id).await?;
         let mut published = Vec::with_capacity(parts.len());
         let mut work = Work::default();
@@ -127,6 +173,14 @@ impl Loader {
                     Some(h) if h.size as i64 == p.bytes && self.dest.hash(&target).await?.1 == p.content_hash => {
                         let _ = self.dest.delete(&landed).await;
                     }
+                    // Our own earlier output (a rerun with new content): replaced.
+                    Some(_) if before.iter().any(|(path, _)| *path == target) && self.dest.head(&landed).await?.is_some() => {
+                        tracing::info!(chunk = %lease.chunk_id, file = %self.dest.url(&target), "replacing the chunk's earlier output");
+                        self.dest.delete(&target).await?;
+                        if !self.dest.rename_noreplace(&landed, &target).await? {
+                            return Err(LoadError::Conflict(format!("{} reappeared while it was being replaced", self.dest.url(&target))));
+                        }
+                    }
                     Some(_) => {
                         return Err(LoadError::Conflict(format!(
                             "{} holds other content than chunk {}",
@@ -136,9 +190,10 @@ impl Loader {
                     }
                     None => {
                         return Err(LoadError::Missing(format!(
-                            "neither {} nor {} exists; copy the chunk again (ferry requeue --stage copy)",
+                            "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {} --from transform)",
                             self.dest.url(&landed),
-                            self.dest.url(&target)
+                            self.dest.url(&target),
+                            p.chunk_id
                         )));
                     }
                 }
@@ -146,6 +201,11 @@ impl Loader {
             work.bytes += p.bytes;
             work.records += p.records;
             published.push((target, p.clone()));
+        }
+        // Earlier output of this chunk that the new parts do not cover (another partition).
+        for (path, _) in before.iter().filter(|(path, _)| !published.iter().any(|(t, _)| t == path)) {
+            tracing::info!(chunk = %lease.chunk_id, file = %self.dest.url(path), "removing the chunk's earlier output");
+            self.dest.delete(path).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
         }
         let manifest = serde_json::json!({
             "chunk": lease.chunk_id,

@@ -159,7 +159,7 @@ impl HdfsStore {
     fn entry(&self, st: &hdfs_native::client::FileStatus) -> Entry {
         let prefix = format!("{}/", self.root);
         let rel = st.path.strip_prefix(&prefix).unwrap_or(st.path.trim_start_matches('/')).to_string();
-        Entry { rel, size: st.length as u64, mtime_ms: st.modification_time as i64 }
+        Entry { rel, size: st.length as u64, mtime_ms: st.modification_time as i64, change_token: None }
     }
 
     pub async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
@@ -181,7 +181,7 @@ impl HdfsStore {
         let p = path.clone();
         match self.call("stat", &path, |c| async move { c.get_file_info(&p).await }).await {
             Ok(st) if st.isdir => Ok(None),
-            Ok(st) => Ok(Some(Entry { rel: rel.to_string(), size: st.length as u64, mtime_ms: st.modification_time as i64 })),
+            Ok(st) => Ok(Some(Entry { rel: rel.to_string(), size: st.length as u64, mtime_ms: st.modification_time as i64, change_token: None })),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }

@@ -39,6 +39,10 @@ pub struct Entry {
     pub rel: String,
     pub size: u64,
     pub mtime_ms: i64,
+    /// What changes whenever the file is rewritten, even to the same size and mtime: a local
+    /// file's device, inode and ctime (no writer can set ctime back), an S3 object's ETag.
+    /// None where the store has nothing of the kind (HDFS): such files are always hashed.
+    pub change_token: Option<String>,
 }
 
 impl Store {

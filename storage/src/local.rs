@@ -53,7 +53,7 @@ impl LocalStore {
         let p = self.abs(rel);
         let rel = rel.to_string();
         blocking(self.call_timeout, "stat", move || match std::fs::metadata(&p) {
-            Ok(m) => Ok(Some(Entry { rel, size: m.len(), mtime_ms: mtime_ms(&m) })),
+            Ok(m) => Ok(Some(Entry { rel, size: m.len(), mtime_ms: mtime_ms(&m), change_token: Some(change_token(&m)) })),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(p.display(), e)),
         })
@@ -182,6 +182,11 @@ fn mtime_ms(m: &std::fs::Metadata) -> i64 {
     m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
+fn change_token(m: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!("{}:{}:{}.{:09}", m.dev(), m.ino(), m.ctime(), m.ctime_nsec())
+}
+
 fn walk(root: &Path, dir: &Path, out: &mut Vec<Entry>) -> Result<()> {
     let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir.display(), e))?;
     for ent in rd {
@@ -197,7 +202,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<Entry>) -> Result<()> {
             walk(root, &p, out)?;
         } else if m.is_file() {
             let rel = p.strip_prefix(root).unwrap_or(&p).to_string_lossy().into_owned();
-            out.push(Entry { rel, size: m.len(), mtime_ms: mtime_ms(&m) });
+            out.push(Entry { rel, size: m.len(), mtime_ms: mtime_ms(&m), change_token: Some(change_token(&m)) });
         }
     }
     Ok(())

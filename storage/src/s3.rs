@@ -219,7 +219,7 @@ impl S3Store {
                 Some(Ok(m)) => {
                     let k = m.location.as_ref();
                     let rel = k.strip_prefix(&root).unwrap_or(k).to_string();
-                    out.push(Entry { rel, size: m.size, mtime_ms: m.last_modified.timestamp_millis() });
+                    out.push(Entry { rel, size: m.size, mtime_ms: m.last_modified.timestamp_millis(), change_token: m.e_tag.clone() });
                 }
             }
         }
@@ -229,7 +229,7 @@ impl S3Store {
 
     pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
         match self.call("HEAD", rel, self.store.head(&self.key(rel))).await {
-            Ok(m) => Ok(Some(Entry { rel: rel.to_string(), size: m.size, mtime_ms: m.last_modified.timestamp_millis() })),
+            Ok(m) => Ok(Some(Entry { rel: rel.to_string(), size: m.size, mtime_ms: m.last_modified.timestamp_millis(), change_token: m.e_tag })),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }

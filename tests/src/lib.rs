@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 pub mod clusters;
 /// The directory holding the workspace's binaries (`cargo build --workspace --bins` first;
 /// the test command does).
+pub mod postgres;
 pub mod proxy;
 
 pub fn bin(name: &str) -> PathBuf {
@@ -83,6 +84,47 @@ max_bad_records = 5
         );
         std::fs::write(&config, text).unwrap();
         Pipeline { dir, config, env: Default::default() }
+    }
+
+    /// Points the config's `ledger.url` at `url` (a Postgres ledger).
+    pub fn use_ledger(&self, url: &str) {
+        let cfg = std::fs::read_to_string(&self.config).unwrap();
+        let line = cfg.lines().find(|l| l.starts_with("url = \"sqlite://")).expect("the ledger URL line").to_string();
+        std::fs::write(&self.config, cfg.replace(&line, &format!("url = \"{url}\""))).unwrap();
+    }
+
+    /// `ferry gen` a batch of `files` JSON lines files into the source directory, named
+    /// `<batch>-...` so that batches never overwrite each other.
+    pub fn add_jsonl_batch(&self, batch: &str, files: u32, records: u32, seed: u64) {
+        let dir = format!("gen-{batch}");
+        self.generate(&dir, "jsonl", "null", files, records, seed);
+        for e in std::fs::read_dir(self.path(&dir)).unwrap().flatten() {
+            let name = format!("{batch}-{}", e.file_name().to_string_lossy());
+            let tmp = self.path(&format!("{dir}/.{name}"));
+            std::fs::rename(e.path(), &tmp).unwrap();
+            // Into place by rename: extract never sees a half-written file.
+            std::fs::rename(&tmp, self.path(&format!("in/{name}"))).unwrap();
+        }
+    }
+
+    /// Starts `binary --watch` with a short poll, its log read as it comes (a full pipe would
+    /// block the service); [`Service::stop`] sends SIGTERM and returns the exit code and log.
+    pub fn watch(&self, binary: &str, extra: &[&str]) -> Service {
+        let mut child = self
+            .command(binary)
+            .env("RUST_LOG", "info")
+            .args(["--watch", "--poll", "200ms"])
+            .args(extra)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let log = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+            s
+        });
+        Service { name: binary.to_string(), child, log: Some(log) }
     }
 
     /// Sets `key=value` in the environment of every run of `binary`.
@@ -167,6 +209,36 @@ max_bad_records = 5
     /// rows in a canonical form.
     pub fn table_digest(&self) -> serde_json::Value {
         table_digest(&self.path("wh/events"))
+    }
+}
+
+/// A stage running under `--watch` (see [`Pipeline::watch`]).
+pub struct Service {
+    pub name: String,
+    pub child: std::process::Child,
+    log: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Service {
+    /// Still running (it has not exited by itself)?
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// SIGTERM, then waits: (exit code, seconds it took, log).
+    pub fn stop(mut self) -> (Option<i32>, f64, String) {
+        let t0 = std::time::Instant::now();
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let status = self.child.wait().unwrap();
+        let log = self.log.take().map(|h| h.join().unwrap()).unwrap_or_default();
+        (status.code(), t0.elapsed().as_secs_f64(), log)
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -92,6 +92,7 @@ pub async fn seed(ledger: &Ledger, name: &str, n: i64) -> Vec<String> {
             mtime_ms: T0,
             content_hash: hash.clone(),
             format: Some(ferry_common::config::Format::Jsonl),
+            change_token: None,
         })
         .await
         .unwrap();
