@@ -815,6 +815,12 @@ fn apply_env(doc: &mut toml::Table, vars: impl Iterator<Item = (String, String)>
         let Some((section, key)) =
             SECTIONS.iter().find_map(|s| lower.strip_prefix(s).and_then(|r| r.strip_prefix('_')).map(|key| (*s, key.to_string())))
         else {
+            // Other FERRY_* variables belong to scripts and tools around Ferry; one whose first
+            // word is a section name misspelt would be a setting silently lost.
+            let word = lower.split('_').next().unwrap_or_default();
+            if let Some(s) = SECTIONS.iter().find(|s| word != "log" && edit_distance(word, s) <= 2 && word.len() + 1 >= s.len()) {
+                return Err(format!("{k}: there is no section `{word}` (did you mean FERRY_{}_...?)", s.to_ascii_uppercase()));
+            }
             continue;
         };
         let value =
@@ -851,9 +857,38 @@ fn apply_env(doc: &mut toml::Table, vars: impl Iterator<Item = (String, String)>
     Ok(())
 }
 
+/// Levenshtein distance, for telling a misspelt section from an unrelated variable.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for j in 0..b.len() {
+            let cur = row[j + 1];
+            row[j + 1] = if ca == b[j] { prev } else { 1 + prev.min(row[j]).min(row[j + 1]) };
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_misspelt_section_in_an_environment_override_is_an_error_naming_it() {
+        let mut doc: toml::Table = MIN.parse().unwrap();
+        for typo in ["FERRY_DESTINATON_URL", "FERRY_COPPY_CONCURRENCY", "FERRY_LEGDER_URL", "FERRY_TRANSFORMS_MAX_BAD_RECORDS"] {
+            let e = apply_env(&mut doc, std::iter::once((typo.to_string(), "1".to_string()))).unwrap_err();
+            assert!(e.starts_with(typo) && e.contains("did you mean"), "{e}");
+        }
+        // Variables of the scripts and tools around Ferry are not config keys, and not typos.
+        for other in ["FERRY_CACHE", "FERRY_MINIDFS_HOME", "FERRY_PG_PORT", "FERRY_S3_DIR", "FERRY_SEED", "FERRY_METRICS_ADDR", "FERRY_LOG"] {
+            apply_env(&mut doc, std::iter::once((other.to_string(), "1".to_string()))).unwrap();
+        }
+    }
 
     const MIN: &str = r#"
 [source]

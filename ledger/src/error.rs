@@ -85,6 +85,23 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         self.class() == ErrorClass::Transient
     }
+
+    /// The ledger's server could not be reached or dropped the connection (not a busy
+    /// database or a conflict): the ledger is down while this lasts.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Error::Timeout { .. } => true,
+            Error::Database { source, .. } => match source {
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+                sqlx::Error::Database(db) => {
+                    let code = db.code().map(|c| c.to_string()).unwrap_or_default();
+                    code.starts_with("57P") || code.starts_with("08")
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
 }
 
 impl Classified for Error {

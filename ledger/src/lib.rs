@@ -206,6 +206,25 @@ pub struct Ledger {
     sqlite_writer: Arc<tokio::sync::Mutex<()>>,
     /// SQLite completions waiting to be committed together (see `complete_batched`).
     completions: Arc<std::sync::Mutex<Vec<batch::Completion>>>,
+    /// Whether the ledger's server answers, as this process's calls found it.
+    link: Arc<std::sync::Mutex<Link>>,
+}
+
+/// The ledger's own outages as one process saw them: from the first call that could not reach
+/// the server to the next one that did.
+#[derive(Debug, Default)]
+struct Link {
+    down: Option<LedgerOutage>,
+    over: Vec<LedgerOutage>,
+}
+
+/// One outage of the ledger's server, for the `outages` table once it can be written again.
+#[derive(Debug, Clone)]
+pub struct LedgerOutage {
+    pub since_ms: i64,
+    pub since: std::time::Instant,
+    pub failures: i64,
+    pub last_error: String,
 }
 
 /// Runs `$body` with `$pool` bound to the concrete pool of the backend and `$begin` to the
@@ -264,7 +283,41 @@ impl Ledger {
             last_reclaim_ms: Arc::new(AtomicI64::new(i64::MIN)),
             sqlite_writer: Arc::new(tokio::sync::Mutex::new(())),
             completions: Arc::default(),
+            link: Arc::default(),
         })
+    }
+
+    /// Whether the ledger's server is unreachable now (as the last call found it).
+    pub fn unreachable(&self) -> bool {
+        self.link.lock().unwrap_or_else(|e| e.into_inner()).down.is_some()
+    }
+
+    /// Outages of the ledger that are over and not yet recorded (the runner records them).
+    pub fn take_ledger_outages(&self) -> Vec<LedgerOutage> {
+        std::mem::take(&mut self.link.lock().unwrap_or_else(|e| e.into_inner()).over)
+    }
+
+    fn link_failed(&self, op: &str, e: &Error) {
+        let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut link.down {
+            Some(d) => {
+                d.failures += 1;
+                d.last_error = e.to_string();
+            }
+            None => {
+                tracing::error!(op, error = %e, "ledger unreachable: its calls are retried until it answers");
+                link.down =
+                    Some(LedgerOutage { since_ms: self.now_ms(), since: std::time::Instant::now(), failures: 1, last_error: e.to_string() });
+            }
+        }
+    }
+
+    fn link_answered(&self) {
+        let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = link.down.take() {
+            tracing::info!(down_for = ?d.since.elapsed(), failures = d.failures, "ledger is back");
+            link.over.push(d);
+        }
     }
 
     /// Replaces the clock (tests drive a [`crate::clock::ManualClock`]).
@@ -328,6 +381,11 @@ impl Ledger {
                 Ok(r) => r,
                 Err(_) => Err(Error::Timeout { op, deadline: self.opts.call_timeout }),
             };
+            match &res {
+                Err(e) if e.is_unreachable() => self.link_failed(op, e),
+                Ok(_) => self.link_answered(),
+                Err(_) => {}
+            }
             match res {
                 Err(e) if e.is_transient() => {
                     // Connections idle in the pool since before this error may be dead too

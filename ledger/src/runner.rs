@@ -193,60 +193,53 @@ where
 /// finished stage needed (the spool file copy shipped), which must outlive the commit.
 pub type AfterCommit = Arc<dyn Fn(&Lease) + Send + Sync>;
 
-/// The ledger as the runner sees it: reachable, or down since some time (a Postgres restart,
-/// a lost link). While it is down no claims go out and the stage waits with capped, jittered
-/// backoff; a `--watch` service never ends because of it.
+/// The runner's claims while the ledger is down (a Postgres restart, a lost link): none until
+/// the next try, with capped, jittered backoff; a `--watch` service never ends because of it.
+/// The ledger itself logs the outage and keeps its span ([`Ledger::take_ledger_outages`]).
 struct LedgerLink {
-    down: Option<(Instant, u64, String, backon::ExponentialBackoff)>,
+    backoff: Option<backon::ExponentialBackoff>,
     retry_at: Option<Instant>,
     cap: Duration,
+    last_error: Option<String>,
 }
 
 impl LedgerLink {
     fn new(cap: Duration) -> LedgerLink {
-        LedgerLink { down: None, retry_at: None, cap }
+        LedgerLink { backoff: None, retry_at: None, cap, last_error: None }
     }
 
     fn ready(&self) -> bool {
         self.retry_at.is_none_or(|t| Instant::now() >= t)
     }
 
-    /// A ledger call failed with a transient error (after its own retries).
+    /// A claim failed with a transient error (after the call's own retries).
     fn failed(&mut self, stage: Stage, e: &Error) {
         use backon::BackoffBuilder;
         let cap = self.cap;
-        let (_, tries, last, backoff) = self.down.get_or_insert_with(|| {
-            tracing::error!(%stage, error = %e, "ledger unreachable: no claims until it answers; chunks in flight keep their results until it does");
+        let backoff = self.backoff.get_or_insert_with(|| {
             metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => "ledger").set(1.0);
-            let b = backon::ExponentialBuilder::new()
+            backon::ExponentialBuilder::new()
                 .with_min_delay(Duration::from_secs(1))
                 .with_max_delay(cap.max(Duration::from_secs(1)))
                 .with_jitter()
                 .without_max_times()
-                .build();
-            (Instant::now(), 0, String::new(), b)
+                .build()
         });
-        *tries += 1;
-        *last = e.to_string();
         let wait = backoff.next().unwrap_or(Duration::from_secs(1));
-        if *tries > 1 {
-            tracing::warn!(%stage, error = %e, retry_in = ?wait, "ledger still unreachable");
-        }
+        tracing::warn!(%stage, error = %e, retry_in = ?wait, "cannot claim: the ledger does not answer");
+        self.last_error = Some(e.to_string());
         self.retry_at = Some(Instant::now() + wait);
     }
 
-    /// A ledger call went through: if the ledger was down, say so and record the outage
-    /// (now that it can be written).
+    /// A claim went through: record the ledger's outages that are over, now that they can be.
     async fn answered(&mut self, ledger: &Ledger, stage: Stage) {
         self.retry_at = None;
-        if let Some((since, probes, error, _)) = self.down.take() {
-            let down_for = since.elapsed();
-            tracing::info!(%stage, ?down_for, "ledger is back; claiming again");
+        self.last_error = None;
+        if self.backoff.take().is_some() {
             metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => "ledger").set(0.0);
-            let started = ledger.now_ms() - down_for.as_millis() as i64;
-            if let Err(e) = ledger.outage_recorded("ledger", stage, started, probes as i64, &error).await {
-                tracing::warn!(%stage, error = %e, "could not record the ledger outage");
-            }
+        }
+        for o in ledger.take_ledger_outages() {
+            best_effort("record the ledger's outage", ledger.outage_recorded("ledger", stage, o.since_ms, o.failures, &o.last_error)).await;
         }
     }
 }
@@ -318,7 +311,7 @@ where
                 Err(e) => return Err(e),
             }
         }
-        let down = breakers.lock().unwrap_or_else(|e| e.into_inner()).any_down() || link.down.is_some();
+        let down = breakers.lock().unwrap_or_else(|e| e.into_inner()).any_down() || link.backoff.is_some();
         // Nothing due, or waiting out an outage between probes: idle, which is healthy.
         opts.health.set_idle(set.is_empty() && claimed == 0);
         if set.is_empty() && (stopping || (opts.once && claimed == 0)) {
@@ -362,7 +355,7 @@ where
     let downs = breakers.lock().unwrap_or_else(|e| e.into_inner()).down_stores();
     summary.stalled = if let Some(store) = downs.first() {
         Some(format!("{} is down", opts.label(store)))
-    } else if let Some((_, _, error, _)) = &link.down {
+    } else if let Some(error) = &link.last_error {
         Some(format!("the ledger is unreachable: {error}"))
     } else {
         last_error.filter(|_| summary.retries > 0).map(|e| format!("every attempt failed; the last: {e}"))

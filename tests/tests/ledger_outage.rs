@@ -74,7 +74,9 @@ fn a_postgres_ledger_restart_and_a_minute_down_end_no_service() {
         let n = pg.count(&format!(
             "SELECT COUNT(*) FROM outages WHERE store = 'ledger' AND stage = '{stage}' AND ended_at - started_at >= 45000"
         ));
-        assert_eq!(n, 1, "{stage}: one row for the minute the ledger was down");
+        let rows = pg.sql("SELECT store, stage, started_at, ended_at, probes FROM outages ORDER BY id");
+        let said: Vec<&str> = logs.lines().filter(|l| l.contains("ledger")).collect();
+        assert_eq!(n, 1, "{stage}: one row for the minute the ledger was down:\n{rows}\n{}", said.join("\n"));
     }
     assert!(logs.contains("ledger unreachable") && logs.contains("ledger is back"), "logged as an outage");
     let want = input_digest("jsonl", &p.path("in"));

@@ -1,0 +1,190 @@
+//! An operator fixes what does not heal by itself with `ferry` commands, not SQL: a source
+//! file requeued after its format is fixed in the config, a chunk run again from a stage
+//! after a published file was deleted by hand, a chunk skipped for good with its reason, and
+//! a source file corrected in place, whose new rows replace the old ones under every
+//! disposition, even when the rewrite keeps its size and mtime.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ferry_tests::{Pipeline, STAGES, bin, input_digest};
+
+fn ferry(p: &Pipeline, args: &[&str]) -> Output {
+    Command::new(bin("ferry")).arg("--config").arg(&p.config).env_remove("FERRY_LEDGER").args(args).output().unwrap()
+}
+
+fn ok(o: &Output, what: &str) -> String {
+    assert!(o.status.success(), "{what}: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn run_all(p: &Pipeline) {
+    for s in STAGES {
+        let out = p.stage(s);
+        assert!(out.status.code().is_some_and(|c| c == 0 || c == 3), "{s}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+fn same_rows(p: &Pipeline, expect: &Path) {
+    let want = input_digest("jsonl", expect);
+    let got = p.table_digest();
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{k}: the table holds exactly the expected records");
+    }
+}
+
+fn with_source_setting(p: &Pipeline, line: &str) {
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, cfg.replacen("[source]\n", &format!("[source]\n{line}\n"), 1)).unwrap();
+}
+
+#[test]
+fn requeue_a_source_file_after_fixing_its_format() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("gen", "jsonl", "null", 1, 500, 3);
+    let src = std::fs::read_dir(p.path("gen")).unwrap().next().unwrap().unwrap().path();
+    std::fs::copy(&src, p.path("in/export.data")).unwrap();
+    std::fs::create_dir_all(p.path("expect")).unwrap();
+    std::fs::copy(&src, p.path("expect/export.jsonl")).unwrap();
+    let out = p.stage("ferry-extract");
+    assert_eq!(out.status.code(), Some(3), "the unknown format is quarantined: {}", String::from_utf8_lossy(&out.stderr));
+
+    with_source_setting(&p, "format = \"jsonl\"");
+    let dry = ok(&ferry(&p, &["requeue", "--file", "export.data", "--dry-run"]), "dry run");
+    assert!(dry.contains("would requeue 1 source file(s)"), "{dry}");
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'quarantined'"), 1, "a dry run changes nothing");
+    ok(&ferry(&p, &["requeue", "--file", "export.data"]), "requeue");
+    run_all(&p);
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'quarantined'"), 0);
+    same_rows(&p, &p.path("expect"));
+    let none = ferry(&p, &["requeue", "--file", "nothing-here.jsonl"]);
+    assert_eq!(none.status.code(), Some(2), "naming a file the ledger does not have is an error");
+}
+
+#[test]
+fn rerun_a_chunk_whose_published_file_was_deleted_and_skip_one_for_good() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 2, 600, 5);
+    run_all(&p);
+    same_rows(&p, &p.path("in"));
+    // An operator deletes a published file by hand; the chunk is run again from transform.
+    let (path, chunk) = {
+        let path = p.sql("SELECT path FROM published ORDER BY path LIMIT 1");
+        let chunk = p.sql(&format!("SELECT chunk_id FROM published WHERE path = '{path}'"));
+        (path, chunk)
+    };
+    std::fs::remove_file(p.path(&format!("wh/{path}"))).unwrap();
+    assert_ne!(p.table_digest()["rows"], 1200);
+    let dry = ok(&ferry(&p, &["rerun", "--chunk", &chunk, "--from", "transform", "--dry-run"]), "dry run");
+    assert!(dry.contains("would run again: transform -> copy -> load"), "{dry}");
+    assert_eq!(p.count(&format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{chunk}' AND state = 'done'")), 3);
+    ok(&ferry(&p, &["rerun", "--chunk", &chunk, "--from", "transform"]), "rerun");
+    run_all(&p);
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0);
+    same_rows(&p, &p.path("in"));
+    // Run from load again with everything in place: nothing changes, nothing doubles.
+    ok(&ferry(&p, &["rerun", "--chunk", &chunk, "--from", "load"]), "rerun from load");
+    let out = p.stage("ferry-load");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    same_rows(&p, &p.path("in"));
+
+    // A new file whose first chunk the operator gives up on.
+    p.generate("more", "jsonl", "null", 1, 300, 6);
+    let f = std::fs::read_dir(p.path("more")).unwrap().next().unwrap().unwrap().path();
+    std::fs::copy(&f, p.path("in/more.jsonl")).unwrap();
+    ok(&p.stage("ferry-extract"), "extract");
+    let first = p.sql("SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri LIKE '%more.jsonl' AND c.seq = 0");
+    let skipped_records = p.count(&format!("SELECT records FROM chunks WHERE id = '{first}'"));
+    ok(&ferry(&p, &["skip", "--chunk", &first, "--reason", "known bad export, re-sent as another file"]), "skip");
+    run_all(&p);
+    assert_eq!(p.sql(&format!("SELECT reason FROM skips WHERE chunk_id = '{first}'")), "known bad export, re-sent as another file");
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0);
+    assert_eq!(p.table_digest()["rows"], 1200 + 300 - skipped_records);
+    assert_eq!(ok(&ferry(&p, &["status"]), "status").is_empty(), false);
+}
+
+/// v1 published, then the file at the same path is corrected; after the next run the table
+/// has v2's records and none of v1's.
+fn corrected_in_place(disposition: &str, same_size_and_mtime: bool) {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    if disposition == "archive" {
+        let archive = p.path("archive");
+        with_source_setting(&p, &format!("disposition = \"archive\"\narchive_url = \"{}\"", archive.display()));
+    } else {
+        with_source_setting(&p, &format!("disposition = \"{disposition}\""));
+    }
+    p.generate("v1", "jsonl", "null", 1, 400, 7);
+    let v1 = std::fs::read_dir(p.path("v1")).unwrap().next().unwrap().unwrap().path();
+    p.generate("stay", "jsonl", "null", 1, 200, 9);
+    let stay = std::fs::read_dir(p.path("stay")).unwrap().next().unwrap().unwrap().path();
+    std::fs::copy(&stay, p.path("in/stay.jsonl")).unwrap();
+    std::fs::copy(&v1, p.path("in/data.jsonl")).unwrap();
+    run_all(&p);
+    assert_eq!(p.table_digest()["rows"], 600);
+
+    let v2 = p.path("v2.jsonl");
+    if same_size_and_mtime {
+        // The same length, other bytes (a corrected host name), and the old mtime put back.
+        let text = std::fs::read_to_string(&v1).unwrap().replacen("\"host\":\"", "\"host\":\"X", 50);
+        let trimmed = trim_to(&text, std::fs::metadata(&v1).unwrap().len() as usize);
+        std::fs::write(&v2, trimmed).unwrap();
+        assert_eq!(std::fs::metadata(&v2).unwrap().len(), std::fs::metadata(&v1).unwrap().len());
+    } else {
+        p.generate("v2gen", "jsonl", "null", 1, 350, 8);
+        let g = std::fs::read_dir(p.path("v2gen")).unwrap().next().unwrap().unwrap().path();
+        std::fs::copy(g, &v2).unwrap();
+    }
+    let target = p.path("in/data.jsonl");
+    let mtime = std::fs::metadata(&target).ok().map(|m| m.modified().unwrap());
+    std::fs::write(&target, std::fs::read(&v2).unwrap()).unwrap();
+    if same_size_and_mtime && let Some(t) = mtime {
+        std::fs::File::options().write(true).open(&target).unwrap().set_modified(t).unwrap();
+    }
+    run_all(&p);
+    run_all(&p);
+    std::fs::create_dir_all(p.path("expect")).unwrap();
+    std::fs::copy(&stay, p.path("expect/stay.jsonl")).unwrap();
+    std::fs::copy(&v2, p.path("expect/data.jsonl")).unwrap();
+    same_rows(&p, &p.path("expect"));
+    assert_eq!(p.count("SELECT MAX(version) FROM source_files WHERE uri LIKE '%data.jsonl'"), 2);
+}
+
+/// `text` with its last lines' payloads shortened so that it is exactly `len` bytes (the
+/// corrections above only add bytes).
+fn trim_to(text: &str, len: usize) -> String {
+    let mut extra = text.len() - len;
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    for l in lines.iter_mut().rev() {
+        if extra == 0 {
+            break;
+        }
+        let key = "\"payload\":\"";
+        let Some(start) = l.find(key).map(|i| i + key.len()) else { continue };
+        let end = start + l[start..].find('"').unwrap();
+        let cut = extra.min(end - start);
+        l.replace_range(start..start + cut, "");
+        extra -= cut;
+    }
+    lines.join("\n") + "\n"
+}
+
+#[test]
+fn a_corrected_file_replaces_its_rows_with_keep() {
+    corrected_in_place("keep", false);
+}
+
+#[test]
+fn a_corrected_file_replaces_its_rows_with_delete() {
+    corrected_in_place("delete", false);
+}
+
+#[test]
+fn a_corrected_file_replaces_its_rows_with_archive() {
+    corrected_in_place("archive", false);
+}
+
+#[test]
+fn a_rewrite_with_the_same_size_and_mtime_is_hashed_not_skipped() {
+    corrected_in_place("keep", true);
+    corrected_in_place("delete", true);
+}
