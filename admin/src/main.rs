@@ -158,7 +158,9 @@ async fn main() {
 
 async fn run(cli: Cli) -> Result<i32, Error> {
     let config = || {
-        cli.config.as_deref().ok_or_else(|| ConfigError::new("--config", "this command needs the configuration file (--config or FERRY_CONFIG)"))
+        cli.config
+            .as_deref()
+            .ok_or_else(|| ConfigError::new("--config", "this command needs the configuration file (--config or FERRY_CONFIG)"))
     };
     match &cli.cmd {
         Cmd::CheckConfig => {
@@ -214,7 +216,9 @@ async fn run(cli: Cli) -> Result<i32, Error> {
                 let uri = source.map(|s| if file.contains("://") { file.clone() } else { s.url(&file) }).unwrap_or(file);
                 let (files, tasks) = ledger.requeue_file(&uri, dry_run).await?;
                 if files == 0 && tasks == 0 {
-                    return Err(ConfigError::new("--file", format!("{uri}: no quarantined source file or chunk of it in the ledger")).into());
+                    return Err(
+                        ConfigError::new("--file", format!("{uri}: no quarantined source file or chunk of it in the ledger")).into()
+                    );
                 }
                 println!("{verb} {files} source file(s) and {tasks} task(s) of {uri}");
             } else {

@@ -885,7 +885,8 @@ mod tests {
             assert!(e.starts_with(typo) && e.contains("did you mean"), "{e}");
         }
         // Variables of the scripts and tools around Ferry are not config keys, and not typos.
-        for other in ["FERRY_CACHE", "FERRY_MINIDFS_HOME", "FERRY_PG_PORT", "FERRY_S3_DIR", "FERRY_SEED", "FERRY_METRICS_ADDR", "FERRY_LOG"] {
+        for other in ["FERRY_CACHE", "FERRY_MINIDFS_HOME", "FERRY_PG_PORT", "FERRY_S3_DIR", "FERRY_SEED", "FERRY_METRICS_ADDR", "FERRY_LOG"]
+        {
             apply_env(&mut doc, std::iter::once((other.to_string(), "1".to_string()))).unwrap();
         }
     }

@@ -99,9 +99,8 @@ impl Pass {
 
     /// Why a run made no progress, if it made none because of failures.
     pub fn stalled(&self) -> Option<String> {
-        (self.chunked == 0 && self.failed > 0).then(|| {
-            format!("{} files could not be extracted; the last error: {}", self.failed, self.last_error.as_deref().unwrap_or("?"))
-        })
+        (self.chunked == 0 && self.failed > 0)
+            .then(|| format!("{} files could not be extracted; the last error: {}", self.failed, self.last_error.as_deref().unwrap_or("?")))
     }
 }
 
@@ -239,7 +238,14 @@ impl Extractor {
         }
         let file = self
             .ledger
-            .register_file(&NewSourceFile { uri: uri.clone(), size: size as i64, mtime_ms: e.mtime_ms, content_hash: hash.clone(), format, change_token: e.change_token.clone() })
+            .register_file(&NewSourceFile {
+                uri: uri.clone(),
+                size: size as i64,
+                mtime_ms: e.mtime_ms,
+                content_hash: hash.clone(),
+                format,
+                change_token: e.change_token.clone(),
+            })
             .await?;
         if file.state != FileState::Registered {
             pass.skipped += 1;

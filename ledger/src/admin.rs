@@ -157,7 +157,8 @@ impl Ledger {
                         .fetch_all(&mut *tx)
                         .await
                         .map_err(db(op))?;
-                    let ready = rows.iter().any(|(s, _)| s == from.as_str()) && !rows.iter().any(|(_, st)| st == TaskState::Running.as_str());
+                    let ready =
+                        rows.iter().any(|(s, _)| s == from.as_str()) && !rows.iter().any(|(_, st)| st == TaskState::Running.as_str());
                     if ready && !dry_run {
                         sqlx::query(
                             "UPDATE tasks SET state = $3, attempt = 0, scheduled_at = $4, finalized_at = NULL,
@@ -245,7 +246,10 @@ impl Ledger {
             })
             .await?;
         if n == 0 {
-            let bad = ferry_common::error::ConfigError::new("--chunk", format!("chunk {chunk} has no task to skip (none waiting or quarantined; a running one must end first)"));
+            let bad = ferry_common::error::ConfigError::new(
+                "--chunk",
+                format!("chunk {chunk} has no task to skip (none waiting or quarantined; a running one must end first)"),
+            );
             return Err(crate::Error::Config(bad));
         }
         Ok(n)

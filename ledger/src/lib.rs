@@ -306,8 +306,12 @@ impl Ledger {
             }
             None => {
                 tracing::error!(op, error = %e, "ledger unreachable: its calls are retried until it answers");
-                link.down =
-                    Some(LedgerOutage { since_ms: self.now_ms(), since: std::time::Instant::now(), failures: 1, last_error: e.to_string() });
+                link.down = Some(LedgerOutage {
+                    since_ms: self.now_ms(),
+                    since: std::time::Instant::now(),
+                    failures: 1,
+                    last_error: e.to_string(),
+                });
             }
         }
     }

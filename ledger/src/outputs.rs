@@ -206,7 +206,11 @@ impl Ledger {
                     if !fence!(tx, lease, op) {
                         return Ok(false);
                     }
-                    sqlx::query("DELETE FROM published WHERE chunk_id = $1").bind(&lease.chunk_id).execute(&mut *tx).await.map_err(db(op))?;
+                    sqlx::query("DELETE FROM published WHERE chunk_id = $1")
+                        .bind(&lease.chunk_id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
                     for (path, p) in parts {
                         sqlx::query(
                             "INSERT INTO published (path, table_name, chunk_id, partition, records, bytes,

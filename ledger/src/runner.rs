@@ -300,7 +300,8 @@ where
                             continue;
                         }
                         claimed += 1;
-                        let one = run_one(ledger.clone(), lease, work.clone(), after.clone(), stop_rx.clone(), shared.clone(), breakers.clone());
+                        let one =
+                            run_one(ledger.clone(), lease, work.clone(), after.clone(), stop_rx.clone(), shared.clone(), breakers.clone());
                         set.spawn(async move {
                             let t0 = Instant::now();
                             one.await.map(|ended| (ended, t0.elapsed()))

@@ -181,7 +181,9 @@ impl HdfsStore {
         let p = path.clone();
         match self.call("stat", &path, |c| async move { c.get_file_info(&p).await }).await {
             Ok(st) if st.isdir => Ok(None),
-            Ok(st) => Ok(Some(Entry { rel: rel.to_string(), size: st.length as u64, mtime_ms: st.modification_time as i64, change_token: None })),
+            Ok(st) => {
+                Ok(Some(Entry { rel: rel.to_string(), size: st.length as u64, mtime_ms: st.modification_time as i64, change_token: None }))
+            }
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }

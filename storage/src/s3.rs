@@ -229,7 +229,9 @@ impl S3Store {
 
     pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
         match self.call("HEAD", rel, self.store.head(&self.key(rel))).await {
-            Ok(m) => Ok(Some(Entry { rel: rel.to_string(), size: m.size, mtime_ms: m.last_modified.timestamp_millis(), change_token: m.e_tag })),
+            Ok(m) => {
+                Ok(Some(Entry { rel: rel.to_string(), size: m.size, mtime_ms: m.last_modified.timestamp_millis(), change_token: m.e_tag }))
+            }
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }

@@ -89,7 +89,8 @@ impl Postgres {
 
     fn options(&self) -> String {
         let d = self.dir.path();
-        let mut o = format!("-c listen_addresses=127.0.0.1 -p {} -c unix_socket_directories={} -c max_connections=100", self.port, d.display());
+        let mut o =
+            format!("-c listen_addresses=127.0.0.1 -p {} -c unix_socket_directories={} -c max_connections=100", self.port, d.display());
         if self.ca.is_some() {
             o += &format!(" -c ssl=on -c ssl_cert_file={0}/server.pem -c ssl_key_file={0}/server.key", d.display());
         }

@@ -64,6 +64,8 @@ struct State {
     /// Hung connections are kept open here until the proxy goes.
     hung: Mutex<Vec<TcpStream>>,
     stalled_once: AtomicBool,
+    /// Bumped by [`FaultProxy::cut_all`]: every forwarded connection open then is reset.
+    cut: tokio::sync::watch::Sender<u64>,
 }
 
 pub struct FaultProxy {
@@ -86,6 +88,7 @@ impl FaultProxy {
             rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
             hung: Mutex::new(Vec::new()),
             stalled_once: AtomicBool::new(false),
+            cut: tokio::sync::watch::channel(0).0,
         });
         let st = state.clone();
         rt.spawn(async move {
@@ -101,6 +104,12 @@ impl FaultProxy {
     pub fn set(&self, faults: Faults) {
         *self.state.faults.lock().unwrap() = faults;
         self.state.enabled.store(true, Ordering::SeqCst);
+    }
+
+    /// Resets every connection being forwarded now, as a server that goes away does (kept-alive
+    /// connections included); new ones meet the faults set.
+    pub fn cut_all(&self) {
+        self.state.cut.send_modify(|n| *n += 1);
     }
 
     /// Stops injecting faults (connections already hung stay hung).
@@ -187,8 +196,10 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
     let stall_after = if on { faults.stall_once_after } else { None };
     let (mut cbuf, mut sbuf) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
     let (mut c_open, mut s_open, mut sent) = (true, true, 0u64);
+    let mut cut = st.cut.subscribe();
     while c_open || s_open {
         tokio::select! {
+            _ = cut.changed() => return rst(client, server),
             r = client.read(&mut cbuf), if c_open => match r {
                 Ok(0) | Err(_) => {
                     c_open = false;

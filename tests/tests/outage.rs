@@ -123,3 +123,156 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
     }
     assert_eq!(got["rows"], 4500);
 }
+
+/// Every file registered, every chunk through load, nothing waiting.
+fn drained(p: &Pipeline, files: i64) -> bool {
+    p.count("SELECT COUNT(*) FROM source_files WHERE state <> 'registered'") == files
+        && p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == 0
+        && p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load'") == p.count("SELECT COUNT(*) FROM chunks")
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// `[<section>]` on the S3 test server behind `proxy`, with short deadlines.
+fn s3_section(section: &str, s3: &S3Server, proxy: &FaultProxy, prefix: &str) -> String {
+    format!(
+        "[{section}]\nurl = \"s3://{}/{prefix}\"\n[{section}.store]\ncall_timeout = \"3s\"\nread_stall = \"3s\"\n\
+         [{section}.store.s3]\n{}connect_timeout = \"1s\"\nrequest_timeout = \"5s\"\nread_timeout = \"2s\"\n\
+         max_retries = 1\nretry_timeout = \"3s\"\n",
+        s3.bucket,
+        s3.store_toml(&format!("https://{}", proxy.addr))
+    )
+}
+
+fn short_budget(p: &Pipeline) {
+    let mut cfg = std::fs::read_to_string(&p.config).unwrap();
+    cfg = cfg.replace("lease = \"30s\"", "lease = \"30s\"\nmax_attempts = 3\noutage_probe_max = \"5s\"");
+    cfg.push_str("\n[copy]\ndeadline = \"10s\"\nstall_timeout = \"3s\"\nconcurrency = 4\nhedge_multiple = 0.0\n");
+    std::fs::write(&p.config, cfg).unwrap();
+}
+
+/// The acceptance run: all four stages as `--watch` services, the destination gone for ten
+/// minutes (connections refused, then connections that hang) while new files keep landing;
+/// nothing is quarantined and everything is published exactly once after it comes back.
+/// `FERRY_TEST_OUTAGE_SECS` shortens the outage for a quick local run.
+#[test]
+fn a_ten_minute_destination_outage_under_four_watch_services() {
+    let secs: u64 = std::env::var("FERRY_TEST_OUTAGE_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(600);
+    let s3 = S3Server::from_env();
+    let proxy = FaultProxy::start(s3.addr, 12);
+    let prefix = format!("outage10-{}", std::process::id());
+    let p = Pipeline::with_stores("32KiB", "30s", "0s", None, Some(s3_section("destination", &s3, &proxy, &prefix)));
+    short_budget(&p);
+    p.add_jsonl_batch("a", 2, 1000, 51);
+    let mut services: Vec<_> = ferry_tests::STAGES.iter().map(|s| p.watch(s, &[])).collect();
+    wait_until("the first batch published", Duration::from_secs(120), || drained(&p, 2));
+
+    let t0 = Instant::now();
+    proxy.set(Faults { reset: 1.0, reset_within: 1, ..Faults::default() });
+    proxy.cut_all(); // the kept-alive connections of the first batch go too
+    let mut batch = 0;
+    while t0.elapsed() < Duration::from_secs(secs) {
+        if t0.elapsed() >= Duration::from_secs(secs / 2) && batch < 100 {
+            proxy.set(Faults { hang: 1.0, ..Faults::default() });
+            batch = 100;
+        }
+        // A file lands every so often, as in a landing zone.
+        if t0.elapsed() >= Duration::from_secs((batch % 100) as u64 * secs / 4) && batch % 100 < 4 {
+            p.add_jsonl_batch(&format!("o{batch}"), 1, 800, 60 + batch as u64);
+            batch += 1;
+        }
+        for s in services.iter_mut() {
+            assert!(s.running(), "{} ended during the outage", s.name);
+        }
+        assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0, "the outage quarantined a chunk");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let files = p.count("SELECT COUNT(*) FROM source_files");
+    assert!(files >= 5, "files kept landing: {files}");
+    if p.count("SELECT COUNT(*) FROM open_outages WHERE stage = 'copy' AND store LIKE 'destination %'") != 1 {
+        let rows =
+            p.sql("SELECT group_concat(store || ' ' || stage || ' ' || started_at || '-' || COALESCE(ended_at, 0), '; ') FROM outages");
+        let logs: Vec<String> = services.drain(..).map(|s| s.stop().2).collect();
+        let said: Vec<&str> = logs.iter().flat_map(|l| l.lines()).filter(|l| l.contains("store") || l.contains("ERROR")).collect();
+        panic!("copy did not find the destination down: outages {rows}\n{}", said.join("\n"));
+    }
+    let healed = Instant::now();
+    proxy.clear();
+    wait_until("everything published after the outage", Duration::from_secs(300), || drained(&p, files));
+    eprintln!("drained {:.1}s after the destination came back ({})", healed.elapsed().as_secs_f64(), proxy.summary());
+    for s in services.drain(..) {
+        let name = s.name.clone();
+        let (code, _, log) = s.stop();
+        assert_eq!(code, Some(0), "{name}:\n{log}");
+    }
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0);
+    assert_eq!(p.count("SELECT COUNT(*) FROM open_outages"), 0, "every outage closed");
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM outages WHERE stage = 'copy' AND store LIKE 'destination %'"),
+        1,
+        "one outage row for the copy stage's destination, not one per chunk or probe"
+    );
+    eprintln!(
+        "redone: {} attempts, {} bytes",
+        p.sql("SELECT COALESCE(SUM(attempts), 0) FROM redone_work"),
+        p.sql("SELECT COALESCE(SUM(bytes), 0) FROM redone_work")
+    );
+    let want = input_digest("jsonl", &p.path("in"));
+    let got = s3_table_digest(&format!("{}/{prefix}/events", s3.bucket));
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{k}: every record published exactly once after the outage");
+    }
+}
+
+/// Staging (S3 behind the proxy) goes away while extract and transform work on it: extract
+/// keeps retrying its files, transform records the outage, nothing is quarantined, and
+/// everything flows when it is back.
+#[test]
+fn staging_unreachable_heals_by_itself() {
+    let s3 = S3Server::from_env();
+    let proxy = FaultProxy::start(s3.addr, 13);
+    let prefix = format!("staging-out-{}", std::process::id());
+    let p = Pipeline::with_stores("16KiB", "30s", "0s", Some(s3_section("staging", &s3, &proxy, &prefix)), None);
+    short_budget(&p);
+    p.add_jsonl_batch("a", 3, 1000, 71);
+    let out = p.stage("ferry-extract");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    proxy.set(Faults { reset: 1.0, reset_within: 1, ..Faults::default() });
+    proxy.cut_all();
+    let mut services: Vec<_> = ferry_tests::STAGES.iter().map(|s| p.watch(s, &[])).collect();
+    p.add_jsonl_batch("b", 2, 1000, 72);
+    std::thread::sleep(Duration::from_secs(20));
+    proxy.set(Faults { hang: 1.0, ..Faults::default() });
+    std::thread::sleep(Duration::from_secs(20));
+    for s in services.iter_mut() {
+        assert!(s.running(), "{} ended while staging was down", s.name);
+    }
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0);
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'quarantined'"), 0);
+    assert_eq!(p.count("SELECT COUNT(*) FROM open_outages WHERE stage = 'transform' AND store LIKE 'staging %'"), 1);
+    // --once meanwhile: no progress, and it says so with its own exit code.
+    let once = p.stage("ferry-transform");
+    assert_eq!(once.status.code(), Some(4), "{}", String::from_utf8_lossy(&once.stderr));
+    assert!(String::from_utf8_lossy(&once.stderr).contains("no progress"), "{}", String::from_utf8_lossy(&once.stderr));
+
+    proxy.clear();
+    wait_until("everything published after staging came back", Duration::from_secs(240), || drained(&p, 5));
+    for s in services.drain(..) {
+        let name = s.name.clone();
+        let (code, _, log) = s.stop();
+        assert_eq!(code, Some(0), "{name}:\n{log}");
+    }
+    assert_eq!(p.count("SELECT COUNT(*) FROM outages WHERE stage = 'transform' AND store LIKE 'staging %'"), 1);
+    let want = input_digest("jsonl", &p.path("in"));
+    let got = p.table_digest();
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{k}");
+    }
+}
