@@ -141,9 +141,11 @@ impl Extractor {
         let now = self.ledger.now_ms();
         let mut ready = Vec::new();
         for e in &entries {
-            let base = e.rel.rsplit('/').next().unwrap_or(&e.rel);
+            // Hidden and `_`-prefixed names are what Hadoop, Spark and Hive readers skip too:
+            // `_SUCCESS`, `.part-0.crc`, `_temporary/` of a job still writing.
+            let hidden = e.rel.split('/').any(|c| c.starts_with('.') || c.starts_with('_'));
             let is_marker = self.cfg.source.marker.as_deref().is_some_and(|m| e.rel.ends_with(m));
-            if base.starts_with('.') || is_marker || !self.glob.is_match(&e.rel) {
+            if hidden || is_marker || !self.glob.is_match(&e.rel) {
                 continue;
             }
             let finished = match &self.cfg.source.marker {

@@ -20,6 +20,11 @@
 //!       └──claim once scheduled_at <= now ──► running        requeue (attempt=0) ──► available ◄┘
 //! ```
 //!
+//! Operators move tasks too: `requeue` (quarantined -> available, fresh budget), `rerun`
+//! (any state but running -> available; when that stage completes, the trigger resets the next
+//! stage's existing task instead of keeping it, so the chunk runs on to load again) and `skip`
+//! (waiting or quarantined -> done without output, the reason in `skips`).
+//!
 //! `attempts` is append-only: one row per lease that ended (done, retryable, quarantined,
 //! lease_expired, released), with the worker, the times, the error class and the bytes moved.
 //!

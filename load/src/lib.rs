@@ -18,7 +18,16 @@
 //! - after the rename, before the ledger commit: the table file; the retry finds it in place
 //!   with the right hash, renames nothing, and commits. Nothing is published twice.
 //! - a table file with the right name but other content is a conflict: the chunk is
-//!   quarantined rather than overwriting what readers may already have read.
+//!   quarantined rather than overwriting what readers may already have read, unless the
+//!   ledger records that very file as this chunk's earlier output (`ferry rerun`): then the
+//!   new landed file replaces it, and earlier files of the chunk that the new parts do not
+//!   cover are removed before the ledger commit, which replaces the chunk's `published` rows.
+//!
+//! Versions (`source.versions = "replace"`): before a chunk of version N of a source file is
+//! published, the files of versions < N are removed from the table and then from `published`
+//! (a crash between the two is finished by the next chunk of version N or its retry), and a
+//! chunk of an older version is not published at all once a newer one is registered. The
+//! table never holds two versions of one file's rows.
 
 use std::sync::Arc;
 

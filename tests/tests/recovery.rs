@@ -187,3 +187,42 @@ fn a_rewrite_with_the_same_size_and_mtime_is_hashed_not_skipped() {
     corrected_in_place("keep", true);
     corrected_in_place("delete", true);
 }
+
+/// A zombie copy that lands a chunk again after load published it leaves a landed file that
+/// nothing will load: `ferry gc` removes it (and only it).
+#[test]
+fn gc_removes_a_landed_copy_of_a_published_chunk() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 1, 300, 11);
+    run_all(&p);
+    let path = p.sql("SELECT path FROM published ORDER BY path LIMIT 1");
+    let chunk = p.sql(&format!("SELECT chunk_id FROM published WHERE path = '{path}'"));
+    let part_rel = path.strip_prefix("events/").unwrap().to_string();
+    let stray = p.path(&format!("wh/_ferry/landed/events/{chunk}/{part_rel}"));
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    std::fs::copy(p.path(&format!("wh/{path}")), &stray).unwrap();
+    // A landed file of a chunk not published yet stays.
+    let pending = p.path("wh/_ferry/landed/events/not-a-published-chunk/dt=2026-11-28/part-x.parquet");
+    std::fs::create_dir_all(pending.parent().unwrap()).unwrap();
+    std::fs::write(&pending, b"x").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let out = ok(&ferry(&p, &["gc", "--older-than", "1s"]), "gc");
+    assert!(!stray.exists(), "the zombie's landed copy is gone: {out}");
+    assert!(pending.exists(), "a landed file waiting for load stays");
+    assert!(p.path(&format!("wh/{path}")).exists(), "the published file stays");
+    same_rows(&p, &p.path("in"));
+}
+
+/// What a Spark or Hadoop job leaves next to its output is not input.
+#[test]
+fn job_markers_and_hidden_files_are_not_ingested() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 1, 100, 12);
+    std::fs::write(p.path("in/_SUCCESS"), b"").unwrap();
+    std::fs::write(p.path("in/.events.jsonl.crc"), b"crc").unwrap();
+    std::fs::create_dir_all(p.path("in/_temporary/0")).unwrap();
+    std::fs::write(p.path("in/_temporary/0/part-0.jsonl"), b"{\"half\": ").unwrap();
+    let out = p.stage("ferry-extract");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files"), 1, "only the data file");
+}
