@@ -172,7 +172,7 @@ impl Serialize for SourceFormat {
 
 /// The type of a table column (`table.columns[].type`, `transform.cast`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum ColumnType {
     String,
     /// int64
@@ -182,13 +182,19 @@ pub enum ColumnType {
     Double,
     Float,
     Boolean,
-    /// UTC, milliseconds
+    /// UTC, microseconds: what Spark, Trino and Hive store.
     Timestamp,
+    /// UTC, milliseconds.
+    TimestampMs,
+    /// UTC, microseconds (the same as `timestamp`, said explicitly).
+    TimestampUs,
+    /// UTC, nanoseconds (years 1677 to 2262 only).
+    TimestampNs,
     Date,
 }
 
 impl ColumnType {
-    pub const ALL: [ColumnType; 8] = [
+    pub const ALL: [ColumnType; 11] = [
         ColumnType::String,
         ColumnType::Long,
         ColumnType::Int,
@@ -196,6 +202,9 @@ impl ColumnType {
         ColumnType::Float,
         ColumnType::Boolean,
         ColumnType::Timestamp,
+        ColumnType::TimestampMs,
+        ColumnType::TimestampUs,
+        ColumnType::TimestampNs,
         ColumnType::Date,
     ];
 
@@ -208,7 +217,20 @@ impl ColumnType {
             ColumnType::Float => "float",
             ColumnType::Boolean => "boolean",
             ColumnType::Timestamp => "timestamp",
+            ColumnType::TimestampMs => "timestamp_ms",
+            ColumnType::TimestampUs => "timestamp_us",
+            ColumnType::TimestampNs => "timestamp_ns",
             ColumnType::Date => "date",
+        }
+    }
+
+    /// Units of a timestamp column per second (None: not a timestamp).
+    pub fn per_second(self) -> Option<i64> {
+        match self {
+            ColumnType::TimestampMs => Some(1_000),
+            ColumnType::Timestamp | ColumnType::TimestampUs => Some(1_000_000),
+            ColumnType::TimestampNs => Some(1_000_000_000),
+            _ => None,
         }
     }
 
@@ -221,8 +243,30 @@ impl ColumnType {
             ColumnType::Double => "DOUBLE",
             ColumnType::Float => "FLOAT",
             ColumnType::Boolean => "BOOLEAN",
-            ColumnType::Timestamp => "TIMESTAMP",
+            ColumnType::Timestamp | ColumnType::TimestampMs | ColumnType::TimestampUs | ColumnType::TimestampNs => "TIMESTAMP",
             ColumnType::Date => "DATE",
+        }
+    }
+}
+
+/// What a number in a timestamp column counts (`table.columns[].epoch`): without it, a number
+/// there is rejected, since seconds and milliseconds look alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EpochUnit {
+    S,
+    Ms,
+    Us,
+    Ns,
+}
+
+impl EpochUnit {
+    pub fn per_second(self) -> i64 {
+        match self {
+            EpochUnit::S => 1,
+            EpochUnit::Ms => 1_000,
+            EpochUnit::Us => 1_000_000,
+            EpochUnit::Ns => 1_000_000_000,
         }
     }
 }
@@ -532,11 +576,16 @@ pub struct TableSection {
 #[serde(deny_unknown_fields)]
 pub struct ColumnSpec {
     pub name: String,
-    /// string, long (int64), int (int32), double, float, boolean, timestamp (UTC, ms), date
+    /// string, long (int64), int (int32), double, float, boolean, timestamp (UTC,
+    /// microseconds; timestamp_ms, timestamp_us, timestamp_ns to choose), date
     #[serde(rename = "type")]
     pub ty: ColumnType,
     #[serde(default = "yes")]
     pub nullable: bool,
+    /// Timestamp columns: what a number in the input counts (s, ms, us, ns). Unset: numbers
+    /// are rejected there, text must be RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<EpochUnit>,
 }
 
 fn yes() -> bool {

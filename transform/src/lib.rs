@@ -10,6 +10,7 @@
 pub mod avro;
 pub mod decode;
 pub mod encode;
+pub mod exact;
 pub mod ops;
 mod pool;
 
@@ -17,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, new_null_array};
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use ferry_common::config::{self, Config, Format};
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
@@ -226,9 +227,9 @@ impl Transformer {
             Ok(())
         };
         let t = &self.cfg.transform;
-        let need_schema = || {
-            self.declared
-                .clone()
+        let need_specs = || {
+            Some(self.cfg.table.columns.as_slice())
+                .filter(|c| !c.is_empty())
                 .ok_or_else(|| TransformError::Config(format!("table.columns must be declared for {} input", format.as_str())))
         };
         let read_all = || -> Result<Vec<u8>, TransformError> {
@@ -240,19 +241,42 @@ impl Transformer {
             Ok(v)
         };
         let mut out = PartWriters::new(self, &chunk.id);
-        let rejects = {
+        // Records left out after decoding, because a value could not be kept exactly: the
+        // declared type (Avro) or `transform.cast`. Positions count the chunk's decoded records.
+        let mut late: Vec<Reject> = Vec::new();
+        let mut decoded: i64 = 0;
+        let max_bad = t.max_bad_records;
+        let mut rejects = {
             let mut sink = |b: RecordBatch| -> Result<(), TransformError> {
-                let b = match (&self.declared, format) {
+                let first = decoded;
+                decoded += b.num_rows() as i64;
+                let (b, mut bad) = match (&self.declared, format) {
                     (Some(s), Format::Avro) => conform(&b, s)?,
-                    _ => b,
+                    _ => (b, Vec::new()),
                 };
-                out.write(&self.plan.apply(&b)?)
+                // Rows of `b` as rows of the decoded batch (conform may have left some out).
+                let kept: Vec<usize> = {
+                    let dropped: std::collections::BTreeSet<usize> = bad.iter().map(|(r, _)| *r).collect();
+                    (0..b.num_rows() + dropped.len()).filter(|r| !dropped.contains(r)).collect()
+                };
+                let (b, cast_bad) = self.plan.apply(&b)?;
+                bad.extend(cast_bad.into_iter().map(|(r, why)| (kept[r], why)));
+                for (r, why) in bad {
+                    let n = chunk.range_start + first + r as i64 + 1;
+                    late.push(Reject { position: format!("decoded record {n} of the file"), reason: why });
+                }
+                if late.len() as u64 > max_bad {
+                    let f = &late[0];
+                    return Err(TransformError::BadInput(format!(
+                        "more than max_bad_records = {max_bad} bad records; first at {}: {}",
+                        f.position, f.reason
+                    )));
+                }
+                out.write(&b)
             };
             match format {
-                Format::Jsonl => {
-                    decode::jsonl(&read_all()?, need_schema()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?
-                }
-                Format::Csv => decode::csv(&read_all()?, need_schema()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
+                Format::Jsonl => decode::jsonl(&read_all()?, need_specs()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
+                Format::Csv => decode::csv(&read_all()?, need_specs()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
                 Format::Avro => {
                     // Reads to the end, so the hash covers bytes the decoder did not need.
                     let r = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
@@ -262,6 +286,14 @@ impl Transformer {
                 }
             }
         };
+        rejects.append(&mut late);
+        if rejects.len() as u64 > max_bad {
+            let f = &rejects[0];
+            return Err(TransformError::BadInput(format!(
+                "more than max_bad_records = {max_bad} bad records; first at {}: {}",
+                f.position, f.reason
+            )));
+        }
         Ok((out.finish()?, rejects))
     }
 
@@ -447,20 +479,36 @@ fn tuned_props(base: &WriterProperties, sample: &RecordBatch) -> WriterPropertie
 }
 
 /// Puts Avro-decoded columns into the declared table columns: by name, cast to the declared
-/// type; a declared nullable column the file lacks is all nulls.
-fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, TransformError> {
+/// type exactly; a declared nullable column the file lacks is all nulls. A record whose value
+/// does not fit (out of range, more precision than the column keeps, a null in a required
+/// column) is returned as `(row, reason)` and left out, not changed.
+fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
     let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    let mut bad: Vec<(usize, String)> = Vec::new();
     for f in schema.fields() {
         match b.schema().index_of(f.name()) {
-            Ok(i) => cols.push(
-                arrow::compute::cast(b.column(i), f.data_type())
-                    .map_err(|e| TransformError::BadInput(format!("column {:?}: {e}", f.name())))?,
-            ),
+            Ok(i) => {
+                let (col, rows) = exact::cast(b.column(i), f.data_type())?;
+                bad.extend(rows.into_iter().map(|(r, why)| (r, format!("column {:?}: {why}", f.name()))));
+                if !f.is_nullable() && col.null_count() > 0 {
+                    for r in (0..col.len()).filter(|&r| col.is_null(r) && b.column(i).is_null(r)) {
+                        bad.push((r, format!("column {:?} is required but null", f.name())));
+                    }
+                }
+                cols.push(col);
+            }
             Err(_) if f.is_nullable() => cols.push(new_null_array(f.data_type(), b.num_rows())),
             Err(_) => {
                 return Err(TransformError::BadInput(format!("the Avro schema has no required column {:?}", f.name())));
             }
         }
     }
-    RecordBatch::try_new(schema.clone(), cols).map_err(|e| TransformError::BadInput(e.to_string()))
+    bad.sort_by_key(|(r, _)| *r);
+    // Built without the nullability check first: the rows that break it are the ones dropped.
+    let loose = Arc::new(Schema::new(schema.fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect::<Vec<_>>()));
+    let all = RecordBatch::try_new(loose, cols).map_err(|e| TransformError::BadInput(e.to_string()))?;
+    let rows: Vec<usize> = bad.iter().map(|(r, _)| *r).collect();
+    let kept = exact::without_rows(&all, &rows)?;
+    let kept = RecordBatch::try_new(schema.clone(), kept.columns().to_vec()).map_err(|e| TransformError::BadInput(e.to_string()))?;
+    Ok((kept, bad))
 }

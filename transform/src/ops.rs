@@ -73,19 +73,30 @@ impl Plan {
         })
     }
 
-    pub fn apply(&self, batch: &RecordBatch) -> Result<RecordBatch, TransformError> {
+    /// Applies the plan; returns the rows left out because a cast could not keep their value
+    /// exactly, as `(row of the input batch, reason)`.
+    pub fn apply(&self, batch: &RecordBatch) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
         let mut fields: Vec<Field> = Vec::new();
         let mut cols: Vec<ArrayRef> = Vec::new();
+        let mut bad: Vec<(usize, String)> = Vec::new();
         for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
             let name = self.rename.get(f.name()).cloned().unwrap_or_else(|| f.name().clone());
             let (col, dt) = match self.cast.get(&name) {
                 Some(dt) => {
-                    (arrow::compute::cast(c, dt).map_err(|e| TransformError::BadInput(format!("cast of {name} to {dt}: {e}")))?, dt.clone())
+                    let (col, rows) = crate::exact::cast(c, dt)?;
+                    bad.extend(rows.into_iter().map(|(r, why)| (r, format!("transform.cast of {name}: {why}"))));
+                    (col, dt.clone())
                 }
                 None => (c.clone(), f.data_type().clone()),
             };
             fields.push(Field::new(name, dt, true));
             cols.push(col);
+        }
+        bad.sort_by_key(|(r, _)| *r);
+        if !bad.is_empty() {
+            let rows: Vec<usize> = bad.iter().map(|(r, _)| *r).collect();
+            let b = RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols).map_err(TransformError::internal)?;
+            cols = crate::exact::without_rows(&b, &rows)?.columns().to_vec();
         }
         for (name, func, arg) in &self.derive {
             let i = fields
@@ -93,9 +104,12 @@ impl Plan {
                 .position(|f| f.name() == arg)
                 .ok_or_else(|| config_err(&format!("derive.{name}"), format!("no column {arg:?}")))?;
             let src = &cols[i];
-            let col: ArrayRef = match func.as_str() {
-                "date" => arrow::compute::cast(src, &DataType::Date32),
-                "hour" => arrow::compute::kernels::temporal::date_part(src, arrow::compute::kernels::temporal::DatePart::Hour),
+            let col: ArrayRef = match (func.as_str(), src.data_type()) {
+                // Days and hours are floored, so an instant before 1970 lands in its own day
+                // (arrow's casts truncate toward zero).
+                ("date" | "hour", DataType::Timestamp(unit, _)) => floor_time(src, *unit, func == "date"),
+                ("date", _) => arrow::compute::cast(src, &DataType::Date32),
+                ("hour", _) => arrow::compute::kernels::temporal::date_part(src, arrow::compute::kernels::temporal::DatePart::Hour),
                 _ => Ok(src.clone()),
             }
             .map_err(|e| TransformError::BadInput(format!("derive {name} = {func}({arg}): {e}")))?;
@@ -130,7 +144,7 @@ impl Plan {
                 .collect::<Result<Vec<_>, _>>()?;
             batch = batch.project(&idx).map_err(TransformError::internal)?;
         }
-        Ok(batch)
+        Ok((batch, bad))
     }
 
     /// Splits a batch by partition value: (Hive path like `dt=2026-11-30`, rows without the
@@ -202,6 +216,26 @@ impl Plan {
         }
         Ok(out)
     }
+}
+
+/// The UTC date (Date32) or hour of day (Int32) of each timestamp, floored.
+fn floor_time(src: &ArrayRef, unit: arrow::datatypes::TimeUnit, date: bool) -> Result<ArrayRef, arrow::error::ArrowError> {
+    use arrow::datatypes::TimeUnit;
+    let per_second: i64 = match unit {
+        TimeUnit::Second => 1,
+        TimeUnit::Millisecond => 1_000,
+        TimeUnit::Microsecond => 1_000_000,
+        TimeUnit::Nanosecond => 1_000_000_000,
+    };
+    let v = arrow::compute::cast(src, &DataType::Int64)?;
+    let v = v.as_any().downcast_ref::<arrow::array::Int64Array>().expect("int64");
+    Ok(if date {
+        let day = per_second * 86_400;
+        Arc::new(v.unary::<_, arrow::datatypes::Date32Type>(|t| t.div_euclid(day) as i32))
+    } else {
+        let hour = per_second * 3_600;
+        Arc::new(v.unary::<_, arrow::datatypes::Int32Type>(|t| t.div_euclid(hour).rem_euclid(24) as i32))
+    })
 }
 
 /// A partition column's values as raw bytes, to group rows without formatting each value.
@@ -346,7 +380,7 @@ mod tests {
         t.filter = vec!["kind != \"debug\"".into(), "score is not null".into(), "score > 0.5".into()];
         t.select = vec!["uid".into(), "kind".into(), "hr".into()];
         let plan = Plan::new(&t, &["dt".to_string()]).unwrap();
-        let out = plan.apply(&batch()).unwrap();
+        let (out, _) = plan.apply(&batch()).unwrap();
         assert_eq!(out.num_rows(), 2, "debug, null score and low score rows are filtered out");
         let names: Vec<_> = out.schema().fields().iter().map(|f| f.name().clone()).collect();
         assert_eq!(names, ["uid", "kind", "hr", "dt"], "select keeps partition columns last");
