@@ -78,10 +78,55 @@ pub fn json_logs() -> bool {
 pub fn init_logging(format: LogFormat) {
     JSON_LOGS.store(format == LogFormat::Json, std::sync::atomic::Ordering::Relaxed);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.with_writer(std::io::stderr).json().init(),
+        LogFormat::Text => builder.with_writer(|| OneLine(std::io::stderr())).with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+/// A text log writer that keeps every event on one line: a newline or carriage return inside
+/// it (a file name or an error message that holds one) is written as `\n` / `\r`, so input
+/// can never forge a log line. Each event arrives in one write, ending with its newline.
+struct OneLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let (body, end) = match buf.strip_suffix(b"\n") {
+            Some(b) => (b, &b"\n"[..]),
+            None => (buf, &b""[..]),
+        };
+        if !body.iter().any(|&c| c == b'\n' || c == b'\r') {
+            self.0.write_all(buf)?;
+            return Ok(buf.len());
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &c in body {
+            match c {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                c => out.push(c),
+            }
+        }
+        out.extend_from_slice(end);
+        self.0.write_all(&out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    #[test]
+    fn a_newline_inside_a_log_event_cannot_start_a_line_of_its_own() {
+        let mut out = Vec::new();
+        super::OneLine(&mut out).write_all(b"WARN skipping file=\"a\nERROR forged\r\" x\n").unwrap();
+        assert_eq!(out, b"WARN skipping file=\"a\\nERROR forged\\r\" x\n");
     }
 }
 

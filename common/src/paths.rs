@@ -36,6 +36,53 @@ const PART_PREFIX: &str = "part-";
 const PART_SUFFIX: &str = ".parquet";
 
 /// `<table>/<chunk>.<format>` in staging.
+/// The directory name Hive and Spark give a partition whose value is null or empty.
+pub const DEFAULT_PARTITION: &str = "__HIVE_DEFAULT_PARTITION__";
+
+/// A partition value as it appears in a path (`dt=<this>`), escaped as Hive does: path and
+/// control characters as `%XX`. Null and the empty string are [`DEFAULT_PARTITION`], and a
+/// value that is literally that name is escaped so it stays a value.
+pub fn escape_partition_value(v: Option<&str>) -> String {
+    let Some(v) = v.filter(|v| !v.is_empty()) else { return DEFAULT_PARTITION.to_string() };
+    if v == DEFAULT_PARTITION {
+        return format!("%5F{}", &v[1..]);
+    }
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '"' | '#' | '%' | '\'' | '*' | '/' | ':' | '=' | '?' | '\\' | '{' | '[' | ']' | '^' | '\x7f' | '\0'..='\x1f' => {
+                s.push_str(&format!("%{:02X}", c as u32))
+            }
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// The value an escaped partition path component stands for (None: the default partition).
+pub fn unescape_partition_value(v: &str) -> Option<String> {
+    if v == DEFAULT_PARTITION {
+        return None;
+    }
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
 pub fn staged_chunk(table: &str, chunk: &str, format: Format) -> String {
     format!("{table}/{chunk}.{}", format.as_str())
 }
@@ -149,6 +196,19 @@ pub fn is_temp(base: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn partition_values_escape_and_come_back() {
+        for v in ["2026-11-30", "a/b=c", "50%", "it's", "tab\there", "{x}", "__HIVE_DEFAULT_PARTITION__", "é"] {
+            let e = escape_partition_value(Some(v));
+            assert!(!e.contains('/') && !e.contains('='), "{e}");
+            assert_eq!(unescape_partition_value(&e).as_deref(), Some(v), "{v} -> {e}");
+        }
+        assert_eq!(escape_partition_value(None), DEFAULT_PARTITION);
+        assert_eq!(escape_partition_value(Some("")), DEFAULT_PARTITION);
+        assert_eq!(unescape_partition_value(DEFAULT_PARTITION), None);
+        assert_ne!(escape_partition_value(Some(DEFAULT_PARTITION)), DEFAULT_PARTITION);
+    }
 
     const CHUNK: &str = "0123456789abcdef01234567";
 

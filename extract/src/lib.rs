@@ -198,7 +198,15 @@ impl Extractor {
                 Ok(()) => {}
                 // One unreadable file must not stop the others; it is retried next pass.
                 Err(err) if err.is_transient() => {
-                    tracing::warn!(file = %e.rel, error = %err, "cannot extract now; will retry");
+                    tracing::warn!(file = ?e.rel, error = %err, "cannot extract now; will retry");
+                    pass.failed += 1;
+                    pass.last_error = Some(format!("{}: {err}", e.rel));
+                }
+                // A file that cannot be read at all (permissions, gone since the listing) is
+                // skipped with its reason, and looked at again next pass; the others go on.
+                // Without its bytes there is no hash to record it under in the ledger.
+                Err(err @ (ExtractError::Read { .. } | ExtractError::Storage(_))) if !err.is_config() => {
+                    tracing::warn!(file = ?e.rel, error = %err, "skipping a file that cannot be read");
                     pass.failed += 1;
                     pass.last_error = Some(format!("{}: {err}", e.rel));
                 }
@@ -297,7 +305,7 @@ impl Extractor {
             Ok(chunks) => {
                 let records: i64 = chunks.iter().filter_map(|c| c.records).sum();
                 self.ledger.record_chunks(file.id, &chunks, Stage::Transform).await?;
-                tracing::info!(file = %e.rel, chunks = chunks.len(), records, "extracted");
+                tracing::info!(file = ?e.rel, chunks = chunks.len(), records, "extracted");
                 pass.chunked += 1;
                 pass.chunks += chunks.len() as u64;
                 pass.records += records;
@@ -306,7 +314,7 @@ impl Extractor {
             }
             Err(reason) => {
                 let reason = format!("{}: {reason}", e.rel);
-                tracing::error!(file = %e.rel, %reason, "quarantined");
+                tracing::error!(file = ?e.rel, reason = ?reason, "quarantined");
                 self.ledger.quarantine_file(file.id, &reason).await?;
                 pass.quarantined += 1;
                 Ok(())

@@ -698,7 +698,7 @@ impl Recorder<'_> {
             FailOutcome::Quarantined => {
                 let file = self.ledger.chunk(&lease.chunk_id).await.map(|c| c.file_uri).unwrap_or_else(|_| "?".into());
                 tracing::error!(
-                    chunk = %lease.chunk_id, stage = %lease.stage, source_file = %file, attempts = lease.attempt, reason = %msg,
+                    chunk = %lease.chunk_id, stage = %lease.stage, source_file = ?file, attempts = lease.attempt, reason = %msg,
                     "chunk quarantined; after fixing the cause: ferry requeue --chunk {}", lease.chunk_id
                 );
             }

@@ -148,6 +148,66 @@ impl Loader {
         self.write_ddl().await
     }
 
+    /// Whether `p` can be published: its table file is absent, already this part (a retry),
+    /// or this chunk's own earlier output (a rerun); and there is something to publish.
+    async fn check_part(&self, lease: &Lease, p: &Part, before: &[(String, String)]) -> Result<(), LoadError> {
+        let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
+        let target = self.table_path(p);
+        match self.dest.head(&target).await? {
+            Some(h) if h.size as i64 == p.bytes && self.dest.hash(&target).await?.1 == p.content_hash => Ok(()),
+            Some(_) if before.iter().any(|(path, _)| *path == target) => Ok(()),
+            Some(_) => Err(LoadError::Conflict(format!("{} holds other content than chunk {}", self.dest.url(&target), lease.chunk_id))),
+            None if self.dest.head(&landed).await?.is_some() => Ok(()),
+            None => Err(LoadError::Missing(format!(
+                "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {} --from transform)",
+                self.dest.url(&landed),
+                self.dest.url(&target),
+                p.chunk_id
+            ))),
+        }
+    }
+
+    /// Moves one landed part into the table. Ok(true): moved by this call; Ok(false): it was
+    /// in place already (a retry after the rename).
+    async fn publish_part(
+        &self,
+        lease: &Lease,
+        p: &Part,
+        landed: &str,
+        target: &str,
+        before: &[(String, String)],
+    ) -> Result<bool, LoadError> {
+        if self.dest.rename_noreplace(landed, target).await.or_else(|e| match e {
+            // No landed file: fine if the table already has it (a retry after the rename).
+            e if e.is_not_found() => Ok(false),
+            e => Err(e),
+        })? {
+            return Ok(true);
+        }
+        match self.dest.head(target).await? {
+            Some(h) if h.size as i64 == p.bytes && self.dest.hash(target).await?.1 == p.content_hash => {
+                let _ = self.dest.delete(landed).await;
+                Ok(false)
+            }
+            // Our own earlier output (a rerun with new content): replaced.
+            Some(_) if before.iter().any(|(path, _)| path == target) && self.dest.head(landed).await?.is_some() => {
+                tracing::info!(chunk = %lease.chunk_id, file = ?self.dest.url(target), "replacing the chunk's earlier output");
+                self.dest.delete(target).await?;
+                if !self.dest.rename_noreplace(landed, target).await? {
+                    return Err(LoadError::Conflict(format!("{} reappeared while it was being replaced", self.dest.url(target))));
+                }
+                Ok(true)
+            }
+            Some(_) => Err(LoadError::Conflict(format!("{} holds other content than chunk {}", self.dest.url(target), p.chunk_id))),
+            None => Err(LoadError::Missing(format!(
+                "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {} --from transform)",
+                self.dest.url(landed),
+                self.dest.url(target),
+                p.chunk_id
+            ))),
+        }
+    }
+
     fn table_path(&self, p: &Part) -> String {
         paths::table_file(&self.cfg.table.name, &p.rel_path())
     }
@@ -168,44 +228,31 @@ impl Loader {
             self.retract_older_versions(&lease.chunk_id).await?;
         }
         let parts = self.ledger.parts(&lease.chunk_id).await?;
+        // All or nothing: every part is checked before any goes in, so a conflict on the
+        // second partition cannot leave the first one's rows visible and unrecorded.
+        for p in &parts {
+            self.check_part(&lease, p, &before).await?;
+        }
         let mut published = Vec::with_capacity(parts.len());
+        let mut moved: Vec<(String, String)> = Vec::new(); // (table file, landed file) moved by this attempt
         let mut work = Work::default();
         for p in &parts {
             let landed = paths::landed(table, &p.chunk_id, &p.rel_path());
             let target = self.table_path(p);
-            if !self.dest.rename_noreplace(&landed, &target).await.or_else(|e| match e {
-                // No landed file: fine if the table already has it (a retry after the rename).
-                e if e.is_not_found() => Ok(false),
-                e => Err(e),
-            })? {
-                match self.dest.head(&target).await? {
-                    Some(h) if h.size as i64 == p.bytes && self.dest.hash(&target).await?.1 == p.content_hash => {
-                        let _ = self.dest.delete(&landed).await;
-                    }
-                    // Our own earlier output (a rerun with new content): replaced.
-                    Some(_) if before.iter().any(|(path, _)| *path == target) && self.dest.head(&landed).await?.is_some() => {
-                        tracing::info!(chunk = %lease.chunk_id, file = %self.dest.url(&target), "replacing the chunk's earlier output");
-                        self.dest.delete(&target).await?;
-                        if !self.dest.rename_noreplace(&landed, &target).await? {
-                            return Err(LoadError::Conflict(format!("{} reappeared while it was being replaced", self.dest.url(&target))));
+            match self.publish_part(&lease, p, &landed, &target, &before).await {
+                Ok(true) => moved.push((target.clone(), landed)),
+                Ok(false) => {}
+                Err(e @ (LoadError::Conflict(_) | LoadError::Missing(_))) => {
+                    // Something changed between the check and the move (another writer):
+                    // take back what this attempt put in, so the chunk stays invisible.
+                    for (t, l) in moved.iter().rev() {
+                        if let Err(err) = self.dest.rename_noreplace(t, l).await {
+                            tracing::error!(chunk = %lease.chunk_id, file = ?self.dest.url(t), error = %err, "could not take a part back out of the table");
                         }
                     }
-                    Some(_) => {
-                        return Err(LoadError::Conflict(format!(
-                            "{} holds other content than chunk {}",
-                            self.dest.url(&target),
-                            p.chunk_id
-                        )));
-                    }
-                    None => {
-                        return Err(LoadError::Missing(format!(
-                            "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {} --from transform)",
-                            self.dest.url(&landed),
-                            self.dest.url(&target),
-                            p.chunk_id
-                        )));
-                    }
+                    return Err(e);
                 }
+                Err(e) => return Err(e),
             }
             work.bytes += p.bytes;
             work.records += p.records;
@@ -253,35 +300,50 @@ impl Loader {
         let table = &self.cfg.table.name;
         let location = self.dest.url(table);
         let partitions = self.ledger.table_partitions().await?;
+        let t = &self.cfg.transform;
         let pcols = &self.cfg.table.partition_by;
-        let part_type = |p: &str| match self.cfg.transform.derive.get(p).map(|e| e.trim()) {
-            Some(e) if e.starts_with("date(") => "DATE",
-            Some(e) if e.starts_with("hour(") => "INT",
-            _ => "STRING",
-        };
-        let cols: Vec<String> = self
-            .cfg
-            .table
-            .columns
-            .iter()
-            .filter(|c| !pcols.contains(&c.name))
-            .map(|c| {
-                let name = self.cfg.transform.rename.get(&c.name).unwrap_or(&c.name);
-                let ty: ColumnType = self.cfg.transform.cast.get(name).copied().unwrap_or(c.ty);
-                format!("  `{name}` {}", ty.hive())
-            })
-            .filter(|c| self.cfg.transform.select.is_empty() || self.cfg.transform.select.iter().any(|s| c.contains(&format!("`{s}`"))))
-            .collect();
+        // Every column the files hold, with its type after rename and cast, then the derived
+        // ones: the DDL describes the files exactly.
+        let mut cols: Vec<(String, &'static str)> = Vec::new();
+        for c in &self.cfg.table.columns {
+            let name = t.rename.get(&c.name).unwrap_or(&c.name).clone();
+            let ty: ColumnType = t.cast.get(&name).copied().unwrap_or(c.ty);
+            cols.push((name, ty.hive()));
+        }
+        for (name, expr) in &t.derive {
+            let expr = expr.trim();
+            let ty = if expr.starts_with("date(") {
+                "DATE"
+            } else if expr.starts_with("hour(") {
+                "INT"
+            } else {
+                let src = expr.trim_start_matches("col(").trim_end_matches(')').trim();
+                cols.iter().find(|(n, _)| n == src).map_or("STRING", |(_, ty)| *ty)
+            };
+            cols.retain(|(n, _)| n != name);
+            cols.push((name.clone(), ty));
+        }
+        let kept = |n: &str| t.select.is_empty() || t.select.iter().any(|s| s == n) || pcols.iter().any(|p| p == n);
+        let data: Vec<String> = cols.iter().filter(|(n, _)| kept(n) && !pcols.contains(n)).map(|(n, ty)| format!("  `{n}` {ty}")).collect();
         let mut sql = String::from("-- Written by ferry-load when a chunk adds a partition. Do not edit.\n");
-        sql.push_str(&format!("CREATE EXTERNAL TABLE IF NOT EXISTS `{table}` (\n{}\n)\n", cols.join(",\n")));
+        sql.push_str(&format!("CREATE EXTERNAL TABLE IF NOT EXISTS `{table}` (\n{}\n)\n", data.join(",\n")));
         if !pcols.is_empty() {
-            let p: Vec<String> = pcols.iter().map(|c| format!("`{c}` {}", part_type(c))).collect();
+            let p: Vec<String> =
+                pcols.iter().map(|c| format!("`{c}` {}", cols.iter().find(|(n, _)| n == c).map_or("STRING", |(_, ty)| *ty))).collect();
             sql.push_str(&format!("PARTITIONED BY ({})\n", p.join(", ")));
         }
         sql.push_str(&format!("STORED AS PARQUET\nLOCATION '{location}';\n"));
         for p in partitions.iter().filter(|p| &p.table == table && !p.partition.is_empty()) {
-            let spec: Vec<String> =
-                p.partition.split('/').filter_map(|kv| kv.split_once('=')).map(|(k, v)| format!("`{k}`='{v}'")).collect();
+            // The path holds escaped values (`%2F` for `/`); the partition spec the values.
+            let spec: Vec<String> = p
+                .partition
+                .split('/')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| match paths::unescape_partition_value(v) {
+                    Some(v) => format!("`{k}`='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")),
+                    None => format!("`{k}`='{}'", paths::DEFAULT_PARTITION),
+                })
+                .collect();
             sql.push_str(&format!(
                 "ALTER TABLE `{table}` ADD IF NOT EXISTS PARTITION ({}) LOCATION '{location}/{}';\n",
                 spec.join(", "),

@@ -187,22 +187,51 @@ fn change_token(m: &std::fs::Metadata) -> String {
     format!("{}:{}:{}.{:09}", m.dev(), m.ino(), m.ctime(), m.ctime_nsec())
 }
 
+/// Lists the files below `dir`. The directory itself must be readable; below it, one entry
+/// that cannot be read (permissions, a name that is not UTF-8, a file gone meanwhile) is
+/// skipped with a warning and the walk goes on. Symbolic links are not followed: a link could
+/// lead outside the root (or in a circle), and what it points to is not this directory's.
 fn walk(root: &Path, dir: &Path, out: &mut Vec<Entry>) -> Result<()> {
     let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir.display(), e))?;
     for ent in rd {
-        let ent = ent.map_err(|e| Error::io(dir.display(), e))?;
+        let ent = match ent {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(dir = ?dir, error = %e, "skipping an entry that cannot be read");
+                continue;
+            }
+        };
         let p = ent.path();
-        let m = match std::fs::metadata(&p) {
+        match ent.file_type() {
+            Ok(t) if t.is_symlink() => {
+                tracing::warn!(path = ?p, "skipping a symbolic link: links are not followed");
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(path = ?p, error = %e, "skipping an entry whose type cannot be read");
+                continue;
+            }
+        }
+        let m = match std::fs::symlink_metadata(&p) {
             Ok(m) => m,
             // Gone between listing and stat (a writer renamed it): not there.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io(p.display(), e)),
+            Err(e) => {
+                tracing::warn!(path = ?p, error = %e, "skipping a file that cannot be read");
+                continue;
+            }
         };
         if m.is_dir() {
-            walk(root, &p, out)?;
+            if let Err(e) = walk(root, &p, out) {
+                tracing::warn!(path = ?p, error = %e, "skipping a directory that cannot be read");
+            }
         } else if m.is_file() {
-            let rel = p.strip_prefix(root).unwrap_or(&p).to_string_lossy().into_owned();
-            out.push(Entry { rel, size: m.len(), mtime_ms: mtime_ms(&m), change_token: Some(change_token(&m)) });
+            let Some(rel) = p.strip_prefix(root).unwrap_or(&p).to_str() else {
+                tracing::warn!(path = ?p, "skipping a file whose name is not UTF-8; rename it to take it in");
+                continue;
+            };
+            out.push(Entry { rel: rel.to_string(), size: m.len(), mtime_ms: mtime_ms(&m), change_token: Some(change_token(&m)) });
         }
     }
     Ok(())

@@ -129,3 +129,86 @@ fn json_and_csv_values_are_published_as_written() {
     assert_eq!(rows[2]["big"], "007", "CSV text stays text");
     assert_eq!(p.count("SELECT COUNT(*) FROM rejects"), 3, "{}", p.sql("SELECT group_concat(reason, ' | ') FROM rejects"));
 }
+
+/// The DDL describes the files exactly: every column the Parquet files hold (derived ones
+/// too) with its type, the partition columns typed as declared, partition values unescaped,
+/// and an empty or null value in the default partition, as Hive and Spark write it.
+#[test]
+fn the_ddl_matches_the_parquet_files() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    set_columns(
+        &p,
+        r#"  { name = "id", type = "string", nullable = false },
+  { name = "ts", type = "timestamp", nullable = false },
+  { name = "kind", type = "string" },
+  { name = "n", type = "long" },"#,
+        "derive = { dt = \"date(ts)\", hr = \"hour(ts)\" }",
+    );
+    let cfg = std::fs::read_to_string(&p.config).unwrap().replace("partition_by = [\"dt\"]", "partition_by = [\"dt\", \"kind\"]");
+    std::fs::write(&p.config, cfg).unwrap();
+    std::fs::write(
+        p.path("in/a.jsonl"),
+        concat!(
+            "{\"id\":\"1\",\"ts\":\"2026-11-30T12:00:00Z\",\"kind\":\"a/b\",\"n\":1}\n",
+            "{\"id\":\"2\",\"ts\":\"2026-11-30T13:00:00Z\",\"kind\":\"\",\"n\":2}\n",
+            "{\"id\":\"3\",\"ts\":\"2026-11-30T14:00:00Z\",\"n\":3}\n",
+            "{\"id\":\"4\",\"ts\":\"2026-11-30T15:00:00Z\",\"kind\":\"it's\",\"n\":4}\n",
+        ),
+    )
+    .unwrap();
+    run(&p);
+    let ddl = std::fs::read_to_string(p.path("wh/events/_ferry/ddl.sql")).unwrap();
+    let check = r#"
+import sys, re, json, pyarrow.parquet as pq, glob
+ddl = open(sys.argv[1]).read()
+body = re.search(r"CREATE EXTERNAL TABLE IF NOT EXISTS `events` \((.*?)\n\)\n", ddl, re.S).group(1)
+cols = [re.match(r"\s*`(\w+)` (\w+)", l).groups() for l in body.strip().split(",\n")]
+parts = re.search(r"PARTITIONED BY \((.*?)\)\n", ddl).group(1)
+pcols = re.findall(r"`(\w+)` (\w+)", parts)
+specs = re.findall(r"PARTITION \((.*?)\) LOCATION", ddl)
+files = glob.glob(sys.argv[2] + "/**/*.parquet", recursive=True)
+schemas = {tuple((f.name, str(f.type)) for f in pq.read_schema(f)) for f in files}
+print(json.dumps({"cols": cols, "pcols": pcols, "specs": specs, "file_schemas": [list(s) for s in schemas]}))
+"#;
+    let out =
+        Command::new("python3").arg("-c").arg(check).arg(p.path("wh/events/_ferry/ddl.sql")).arg(p.path("wh/events")).output().unwrap();
+    assert!(out.status.success(), "{ddl}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cols: Vec<(String, String)> = serde_json::from_value(v["cols"].clone()).unwrap();
+    let files: Vec<Vec<(String, String)>> = serde_json::from_value(v["file_schemas"].clone()).unwrap();
+    assert_eq!(files.len(), 1, "every file has one schema: {files:?}");
+    let names: Vec<&str> = cols.iter().map(|(n, _)| n.as_str()).collect();
+    let file_names: Vec<&str> = files[0].iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, file_names, "the DDL lists the files' columns, in order:\n{ddl}");
+    assert!(cols.contains(&("hr".into(), "INT".into())), "a derived column is in the DDL:\n{ddl}");
+    assert!(cols.contains(&("ts".into(), "TIMESTAMP".into())) && cols.contains(&("n".into(), "BIGINT".into())), "{ddl}");
+    assert_eq!(v["pcols"], serde_json::json!([["dt", "DATE"], ["kind", "STRING"]]), "{ddl}");
+    let specs: Vec<String> = serde_json::from_value(v["specs"].clone()).unwrap();
+    assert!(specs.iter().any(|s| s.contains("`kind`='a/b'")), "values unescaped in the spec: {specs:?}");
+    assert!(specs.iter().any(|s| s.contains("`kind`='it\\'s'")), "quotes escaped for SQL: {specs:?}");
+    assert_eq!(specs.iter().filter(|s| s.contains("__HIVE_DEFAULT_PARTITION__")).count(), 1, "empty and null share it: {specs:?}");
+    assert!(p.path("wh/events/dt=2026-11-30/kind=a%2Fb").is_dir());
+    assert!(p.path("wh/events/dt=2026-11-30/kind=__HIVE_DEFAULT_PARTITION__").is_dir());
+}
+
+/// One odd entry in the source never stops the scan: links are not followed (a link to a file
+/// outside the source is not published, a loop is not walked), a name that is not UTF-8 is
+/// skipped with a warning, and the good file next to them flows.
+#[test]
+fn odd_entries_in_the_source_are_skipped_and_the_scan_goes_on() {
+    use std::os::unix::ffi::OsStrExt;
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 1, 50, 14);
+    p.generate("elsewhere", "jsonl", "null", 1, 50, 15);
+    let outside = std::fs::read_dir(p.path("elsewhere")).unwrap().next().unwrap().unwrap().path();
+    std::os::unix::fs::symlink(&outside, p.path("in/outside.jsonl")).unwrap();
+    std::os::unix::fs::symlink(p.path("in"), p.path("in/loop")).unwrap();
+    let odd = p.path("in").join(std::ffi::OsStr::from_bytes(b"bad-\xff.jsonl"));
+    std::fs::copy(&outside, &odd).unwrap();
+    let out = p.command("ferry-extract").env("RUST_LOG", "warn").arg("--once").output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files"), 1, "only the real file: {log}");
+    assert!(log.contains("symbolic link") && log.contains("not UTF-8"), "each is named in the log: {log}");
+    assert!(log.lines().all(|l| !l.is_empty()), "{log}");
+}

@@ -226,3 +226,46 @@ fn job_markers_and_hidden_files_are_not_ingested() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(p.count("SELECT COUNT(*) FROM source_files"), 1, "only the data file");
 }
+
+/// Load publishes a chunk whole or not at all: a conflict on its second partition leaves
+/// none of its rows visible; after the operator clears it, the chunk goes in whole.
+#[test]
+fn a_conflict_on_one_partition_publishes_none_of_the_chunk() {
+    let p = Pipeline::new("1MiB", "30s", "0s");
+    // One file, one chunk, events over two days: two partitions.
+    let mut lines = String::new();
+    for i in 0..400 {
+        let day = 28 + i % 2;
+        lines += &format!(
+            "{{\"event_id\":\"e{i:04}\",\"ts\":\"2026-11-{day}T10:00:{:02}Z\",\"host\":\"h\",\"kind\":\"k\",\"user_id\":{i},\"payload\":\"p\",\"score\":null}}\n",
+            i % 60
+        );
+    }
+    std::fs::write(p.path("in/two-days.jsonl"), lines).unwrap();
+    for s in ["ferry-extract", "ferry-transform", "ferry-copy"] {
+        ok(&p.stage(s), s);
+    }
+    assert_eq!(p.count("SELECT COUNT(*) FROM chunks"), 1);
+    let chunk = p.sql("SELECT id FROM chunks");
+    let parts = p.count("SELECT COUNT(*) FROM parts");
+    assert!(parts >= 2, "{parts} partitions");
+    let last = p.sql("SELECT partition || '/' || name FROM parts ORDER BY partition DESC LIMIT 1");
+    let squatter = p.path(&format!("wh/events/{last}"));
+    std::fs::create_dir_all(squatter.parent().unwrap()).unwrap();
+    std::fs::write(&squatter, b"someone else's file").unwrap();
+    let out = p.stage("ferry-load");
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut visible = Vec::new();
+    for e in std::fs::read_dir(p.path("wh/events")).unwrap().flatten().filter(|e| e.file_name() != "_ferry") {
+        for f in std::fs::read_dir(e.path()).unwrap().flatten() {
+            if f.path() != squatter && f.file_name().to_string_lossy().contains(&chunk) {
+                visible.push(f.path());
+            }
+        }
+    }
+    assert!(visible.is_empty(), "none of the chunk is visible: {visible:?}");
+    std::fs::remove_file(&squatter).unwrap();
+    ok(&ferry(&p, &["requeue", "--chunk", &chunk]), "requeue");
+    ok(&p.stage("ferry-load"), "load");
+    same_rows(&p, &p.path("in"));
+}

@@ -52,6 +52,15 @@ enum Cell<'a> {
 }
 
 impl Cell<'_> {
+    /// The text of a number or a string cell ("" for the others).
+    fn text(&self) -> &str {
+        match self {
+            Cell::Num(n) => n,
+            Cell::Str(s) => s,
+            _ => "",
+        }
+    }
+
     fn describe(&self) -> String {
         let cut = |s: &str| if s.len() > 40 { format!("{:?}...", &s[..s.floor_char_boundary(40)]) } else { format!("{s:?}") };
         match self {
@@ -101,6 +110,16 @@ fn int(text: &str) -> Result<i64, String> {
     })
 }
 
+/// A float of either width from its text, rejecting an overflow to infinity (the text
+/// `inf` itself is kept). The error ends in "a" for the caller to name the type.
+fn float<F: std::str::FromStr + Copy + Into<f64>>(text: &str) -> Result<F, &'static str> {
+    let v: F = text.trim().parse().map_err(|_| "is not a number, expected a")?;
+    if v.into().is_infinite() && !text.to_ascii_lowercase().contains("inf") {
+        return Err("is out of the range of a");
+    }
+    Ok(v)
+}
+
 impl Col {
     fn new(spec: &ColumnSpec) -> Col {
         match spec.ty {
@@ -127,47 +146,13 @@ impl Col {
             (Col::Str(_), Cell::Str(s)) => Val::Str(s.into_owned()),
             (Col::Str(_), Cell::Num(n) | Cell::Json(n)) => Val::Str(n.to_string()),
             (Col::Str(_), Cell::Bool(v)) => Val::Str(v.to_string()),
-            (Col::I64(_), c @ (Cell::Num(_) | Cell::Str(_))) => {
-                let text = match &c {
-                    Cell::Num(n) => *n,
-                    Cell::Str(s) => s.as_ref(),
-                    _ => unreachable!(),
-                };
-                Val::I64(int(text).map_err(|r| why(&c, r))?)
-            }
+            (Col::I64(_), c @ (Cell::Num(_) | Cell::Str(_))) => Val::I64(int(c.text()).map_err(|r| why(&c, r))?),
             (Col::I32(_), c @ (Cell::Num(_) | Cell::Str(_))) => {
-                let text = match &c {
-                    Cell::Num(n) => *n,
-                    Cell::Str(s) => s.as_ref(),
-                    _ => unreachable!(),
-                };
-                let v = int(text).map_err(|r| why(&c, r.replace("a long", "an int")))?;
+                let v = int(c.text()).map_err(|r| why(&c, r.replace("a long", "an int")))?;
                 Val::I64(i32::try_from(v).map_err(|_| why(&c, "is out of the range of an int (32 bits)".into()))? as i64)
             }
-            (Col::F64(_), c @ (Cell::Num(_) | Cell::Str(_))) => {
-                let text = match &c {
-                    Cell::Num(n) => *n,
-                    Cell::Str(s) => s.as_ref(),
-                    _ => unreachable!(),
-                };
-                let v: f64 = text.trim().parse().map_err(|_| why(&c, "is not a number".into()))?;
-                if v.is_infinite() && !text.to_ascii_lowercase().contains("inf") {
-                    return Err(why(&c, "is out of the range of a double".into()));
-                }
-                Val::F64(v)
-            }
-            (Col::F32(_), c @ (Cell::Num(_) | Cell::Str(_))) => {
-                let text = match &c {
-                    Cell::Num(n) => *n,
-                    Cell::Str(s) => s.as_ref(),
-                    _ => unreachable!(),
-                };
-                let v: f32 = text.trim().parse().map_err(|_| why(&c, "is not a number".into()))?;
-                if v.is_infinite() && !text.to_ascii_lowercase().contains("inf") {
-                    return Err(why(&c, "is out of the range of a float".into()));
-                }
-                Val::F32(v)
-            }
+            (Col::F64(_), c @ (Cell::Num(_) | Cell::Str(_))) => Val::F64(float(c.text()).map_err(|r| why(&c, format!("{r} double")))?),
+            (Col::F32(_), c @ (Cell::Num(_) | Cell::Str(_))) => Val::F32(float(c.text()).map_err(|r| why(&c, format!("{r} float")))?),
             (Col::Bool(_), Cell::Bool(b)) => Val::Bool(b),
             (Col::Bool(_), Cell::Str(s)) => match s.trim().to_ascii_lowercase().as_str() {
                 "true" => Val::Bool(true),
@@ -190,12 +175,7 @@ impl Col {
                 let Some(unit) = epoch else {
                     return Err(why(&c, "is a number; set the column's `epoch` (s, ms, us or ns) to say what it counts".into()));
                 };
-                let text = match &c {
-                    Cell::Num(n) => *n,
-                    Cell::Str(s) => s.as_ref(),
-                    _ => unreachable!(),
-                };
-                let v = int(text).map_err(|r| why(&c, r))?;
+                let v = int(c.text()).map_err(|r| why(&c, r))?;
                 let from = unit.per_second();
                 let out = if from >= *per_second {
                     let d = from / per_second;

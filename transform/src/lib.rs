@@ -206,7 +206,7 @@ impl Transformer {
             rejects.into_iter().map(|r| Reject { position: r.position, reason: format!("{}: {}", chunk.file_uri, r.reason) }).collect();
         if !rejects.is_empty() {
             self.write_rejects(&lease.chunk_id, &rejects)?;
-            tracing::warn!(chunk = %lease.chunk_id, file = %chunk.file_uri, rejects = rejects.len(), "bad records set aside");
+            tracing::warn!(chunk = %lease.chunk_id, file = ?chunk.file_uri, rejects = rejects.len(), "bad records set aside");
         }
         self.ledger.record_parts(&lease, &parts, &rejects).await?;
         Ok(Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum() })

@@ -9,6 +9,7 @@ use arrow::compute::kernels::cmp;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use ferry_common::config::TransformSection;
+use ferry_common::paths;
 
 use crate::TransformError;
 use crate::decode::arrow_type;
@@ -93,10 +94,13 @@ impl Plan {
             cols.push(col);
         }
         bad.sort_by_key(|(r, _)| *r);
+        // The input rows still here, for reporting later rejects by their input row.
+        let mut kept: Vec<usize> = (0..batch.num_rows()).collect();
         if !bad.is_empty() {
             let rows: Vec<usize> = bad.iter().map(|(r, _)| *r).collect();
             let b = RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols).map_err(TransformError::internal)?;
             cols = crate::exact::without_rows(&b, &rows)?.columns().to_vec();
+            kept.retain(|r| rows.binary_search(r).is_err());
         }
         for (name, func, arg) in &self.derive {
             let i = fields
@@ -118,6 +122,35 @@ impl Plan {
         }
         let schema = Arc::new(Schema::new(fields));
         let mut batch = RecordBatch::try_new(schema, cols).map_err(TransformError::internal)?;
+        // A partition value that cannot be a directory name rejects its record: it would fail
+        // the same way on every retry.
+        let mut unfit: Vec<usize> = Vec::new();
+        for p in &self.partition_by {
+            let Ok(i) = batch.schema().index_of(p) else { continue };
+            let Some(v) = batch.column(i).as_any().downcast_ref::<StringArray>() else { continue };
+            for (row, &input_row) in kept.iter().enumerate().take(v.len()) {
+                if v.is_null(row) {
+                    continue;
+                }
+                let s = v.value(row);
+                let why = if s.contains('\0') {
+                    Some("contains a NUL character".to_string())
+                } else if s.len() > 80 && paths::escape_partition_value(Some(s)).len() + p.len() + 1 > 255 {
+                    Some(format!("is {} bytes; a partition directory name has at most 255", s.len()))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    bad.push((input_row, format!("partition column {p:?}: the value {why}")));
+                    unfit.push(row);
+                }
+            }
+        }
+        if !unfit.is_empty() {
+            unfit.sort_unstable();
+            batch = crate::exact::without_rows(&batch, &unfit)?;
+            bad.sort_by_key(|(r, _)| *r);
+        }
         if !self.filters.is_empty() {
             let mut mask: Option<BooleanArray> = None;
             for f in &self.filters {
@@ -189,13 +222,22 @@ impl Plan {
             for (p, k) in self.partition_by.iter().zip(&keys) {
                 let v = arrow::compute::cast(&k.slice(first, 1), &DataType::Utf8).map_err(TransformError::internal)?;
                 let v = v.as_any().downcast_ref::<StringArray>().expect("utf8");
-                let v = if v.is_null(0) { "__HIVE_DEFAULT_PARTITION__".to_string() } else { escape(v.value(0)) };
+                let v = paths::escape_partition_value((!v.is_null(0)).then(|| v.value(0)));
                 parts.push(format!("{p}={v}"));
             }
             paths.push((parts.join("/"), rows));
         }
-        // In path order, as before (the same rows always land in the same files).
+        // In path order, as before (the same rows always land in the same files). Values that
+        // share a path (null and the empty string) are one group, rows in batch order.
         paths.sort_by(|a, b| a.0.cmp(&b.0));
+        paths.dedup_by(|later, first| {
+            if later.0 != first.0 {
+                return false;
+            }
+            first.1.append(&mut later.1);
+            first.1.sort_unstable();
+            true
+        });
         let data_cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| !self.partition_by.contains(schema.field(i).name())).collect();
         let data = batch.project(&data_cols).map_err(TransformError::internal)?;
         let mut out = Vec::with_capacity(paths.len());
@@ -271,18 +313,6 @@ impl RawKey {
             &self.data.buffers()[1].as_slice()[o[row] as usize..o[row + 1] as usize]
         })
     }
-}
-
-/// Hive escapes path characters in partition values.
-fn escape(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '/' | '=' | '%' | '\\' | '#' | '?' | ':' | '"' | '\'' | '\n' | '\r' => s.push_str(&format!("%{:02X}", c as u32)),
-            c => s.push(c),
-        }
-    }
-    s
 }
 
 fn parse_filter(f: &str) -> Option<Filter> {
@@ -404,7 +434,28 @@ mod tests {
     }
 
     #[test]
-    fn partition_values_are_escaped() {
-        assert_eq!(escape("a/b=c"), "a%2Fb%3Dc");
+    fn partition_values_are_escaped_and_unfit_ones_reject_their_record() {
+        let vals: Vec<Option<String>> = vec![
+            Some("a/b=c".into()),
+            Some(String::new()),
+            None,
+            Some("__HIVE_DEFAULT_PARTITION__".into()),
+            Some("nul\0here".into()),
+            Some("x".repeat(300)),
+        ];
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8, true), Field::new("v", DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(vals)), Arc::new(Int64Array::from(vec![0, 1, 2, 3, 4, 5]))])
+                .unwrap();
+        let plan = Plan::new(&TransformSection::default(), &["k".to_string()]).unwrap();
+        let (out, bad) = plan.apply(&batch).unwrap();
+        assert_eq!(bad.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![4, 5], "{bad:?}");
+        assert!(bad[0].1.contains("NUL") && bad[1].1.contains("255"), "{bad:?}");
+        let paths: Vec<String> = plan.partition(&out).unwrap().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(
+            paths,
+            ["k=%5F_HIVE_DEFAULT_PARTITION__", "k=__HIVE_DEFAULT_PARTITION__", "k=a%2Fb%3Dc"],
+            "empty and null share the default"
+        );
     }
 }
