@@ -599,11 +599,14 @@ pub struct ExtractSection {
     pub chunk_size: ByteSize,
     /// Source files extracted at once.
     pub concurrency: usize,
+    /// The longest JSON line or CSV record taken: a longer one (an unclosed quote, a file
+    /// that is not line-oriented) makes its file corrupt input instead of a chunk of any size.
+    pub max_record_size: ByteSize,
 }
 
 impl Default for ExtractSection {
     fn default() -> Self {
-        ExtractSection { chunk_size: ByteSize(64 << 20), concurrency: 2 }
+        ExtractSection { chunk_size: ByteSize(64 << 20), concurrency: 2, max_record_size: ByteSize(64 << 20) }
     }
 }
 

@@ -262,16 +262,31 @@ impl Extractor {
             return self.dispose(e, file.state).await;
         }
         let Some(format) = format else {
-            let reason = format!("{}: cannot tell the format from the file name (set source.format)", e.rel);
+            let reason = if e.rel.to_ascii_lowercase().ends_with(".json") {
+                format!("{}: a .json file is taken only as JSON lines, and only when source.format = \"jsonl\" says so", e.rel)
+            } else {
+                format!("{}: cannot tell the format from the file name (set source.format)", e.rel)
+            };
             self.ledger.quarantine_file(file.id, &reason).await?;
             pass.quarantined += 1;
             return Ok(());
         };
         let chunk_size = self.cfg.extract.chunk_size.0 as usize;
+        let max_record = self.cfg.extract.max_record_size.0 as usize;
         let (source, staging, table, rel, fhash) =
             (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), hash.clone());
         let split = tokio::task::spawn_blocking(move || -> Result<std::result::Result<Vec<NewChunk>, String>> {
-            let r = source.open_blocking(&rel)?;
+            let mut r = std::io::BufReader::with_capacity(1 << 16, source.open_blocking(&rel)?);
+            // A compressed file named (or configured) as text would split into garbage records.
+            let head = std::io::BufRead::fill_buf(&mut r).map_err(|e| ExtractError::Read { path: rel.clone(), source: e })?;
+            if let Some(kind) = ferry_formats::compression_of(head) {
+                return Ok(Err(format!(
+                    "the file is {kind}-compressed; compressed input is not read: decompress it before it lands (or name it so that source.glob leaves it out)"
+                )));
+            }
+            if format == ferry_common::config::Format::Jsonl && head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+                return Ok(Err("the file is a JSON array (one document), not JSON lines (one object per line); convert it, e.g. `jq -c '.[]'`".into()));
+            }
             let mut chunks = Vec::new();
             let emit = |p: Piece| -> ferry_storage::Result<()> {
                 let seq = chunks.len() as i64;
@@ -291,7 +306,7 @@ impl Extractor {
                 });
                 Ok(())
             };
-            match ferry_formats::split(format, r, chunk_size, emit) {
+            match ferry_formats::split(format, r, chunk_size, max_record, emit) {
                 Ok(()) => Ok(Ok(chunks)),
                 Err(SplitError::Corrupt(m)) => Ok(Err(m)),
                 Err(SplitError::Io(source)) => Err(ExtractError::Read { path: rel, source }),
@@ -305,7 +320,11 @@ impl Extractor {
             Ok(chunks) => {
                 let records: i64 = chunks.iter().filter_map(|c| c.records).sum();
                 self.ledger.record_chunks(file.id, &chunks, Stage::Transform).await?;
-                tracing::info!(file = ?e.rel, chunks = chunks.len(), records, "extracted");
+                if chunks.is_empty() {
+                    tracing::warn!(file = ?e.rel, "the file holds no records; recorded as done with nothing to load");
+                } else {
+                    tracing::info!(file = ?e.rel, chunks = chunks.len(), records, "extracted");
+                }
                 pass.chunked += 1;
                 pass.chunks += chunks.len() as u64;
                 pass.records += records;

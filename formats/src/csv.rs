@@ -1,32 +1,77 @@
-//! CSV: records end at a newline outside quotes; the header row is repeated in every chunk.
+//! CSV: records end where a CSV parser says they end (csv-core, the parser under the `csv`
+//! crate transform decodes with, with the same settings), so a quote inside an unquoted field
+//! or a newline inside a quoted one frames exactly as transform reads it. The header row is
+//! repeated in every chunk.
 
 use std::io::{BufRead, Read};
 
 use crate::{Piece, SplitError};
 
-/// Reads one CSV record's raw bytes (it ends at a newline outside quotes). Empty at EOF.
-pub fn read_record(r: &mut impl BufRead, out: &mut Vec<u8>) -> std::io::Result<()> {
+/// Reads one CSV record's raw bytes (with its line end) into `out`, at most `max` bytes of
+/// it. Empty at EOF. A record longer than `max` (an unclosed quote swallows the file) is
+/// corrupt input.
+pub fn read_record(r: &mut impl BufRead, out: &mut Vec<u8>, max: usize) -> Result<(), RecordError> {
+    use csv_core::ReadRecordResult as R;
     out.clear();
-    let mut quoted = false;
+    let mut rdr = csv_core::Reader::new();
+    // The parser's field output is not needed, only where the record ends.
+    let (mut field, mut ends) = ([0u8; 4096], [0usize; 256]);
     loop {
-        let start = out.len();
-        if r.read_until(b'\n', out)? == 0 {
-            return Ok(());
+        let buf = r.fill_buf()?;
+        let (res, nin, _, _) = rdr.read_record(buf, &mut field, &mut ends);
+        out.extend_from_slice(&buf[..nin]);
+        let at_eof = buf.is_empty();
+        r.consume(nin);
+        if out.len() > max {
+            return Err(RecordError::TooLong(out.len()));
         }
-        // A doubled quote inside a quoted field toggles twice, so parity is all that matters.
-        quoted ^= out[start..].iter().filter(|&&b| b == b'"').count() % 2 == 1;
-        if !quoted {
-            return Ok(());
+        match res {
+            R::InputEmpty if !at_eof => {}
+            R::OutputFull | R::OutputEndsFull => {}
+            R::Record => {
+                // Blank lines before a record belong to no record; readers skip them too.
+                return Ok(());
+            }
+            R::InputEmpty | R::End => return Ok(()),
+        }
+    }
+}
+
+/// Why one record could not be read.
+#[derive(Debug)]
+pub enum RecordError {
+    TooLong(usize),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for RecordError {
+    fn from(e: std::io::Error) -> Self {
+        RecordError::Io(e)
+    }
+}
+
+impl<E> From<RecordError> for SplitError<E> {
+    fn from(e: RecordError) -> Self {
+        match e {
+            RecordError::TooLong(n) => {
+                SplitError::Corrupt(format!("a CSV record of over {n} bytes, more than max_record_size (an unclosed quote?)"))
+            }
+            RecordError::Io(e) => SplitError::Io(e),
         }
     }
 }
 
 /// Splits at record ends, repeating the header.
-pub fn split<E>(r: impl Read, chunk_size: usize, mut emit: impl FnMut(Piece) -> Result<(), E>) -> Result<(), SplitError<E>> {
+pub fn split<E>(
+    r: impl Read,
+    chunk_size: usize,
+    max_record: usize,
+    mut emit: impl FnMut(Piece) -> Result<(), E>,
+) -> Result<(), SplitError<E>> {
     let mut r = std::io::BufReader::with_capacity(1 << 20, r);
     let mut header = Vec::new();
-    read_record(&mut r, &mut header)?;
-    if header.is_empty() {
+    read_record(&mut r, &mut header, max_record)?;
+    if header.iter().all(u8::is_ascii_whitespace) {
         return Err(SplitError::Corrupt("empty CSV file: no header row".into()));
     }
     if !header.ends_with(b"\n") {
@@ -37,9 +82,15 @@ pub fn split<E>(r: impl Read, chunk_size: usize, mut emit: impl FnMut(Piece) -> 
     let mut rec = Vec::new();
     let mut n = 0i64;
     loop {
-        read_record(&mut r, &mut rec)?;
+        read_record(&mut r, &mut rec, max_record)?;
         if rec.is_empty() {
             break;
+        }
+        if rec.iter().all(u8::is_ascii_whitespace) {
+            continue; // a trailing blank line is not a record
+        }
+        if !rec.ends_with(b"\n") {
+            rec.push(b'\n'); // the last record without its line end: the next chunk's header follows
         }
         if cur.records > 0 && cur.bytes.len() + rec.len() > chunk_size {
             emit(std::mem::replace(&mut cur, new(n))).map_err(SplitError::Emit)?;
@@ -52,4 +103,42 @@ pub fn split<E>(r: impl Read, chunk_size: usize, mut emit: impl FnMut(Piece) -> 
         emit(cur).map_err(SplitError::Emit)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(data: &[u8]) -> Vec<String> {
+        let mut out = Vec::new();
+        split(data, 1, 1 << 20, |p: Piece| -> Result<(), ()> {
+            out.push(String::from_utf8(p.bytes).unwrap());
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn records_end_where_the_csv_parser_says() {
+        // A stray quote inside an unquoted field is a character, not the start of a quote.
+        let got = records(b"a,b\n1,x\"y\n2,z\n3,\"multi\nline\"\n");
+        assert_eq!(got, ["a,b\n1,x\"y\n", "a,b\n2,z\n", "a,b\n3,\"multi\nline\"\n"]);
+        // CRLF line ends and a last record without one.
+        let got = records(b"a,b\r\n1,2\r\n3,4");
+        assert_eq!(got.len(), 2, "{got:?}");
+        // The csv crate (transform's reader) reads the same records from the chunks.
+        for chunk in records(b"a,b\n1,x\"y\n\"q,\"\"uoted\",2\n") {
+            let mut r = ::csv::ReaderBuilder::new().from_reader(chunk.as_bytes());
+            assert_eq!(r.records().count(), 1, "{chunk:?}");
+        }
+    }
+
+    #[test]
+    fn an_unclosed_quote_is_corrupt_input_not_one_huge_record() {
+        let mut data = b"a,b\n1,\"never closed\n".to_vec();
+        data.extend(std::iter::repeat_n(b'x', 10_000));
+        let e = split(&data[..], 1 << 20, 4096, |_p: Piece| -> Result<(), ()> { Ok(()) }).unwrap_err();
+        assert!(matches!(&e, SplitError::Corrupt(m) if m.contains("max_record_size")), "{e:?}");
+    }
 }

@@ -55,11 +55,31 @@ impl<E> From<avro::ReadError> for SplitError<E> {
     }
 }
 
+/// The compression a file's first bytes show (gzip, zstd, bzip2, xz, zip), if any. An Avro
+/// container starts with `Obj\x01`; JSON lines and CSV start with text.
+pub fn compression_of(head: &[u8]) -> Option<&'static str> {
+    const MAGIC: [(&[u8], &str); 4] =
+        [(b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip")];
+    // bzip2: "BZh", the block size digit, then the block magic (pi): not a CSV header by chance.
+    if head.len() >= 10 && head.starts_with(b"BZh") && head[3].is_ascii_digit() && &head[4..10] == b"\x31\x41\x59\x26\x53\x59" {
+        return Some("bzip2");
+    }
+    MAGIC.iter().find(|(m, _)| head.starts_with(m)).map(|(_, kind)| *kind)
+}
+
 /// Splits `r` in `format` into pieces of at most `chunk_size` bytes, handing each to `emit`.
-pub fn split<E>(format: Format, r: impl Read, chunk_size: usize, emit: impl FnMut(Piece) -> Result<(), E>) -> Result<(), SplitError<E>> {
+/// A JSON line or CSV record longer than `max_record` is corrupt input (Avro blocks have
+/// their own bounds, see [`avro`]).
+pub fn split<E>(
+    format: Format,
+    r: impl Read,
+    chunk_size: usize,
+    max_record: usize,
+    emit: impl FnMut(Piece) -> Result<(), E>,
+) -> Result<(), SplitError<E>> {
     match format {
-        Format::Jsonl => jsonl::split(r, chunk_size, emit),
-        Format::Csv => csv::split(r, chunk_size, emit),
+        Format::Jsonl => jsonl::split(r, chunk_size, max_record, emit),
+        Format::Csv => csv::split(r, chunk_size, max_record, emit),
         Format::Avro => avro_split(r, chunk_size, emit),
     }
 }
@@ -157,19 +177,19 @@ mod tests {
     }
 
     fn jsonl(d: &[u8], s: usize, o: &mut Vec<Piece>) -> Result<(), SplitError<&'static str>> {
-        split(Format::Jsonl, d, s, |p| {
+        split(Format::Jsonl, d, s, 1 << 20, |p| {
             o.push(p);
             Ok(())
         })
     }
     fn csv_(d: &[u8], s: usize, o: &mut Vec<Piece>) -> Result<(), SplitError<&'static str>> {
-        split(Format::Csv, d, s, |p| {
+        split(Format::Csv, d, s, 1 << 20, |p| {
             o.push(p);
             Ok(())
         })
     }
     fn avro_(d: &[u8], s: usize, o: &mut Vec<Piece>) -> Result<(), SplitError<&'static str>> {
-        split(Format::Avro, d, s, |p| {
+        split(Format::Avro, d, s, 1 << 20, |p| {
             o.push(p);
             Ok(())
         })
@@ -211,9 +231,9 @@ mod tests {
         assert!(p.len() > 2);
         assert_eq!(p.iter().map(|x| x.records).sum::<i64>(), 1000);
         assert!(p.iter().all(|x| x.bytes.starts_with(b"Obj\x01")));
-        let err = split::<&str>(Format::Avro, &data[..data.len() - 5], 20_000, |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &data[..data.len() - 5], 20_000, 1 << 20, |_| Ok(())).unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("truncated")), "{err}");
-        let err = split::<&str>(Format::Avro, &b"PAR1junk"[..], 20_000, |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &b"PAR1junk"[..], 20_000, 1 << 20, |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains("magic"), "{err}");
     }
 
@@ -226,19 +246,19 @@ mod tests {
         avro::write_long(&mut bad, 1);
         avro::write_long(&mut bad, 1 << 50);
         bad.extend_from_slice(&[0; 8]);
-        let err = split::<&str>(Format::Avro, &bad[..], 1 << 20, |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &bad[..], 1 << 20, 1 << 20, |_| Ok(())).unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("limit")), "{err}");
         // Within the limit but beyond the file: truncated, and read only as far as the file goes.
         let mut short = data[..h.len].to_vec();
         avro::write_long(&mut short, 1);
         avro::write_long(&mut short, 100 << 20);
-        let err = split::<&str>(Format::Avro, &short[..], 1 << 20, |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &short[..], 1 << 20, 1 << 20, |_| Ok(())).unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("truncated")), "{err}");
     }
 
     #[test]
     fn a_failed_emit_comes_back_as_itself() {
-        let err = split(Format::Jsonl, &b"{}\n{}\n"[..], 1, |_| Err("store down")).unwrap_err();
+        let err = split(Format::Jsonl, &b"{}\n{}\n"[..], 1, 1 << 20, |_| Err("store down")).unwrap_err();
         assert!(matches!(err, SplitError::Emit("store down")), "{err:?}");
     }
 }

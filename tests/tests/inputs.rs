@@ -212,3 +212,42 @@ fn odd_entries_in_the_source_are_skipped_and_the_scan_goes_on() {
     assert!(log.contains("symbolic link") && log.contains("not UTF-8"), "each is named in the log: {log}");
     assert!(log.lines().all(|l| !l.is_empty()), "{log}");
 }
+
+/// Each odd file is a recorded decision with its reason, and the good files flow: a
+/// compressed file under a text name, a JSON array where JSON lines were promised, a line
+/// longer than max_record_size; a stray quote in a CSV field frames as transform reads it.
+#[test]
+fn odd_files_are_decided_one_by_one() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    let cfg =
+        std::fs::read_to_string(&p.config).unwrap().replace("chunk_size = \"64KiB\"", "chunk_size = \"64KiB\"\nmax_record_size = \"4KiB\"");
+    std::fs::write(&p.config, cfg).unwrap();
+    let line = |i: u32| {
+        format!(
+            "{{\"event_id\":\"e{i}\",\"ts\":\"2026-11-30T10:00:00Z\",\"host\":\"h\",\"kind\":\"k\",\"user_id\":{i},\"payload\":\"p\",\"score\":1.5}}\n"
+        )
+    };
+    let good: String = (0..10).map(line).collect();
+    std::fs::write(p.path("in/good.jsonl"), &good).unwrap();
+    let gz = Command::new("gzip").arg("-c").arg(p.path("in/good.jsonl")).output().unwrap().stdout;
+    std::fs::write(p.path("in/zipped.jsonl"), gz).unwrap();
+    std::fs::write(p.path("in/array.jsonl"), format!("[{}]\n", line(99).trim_end())).unwrap();
+    std::fs::write(p.path("in/long.jsonl"), format!("{}{}", line(50), "x".repeat(10_000))).unwrap();
+    std::fs::write(p.path("in/empty.jsonl"), "").unwrap();
+    std::fs::write(
+        p.path("in/quote.csv"),
+        "event_id,ts,host,kind,user_id,payload,score\nq1,2026-11-30T10:00:00Z,h,k,1,say \"hi\" twice,\nq2,2026-11-30T10:00:00Z,h,k,2,\"multi\nline\",\n",
+    )
+    .unwrap();
+    for s in ferry_tests::STAGES {
+        let out = p.stage(s);
+        assert!(out.status.code().is_some_and(|c| c == 0 || c == 3), "{s}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let reason = |f: &str| p.sql(&format!("SELECT COALESCE(error, state) FROM source_files WHERE uri LIKE '%/{f}'"));
+    assert!(reason("zipped.jsonl").contains("gzip-compressed"), "{}", reason("zipped.jsonl"));
+    assert!(reason("array.jsonl").contains("JSON array"), "{}", reason("array.jsonl"));
+    assert!(reason("long.jsonl").contains("max_record_size"), "{}", reason("long.jsonl"));
+    assert_eq!(reason("empty.jsonl"), "chunked", "an empty file is done, with nothing to load");
+    assert_eq!(p.count("SELECT SUM(records) FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri LIKE '%quote.csv'"), 2);
+    assert_eq!(p.table_digest()["rows"], 12, "the good file and both CSV records");
+}
