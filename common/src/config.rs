@@ -414,9 +414,56 @@ pub struct SourceSection {
     /// rows replace the earlier version's) or `keep` (a new file reusing the name).
     #[serde(default)]
     pub versions: Versions,
+    /// The CSV dialect of CSV source files.
+    #[serde(default)]
+    pub csv: CsvOptions,
     /// Deadlines and backend settings for `url` (and `archive_url`).
     #[serde(default)]
     pub store: StoreOptions,
+}
+
+/// `[source.csv]`: how CSV files are written. Extract frames records and transform reads
+/// them with the same settings.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CsvOptions {
+    /// The field separator, one ASCII character (`","`, `";"`, `"\t"`, `"|"`).
+    pub delimiter: AsciiChar,
+    /// The quote character, one ASCII character.
+    pub quote: AsciiChar,
+    /// Whether the first record names the columns. Without one, fields fill the declared
+    /// columns in order.
+    pub has_header: bool,
+    /// A field holding exactly this text is a null, in every column. Unset: an empty field
+    /// is a null, except in a string column, where it is the empty string.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub null_value: Option<String>,
+}
+
+impl Default for CsvOptions {
+    fn default() -> Self {
+        CsvOptions { delimiter: AsciiChar(b','), quote: AsciiChar(b'"'), has_header: true, null_value: None }
+    }
+}
+
+/// One ASCII character, written in the TOML as a one-character string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsciiChar(pub u8);
+
+impl Serialize for AsciiChar {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&(self.0 as char).to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for AsciiChar {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_bytes() {
+            [c] if c.is_ascii() && *c != b'\n' && *c != b'\r' => Ok(AsciiChar(*c)),
+            _ => Err(serde::de::Error::custom(format!("{s:?}: expected one ASCII character other than a line end"))),
+        }
+    }
 }
 
 fn default_glob() -> String {
@@ -570,6 +617,10 @@ pub struct TableSection {
     /// Hive partition columns, in path order (each must be a column or a `derive`d one).
     #[serde(default)]
     pub partition_by: Vec<String>,
+    /// Match input field names (JSON keys, CSV header names, Avro fields) to columns without
+    /// regard to ASCII case (`userId` fills `userid`). Off: names must match exactly.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub case_insensitive: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]

@@ -261,6 +261,15 @@ impl Extractor {
             pass.skipped += 1;
             return self.dispose(e, file.state).await;
         }
+        // The same bytes under another name (a file delivered twice): loading them again
+        // would double every record, so it is set aside with the name of the first.
+        if let Some(first) = self.ledger.same_bytes_as(&hash, &uri).await? {
+            let reason = format!("{}: the same bytes as {first}, which is already taken in; not loaded twice", e.rel);
+            tracing::error!(file = ?e.rel, reason = ?reason, "quarantined");
+            self.ledger.quarantine_file(file.id, &reason).await?;
+            pass.quarantined += 1;
+            return Ok(());
+        }
         let Some(format) = format else {
             let reason = if e.rel.to_ascii_lowercase().ends_with(".json") {
                 format!("{}: a .json file is taken only as JSON lines, and only when source.format = \"jsonl\" says so", e.rel)
@@ -273,6 +282,7 @@ impl Extractor {
         };
         let chunk_size = self.cfg.extract.chunk_size.0 as usize;
         let max_record = self.cfg.extract.max_record_size.0 as usize;
+        let dialect = self.cfg.source.csv.clone();
         let (source, staging, table, rel, fhash) =
             (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), hash.clone());
         let split = tokio::task::spawn_blocking(move || -> Result<std::result::Result<Vec<NewChunk>, String>> {
@@ -306,7 +316,7 @@ impl Extractor {
                 });
                 Ok(())
             };
-            match ferry_formats::split(format, r, chunk_size, max_record, emit) {
+            match ferry_formats::split(format, r, chunk_size, max_record, &dialect, emit) {
                 Ok(()) => Ok(Ok(chunks)),
                 Err(SplitError::Corrupt(m)) => Ok(Err(m)),
                 Err(SplitError::Io(source)) => Err(ExtractError::Read { path: rel, source }),

@@ -5,15 +5,17 @@
 
 use std::io::{BufRead, Read};
 
+use ferry_common::config::CsvOptions;
+
 use crate::{Piece, SplitError};
 
 /// Reads one CSV record's raw bytes (with its line end) into `out`, at most `max` bytes of
 /// it. Empty at EOF. A record longer than `max` (an unclosed quote swallows the file) is
 /// corrupt input.
-pub fn read_record(r: &mut impl BufRead, out: &mut Vec<u8>, max: usize) -> Result<(), RecordError> {
+pub fn read_record(r: &mut impl BufRead, out: &mut Vec<u8>, max: usize, dialect: &CsvOptions) -> Result<(), RecordError> {
     use csv_core::ReadRecordResult as R;
     out.clear();
-    let mut rdr = csv_core::Reader::new();
+    let mut rdr = csv_core::ReaderBuilder::new().delimiter(dialect.delimiter.0).quote(dialect.quote.0).build();
     // The parser's field output is not needed, only where the record ends.
     let (mut field, mut ends) = ([0u8; 4096], [0usize; 256]);
     loop {
@@ -61,28 +63,31 @@ impl<E> From<RecordError> for SplitError<E> {
     }
 }
 
-/// Splits at record ends, repeating the header.
+/// Splits at record ends, repeating the header (if the dialect has one) in every chunk.
 pub fn split<E>(
     r: impl Read,
     chunk_size: usize,
     max_record: usize,
+    dialect: &CsvOptions,
     mut emit: impl FnMut(Piece) -> Result<(), E>,
 ) -> Result<(), SplitError<E>> {
     let mut r = std::io::BufReader::with_capacity(1 << 20, r);
     let mut header = Vec::new();
-    read_record(&mut r, &mut header, max_record)?;
-    if header.iter().all(u8::is_ascii_whitespace) {
-        return Err(SplitError::Corrupt("empty CSV file: no header row".into()));
-    }
-    if !header.ends_with(b"\n") {
-        header.push(b'\n');
+    if dialect.has_header {
+        read_record(&mut r, &mut header, max_record, dialect)?;
+        if header.iter().all(u8::is_ascii_whitespace) {
+            return Err(SplitError::Corrupt("empty CSV file: no header row".into()));
+        }
+        if !header.ends_with(b"\n") {
+            header.push(b'\n');
+        }
     }
     let new = |first| Piece { bytes: header.clone(), first_record: first, records: 0 };
     let mut cur = new(0);
     let mut rec = Vec::new();
     let mut n = 0i64;
     loop {
-        read_record(&mut r, &mut rec, max_record)?;
+        read_record(&mut r, &mut rec, max_record, dialect)?;
         if rec.is_empty() {
             break;
         }
@@ -111,7 +116,7 @@ mod tests {
 
     fn records(data: &[u8]) -> Vec<String> {
         let mut out = Vec::new();
-        split(data, 1, 1 << 20, |p: Piece| -> Result<(), ()> {
+        split(data, 1, 1 << 20, &CsvOptions::default(), |p: Piece| -> Result<(), ()> {
             out.push(String::from_utf8(p.bytes).unwrap());
             Ok(())
         })
@@ -135,10 +140,27 @@ mod tests {
     }
 
     #[test]
+    fn another_dialect_frames_by_its_own_quote_and_may_have_no_header() {
+        let d = CsvOptions {
+            delimiter: ferry_common::config::AsciiChar(b';'),
+            quote: ferry_common::config::AsciiChar(b'\''),
+            has_header: false,
+            null_value: None,
+        };
+        let mut out = Vec::new();
+        split(&b"1;'two\nlines'\n2;\"x\n3;y\n"[..], 1, 1 << 20, &d, |p: Piece| -> Result<(), ()> {
+            out.push(String::from_utf8(p.bytes).unwrap());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(out, ["1;'two\nlines'\n", "2;\"x\n", "3;y\n"], "no header repeated; \" is a character here");
+    }
+
+    #[test]
     fn an_unclosed_quote_is_corrupt_input_not_one_huge_record() {
         let mut data = b"a,b\n1,\"never closed\n".to_vec();
         data.extend(std::iter::repeat_n(b'x', 10_000));
-        let e = split(&data[..], 1 << 20, 4096, |_p: Piece| -> Result<(), ()> { Ok(()) }).unwrap_err();
+        let e = split(&data[..], 1 << 20, 4096, &CsvOptions::default(), |_p: Piece| -> Result<(), ()> { Ok(()) }).unwrap_err();
         assert!(matches!(&e, SplitError::Corrupt(m) if m.contains("max_record_size")), "{e:?}");
     }
 }

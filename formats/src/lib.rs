@@ -75,11 +75,12 @@ pub fn split<E>(
     r: impl Read,
     chunk_size: usize,
     max_record: usize,
+    dialect: &ferry_common::config::CsvOptions,
     emit: impl FnMut(Piece) -> Result<(), E>,
 ) -> Result<(), SplitError<E>> {
     match format {
         Format::Jsonl => jsonl::split(r, chunk_size, max_record, emit),
-        Format::Csv => csv::split(r, chunk_size, max_record, emit),
+        Format::Csv => csv::split(r, chunk_size, max_record, dialect, emit),
         Format::Avro => avro_split(r, chunk_size, emit),
     }
 }
@@ -177,19 +178,19 @@ mod tests {
     }
 
     fn jsonl(d: &[u8], s: usize, o: &mut Vec<Piece>) -> Result<(), SplitError<&'static str>> {
-        split(Format::Jsonl, d, s, 1 << 20, |p| {
+        split(Format::Jsonl, d, s, 1 << 20, &Default::default(), |p| {
             o.push(p);
             Ok(())
         })
     }
     fn csv_(d: &[u8], s: usize, o: &mut Vec<Piece>) -> Result<(), SplitError<&'static str>> {
-        split(Format::Csv, d, s, 1 << 20, |p| {
+        split(Format::Csv, d, s, 1 << 20, &Default::default(), |p| {
             o.push(p);
             Ok(())
         })
     }
     fn avro_(d: &[u8], s: usize, o: &mut Vec<Piece>) -> Result<(), SplitError<&'static str>> {
-        split(Format::Avro, d, s, 1 << 20, |p| {
+        split(Format::Avro, d, s, 1 << 20, &Default::default(), |p| {
             o.push(p);
             Ok(())
         })
@@ -231,9 +232,9 @@ mod tests {
         assert!(p.len() > 2);
         assert_eq!(p.iter().map(|x| x.records).sum::<i64>(), 1000);
         assert!(p.iter().all(|x| x.bytes.starts_with(b"Obj\x01")));
-        let err = split::<&str>(Format::Avro, &data[..data.len() - 5], 20_000, 1 << 20, |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &data[..data.len() - 5], 20_000, 1 << 20, &Default::default(), |_| Ok(())).unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("truncated")), "{err}");
-        let err = split::<&str>(Format::Avro, &b"PAR1junk"[..], 20_000, 1 << 20, |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &b"PAR1junk"[..], 20_000, 1 << 20, &Default::default(), |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains("magic"), "{err}");
     }
 
@@ -246,19 +247,19 @@ mod tests {
         avro::write_long(&mut bad, 1);
         avro::write_long(&mut bad, 1 << 50);
         bad.extend_from_slice(&[0; 8]);
-        let err = split::<&str>(Format::Avro, &bad[..], 1 << 20, 1 << 20, |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &bad[..], 1 << 20, 1 << 20, &Default::default(), |_| Ok(())).unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("limit")), "{err}");
         // Within the limit but beyond the file: truncated, and read only as far as the file goes.
         let mut short = data[..h.len].to_vec();
         avro::write_long(&mut short, 1);
         avro::write_long(&mut short, 100 << 20);
-        let err = split::<&str>(Format::Avro, &short[..], 1 << 20, 1 << 20, |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &short[..], 1 << 20, 1 << 20, &Default::default(), |_| Ok(())).unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("truncated")), "{err}");
     }
 
     #[test]
     fn a_failed_emit_comes_back_as_itself() {
-        let err = split(Format::Jsonl, &b"{}\n{}\n"[..], 1, 1 << 20, |_| Err("store down")).unwrap_err();
+        let err = split(Format::Jsonl, &b"{}\n{}\n"[..], 1, 1 << 20, &Default::default(), |_| Err("store down")).unwrap_err();
         assert!(matches!(err, SplitError::Emit("store down")), "{err:?}");
     }
 }

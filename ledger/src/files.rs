@@ -205,6 +205,22 @@ impl Ledger {
         .await
     }
 
+    /// Another source file, already taken in, with the same bytes as `content_hash` (its URI).
+    pub async fn same_bytes_as(&self, content_hash: &str, uri: &str) -> Result<Option<String>> {
+        self.call("same_bytes_as", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_scalar("SELECT uri FROM source_files WHERE content_hash = $1 AND uri <> $2 AND state = $3 ORDER BY id LIMIT 1")
+                    .bind(content_hash)
+                    .bind(uri)
+                    .bind(FileState::Chunked.as_str())
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(db("same_bytes_as"))
+            })
+        })
+        .await
+    }
+
     /// Marks a source file as bad input that will not be chunked, with the reason.
     pub async fn quarantine_file(&self, file_id: i64, reason: &str) -> Result<()> {
         self.call("quarantine_file", || async move {

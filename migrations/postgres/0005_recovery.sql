@@ -37,3 +37,7 @@ CREATE TABLE IF NOT EXISTS skips (
 -- ctime, which no writer can set back; an S3 object's ETag): a file whose size and mtime
 -- match a done version is skipped without hashing only when this matches too.
 ALTER TABLE source_files ADD COLUMN IF NOT EXISTS change_token TEXT;
+
+-- Identical bytes under another name are a recorded decision, not a silent no-op (their
+-- chunk ids would be the same): extract looks them up by hash.
+CREATE INDEX IF NOT EXISTS source_files_hash ON source_files (content_hash);

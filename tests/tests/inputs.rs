@@ -251,3 +251,22 @@ fn odd_files_are_decided_one_by_one() {
     assert_eq!(p.count("SELECT SUM(records) FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri LIKE '%quote.csv'"), 2);
     assert_eq!(p.table_digest()["rows"], 12, "the good file and both CSV records");
 }
+
+/// The same bytes delivered twice under two names are loaded once; the second is set aside
+/// with the name of the first, not marked done with nothing said.
+#[test]
+fn identical_bytes_under_another_name_are_loaded_once_and_said() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 1, 100, 16);
+    run(&p);
+    let first = std::fs::read_dir(p.path("in")).unwrap().next().unwrap().unwrap().path();
+    std::fs::copy(&first, p.path("in/redelivered.jsonl")).unwrap();
+    let out = p.stage("ferry-extract");
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let reason = p.sql("SELECT error FROM source_files WHERE uri LIKE '%redelivered.jsonl'");
+    assert!(reason.contains("the same bytes as") && reason.contains(first.file_name().unwrap().to_str().unwrap()), "{reason}");
+    for s in ["ferry-transform", "ferry-copy", "ferry-load"] {
+        p.stage(s);
+    }
+    assert_eq!(p.table_digest()["rows"], 100, "not loaded twice");
+}

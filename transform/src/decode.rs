@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
-use ferry_common::config::{ColumnSpec, ColumnType, EpochUnit};
+use ferry_common::config::{ColumnSpec, ColumnType, CsvOptions, EpochUnit};
 use ferry_ledger::Reject;
 
 use crate::TransformError;
@@ -359,16 +359,36 @@ impl Unmatched {
 }
 
 /// JSON lines; `first_line` is the chunk's first line in the source file (0-based).
+/// How input field names find their columns (`table.case_insensitive`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Names {
+    #[default]
+    Exact,
+    AnyCase,
+}
+
+impl Names {
+    pub fn matches(self, field: &str, column: &str) -> bool {
+        match self {
+            Names::Exact => field == column,
+            Names::AnyCase => field.eq_ignore_ascii_case(column),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // the chunk, its place, its limits, where it goes
 pub fn jsonl<'a>(
     data: &[u8],
     specs: &[ColumnSpec],
+    names_rule: Names,
     first_line: i64,
     batch_size: usize,
     max_bad: u64,
     sink: &'a mut Sink<'a>,
 ) -> Result<Vec<Reject>, TransformError> {
     let mut rows = Rows::new(specs, batch_size, max_bad, sink);
-    let names: std::collections::HashSet<&str> = specs.iter().map(|c| c.name.as_str()).collect();
+    let names: std::collections::HashSet<String> =
+        specs.iter().map(|c| if names_rule == Names::AnyCase { c.name.to_ascii_lowercase() } else { c.name.clone() }).collect();
     let mut unmatched = Unmatched::default();
     // A UTF-8 byte order mark is not part of the first record.
     let data = if first_line == 0 { data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(data) } else { data };
@@ -380,13 +400,26 @@ pub fn jsonl<'a>(
         let pos = || format!("line {}", first_line + i as i64 + 1);
         type Obj<'r> = std::collections::HashMap<Cow<'r, str>, &'r serde_json::value::RawValue>;
         match serde_json::from_slice::<Obj<'_>>(line) {
-            Ok(obj) => {
+            Ok(mut obj) => {
+                if names_rule == Names::AnyCase {
+                    obj = obj.into_iter().map(|(k, v)| (Cow::Owned(k.to_ascii_lowercase()), v)).collect();
+                }
                 for k in obj.keys() {
                     if !names.contains(k.as_ref()) {
                         unmatched.note(k);
                     }
                 }
-                let cells: Result<Vec<Cell<'_>>, String> = specs.iter().map(|c| json_cell(obj.get(c.name.as_str()).copied())).collect();
+                let cells: Result<Vec<Cell<'_>>, String> = specs
+                    .iter()
+                    .map(|c| {
+                        let v = if names_rule == Names::AnyCase {
+                            obj.get(c.name.to_ascii_lowercase().as_str())
+                        } else {
+                            obj.get(c.name.as_str())
+                        };
+                        json_cell(v.copied())
+                    })
+                    .collect();
                 match cells {
                     Ok(cells) => rows.add(cells, pos)?,
                     Err(why) => rows.reject(pos(), why)?,
@@ -400,9 +433,14 @@ pub fn jsonl<'a>(
 }
 
 /// CSV with a header row; `first_record` is the chunk's first data record (0-based).
+/// CSV in `dialect`; `first_record` is the chunk's first data record (0-based). With a
+/// header, columns are found by name; without one, fields fill the columns in order.
+#[allow(clippy::too_many_arguments)] // the chunk, its place, its dialect, its limits, where it goes
 pub fn csv<'a>(
     data: &[u8],
     specs: &[ColumnSpec],
+    names_rule: Names,
+    dialect: &CsvOptions,
     first_record: i64,
     batch_size: usize,
     max_bad: u64,
@@ -410,48 +448,64 @@ pub fn csv<'a>(
 ) -> Result<Vec<Reject>, TransformError> {
     let mut rows = Rows::new(specs, batch_size, max_bad, sink);
     let data = data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(data);
-    let mut r = csv::ReaderBuilder::new().flexible(true).from_reader(data);
-    let header = r.headers().map_err(|e| TransformError::BadInput(format!("CSV header: {e}")))?.clone();
-    let mut index = Vec::with_capacity(specs.len());
-    for f in specs {
-        match header.iter().position(|h| h == f.name) {
-            Some(i) => index.push(i),
-            None if f.nullable => index.push(usize::MAX),
-            None => {
-                return Err(TransformError::BadInput(format!("CSV header has no column {:?}", f.name)));
+    let mut r = csv::ReaderBuilder::new()
+        .flexible(true)
+        .delimiter(dialect.delimiter.0)
+        .quote(dialect.quote.0)
+        .has_headers(dialect.has_header)
+        .from_reader(data);
+    let (index, fields): (Vec<usize>, usize) = if dialect.has_header {
+        let header = r.headers().map_err(|e| TransformError::BadInput(format!("CSV header: {e}")))?.clone();
+        let mut index = Vec::with_capacity(specs.len());
+        for f in specs {
+            match header.iter().position(|h| names_rule.matches(h, &f.name)) {
+                Some(i) => index.push(i),
+                None if f.nullable => index.push(usize::MAX),
+                None => {
+                    return Err(TransformError::BadInput(format!("CSV header has no column {:?}", f.name)));
+                }
             }
         }
-    }
-    if !specs.is_empty() && index.iter().all(|&i| i == usize::MAX) {
-        let got: Vec<&str> = header.iter().take(10).collect();
-        return Err(TransformError::BadInput(format!(
-            "the CSV header matches none of the table's columns (it has {got:?}); is this the right file, and does it have a header?"
-        )));
-    }
-    let mut unmatched = Unmatched::default();
-    for h in header.iter().filter(|h| !specs.iter().any(|c| c.name == *h)) {
-        unmatched.note(h);
-    }
-    unmatched.report("CSV header");
+        if !specs.is_empty() && index.iter().all(|&i| i == usize::MAX) {
+            let got: Vec<&str> = header.iter().take(10).collect();
+            return Err(TransformError::BadInput(format!(
+                "the CSV header matches none of the table's columns (it has {got:?}); is this the right file, and does it have a header? (source.csv.has_header)"
+            )));
+        }
+        let mut unmatched = Unmatched::default();
+        for h in header.iter().filter(|h| !specs.iter().any(|c| names_rule.matches(h, &c.name))) {
+            unmatched.note(h);
+        }
+        unmatched.report("CSV header");
+        (index, header.len())
+    } else {
+        ((0..specs.len()).collect(), specs.len())
+    };
+    let null = dialect.null_value.as_deref();
     let mut rec = csv::StringRecord::new();
     let mut n = first_record;
     loop {
         n += 1;
         match r.read_record(&mut rec) {
             Ok(false) => break,
-            Ok(true) if rec.len() != header.len() => {
-                let why = format!("{} fields, the header has {}", rec.len(), header.len());
+            Ok(true) if rec.len() != fields => {
+                let why = if dialect.has_header {
+                    format!("{} fields, the header has {fields}", rec.len())
+                } else {
+                    format!("{} fields, the table has {fields} columns", rec.len())
+                };
                 rows.reject(format!("record {n}"), why)?;
             }
             Ok(true) => {
                 let cells = index
                     .iter()
                     .zip(specs)
-                    .map(|(&i, f)| match rec.get(i) {
-                        // An empty CSV field is a null, except in a string column.
-                        Some("") if f.ty != ColumnType::String => Cell::Null,
-                        Some(s) => Cell::Str(Cow::Borrowed(s)),
-                        None => Cell::Null,
+                    .map(|(&i, f)| match (rec.get(i), null) {
+                        (Some(s), Some(null)) if s == null => Cell::Null,
+                        // Without a null_value, an empty field is a null, except in a string column.
+                        (Some(""), None) if f.ty != ColumnType::String => Cell::Null,
+                        (Some(s), _) => Cell::Str(Cow::Borrowed(s)),
+                        (None, _) => Cell::Null,
                     })
                     .collect();
                 let line = rec.position().map(|p| p.line()).unwrap_or(0);
@@ -485,9 +539,9 @@ mod tests {
             };
             let specs = [spec];
             if input.trim_start_matches('\u{feff}').starts_with('{') {
-                jsonl(input.as_bytes(), &specs, 0, 1000, 1000, &mut sink).unwrap()
+                jsonl(input.as_bytes(), &specs, Names::Exact, 0, 1000, 1000, &mut sink).unwrap()
             } else {
-                csv(input.as_bytes(), &specs, 0, 1000, 1000, &mut sink).unwrap()
+                csv(input.as_bytes(), &specs, Names::Exact, &CsvOptions::default(), 0, 1000, 1000, &mut sink).unwrap()
             }
         };
         (got, rejects.into_iter().map(|r| r.reason).collect())
@@ -563,11 +617,45 @@ mod tests {
     }
 
     #[test]
+    fn a_csv_dialect_without_header_and_with_its_own_null() {
+        use ferry_common::config::AsciiChar;
+        let specs = [col("a", ColumnType::String), col("b", ColumnType::Long)];
+        let d = CsvOptions { delimiter: AsciiChar(b'|'), quote: AsciiChar(b'\''), has_header: false, null_value: Some("NULL".into()) };
+        let mut got: Vec<(Option<String>, Option<i64>)> = Vec::new();
+        let mut sink = |b: RecordBatch| -> Result<(), TransformError> {
+            let (a, n) = (b.column(0).as_string::<i32>(), b.column(1).as_primitive::<Int64Type>());
+            got.extend((0..b.num_rows()).map(|i| ((!a.is_null(i)).then(|| a.value(i).to_string()), (!n.is_null(i)).then(|| n.value(i)))));
+            Ok(())
+        };
+        let rejects = csv(b"x|1\n'y|z'|2\nNULL|NULL\n|3\nonly\n", &specs, Names::Exact, &d, 0, 10, 10, &mut sink).unwrap();
+        assert_eq!(
+            got,
+            [(Some("x".into()), Some(1)), (Some("y|z".into()), Some(2)), (None, None), (Some(String::new()), Some(3))],
+            "with a null_value, an empty field is the empty string"
+        );
+        assert_eq!(rejects.len(), 1, "one field where the table has two: {rejects:?}");
+    }
+
+    #[test]
+    fn names_match_in_any_case_when_asked() {
+        let specs = [col("userid", ColumnType::Long)];
+        let mut got: Vec<i64> = Vec::new();
+        let mut sink = |b: RecordBatch| -> Result<(), TransformError> {
+            got.extend(b.column(0).as_primitive::<Int64Type>().iter().map(|v| v.unwrap_or(-1)));
+            Ok(())
+        };
+        jsonl(b"{\"userId\": 7}\n", &specs, Names::AnyCase, 0, 10, 10, &mut sink).unwrap();
+        jsonl(b"{\"userId\": 8}\n", &specs, Names::Exact, 0, 10, 10, &mut sink).unwrap();
+        csv(b"UserID\n9\n", &specs, Names::AnyCase, &CsvOptions::default(), 0, 10, 10, &mut sink).unwrap();
+        assert_eq!(got, [7, -1, 9], "exact matching leaves userId out (a null, and a warning)");
+    }
+
+    #[test]
     fn csv_header_bom_and_column_matching() {
         // A header that matches no column is an error, not rows of nulls.
         let specs = [col("a", ColumnType::String), col("b", ColumnType::Long)];
         let mut sink = |_b: RecordBatch| -> Result<(), TransformError> { Ok(()) };
-        let e = csv(b"x,y\n1,2\n", &specs, 0, 10, 10, &mut sink).unwrap_err();
+        let e = csv(b"x,y\n1,2\n", &specs, Names::Exact, &CsvOptions::default(), 0, 10, 10, &mut sink).unwrap_err();
         assert!(e.to_string().contains("matches none of the table's columns"), "{e}");
         // A byte order mark is not part of the first column's name or the first record.
         let (got, rejects) = one(col("v", ColumnType::Long), "\u{feff}v\n7\n");

@@ -240,6 +240,7 @@ impl Transformer {
             verify(&hasher)?;
             Ok(v)
         };
+        let names = if self.cfg.table.case_insensitive { decode::Names::AnyCase } else { decode::Names::Exact };
         let mut out = PartWriters::new(self, &chunk.id);
         // Records left out after decoding, because a value could not be kept exactly: the
         // declared type (Avro) or `transform.cast`. Positions count the chunk's decoded records.
@@ -251,7 +252,7 @@ impl Transformer {
                 let first = decoded;
                 decoded += b.num_rows() as i64;
                 let (b, mut bad) = match (&self.declared, format) {
-                    (Some(s), Format::Avro) => conform(&b, s)?,
+                    (Some(s), Format::Avro) => conform(&b, s, names)?,
                     _ => (b, Vec::new()),
                 };
                 // Rows of `b` as rows of the decoded batch (conform may have left some out).
@@ -275,8 +276,19 @@ impl Transformer {
                 out.write(&b)
             };
             match format {
-                Format::Jsonl => decode::jsonl(&read_all()?, need_specs()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
-                Format::Csv => decode::csv(&read_all()?, need_specs()?, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?,
+                Format::Jsonl => {
+                    decode::jsonl(&read_all()?, need_specs()?, names, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?
+                }
+                Format::Csv => decode::csv(
+                    &read_all()?,
+                    need_specs()?,
+                    names,
+                    &self.cfg.source.csv,
+                    chunk.range_start,
+                    t.batch_size,
+                    t.max_bad_records,
+                    &mut sink,
+                )?,
                 Format::Avro => {
                     // Reads to the end, so the hash covers bytes the decoder did not need.
                     let r = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
@@ -482,11 +494,12 @@ fn tuned_props(base: &WriterProperties, sample: &RecordBatch) -> WriterPropertie
 /// type exactly; a declared nullable column the file lacks is all nulls. A record whose value
 /// does not fit (out of range, more precision than the column keeps, a null in a required
 /// column) is returned as `(row, reason)` and left out, not changed.
-fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
+fn conform(b: &RecordBatch, schema: &SchemaRef, names: decode::Names) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
     let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     let mut bad: Vec<(usize, String)> = Vec::new();
     for f in schema.fields() {
-        match b.schema().index_of(f.name()) {
+        let found = b.schema().fields().iter().position(|g| names.matches(g.name(), f.name())).ok_or(());
+        match found {
             Ok(i) => {
                 let (col, rows) = exact::cast(b.column(i), f.data_type())?;
                 bad.extend(rows.into_iter().map(|(r, why)| (r, format!("column {:?}: {why}", f.name()))));
