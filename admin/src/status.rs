@@ -130,6 +130,9 @@ pub fn text(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> String
         let _ =
             writeln!(out, "{} quarantined: see `SELECT * FROM recent_failures`, fix the cause, then `ferry requeue`", o.quarantined.len());
     }
+    for (chunk, stage, reason) in &o.skipped {
+        let _ = writeln!(out, "skipped chunk {chunk} at {stage}: {reason}");
+    }
     out
 }
 
@@ -170,6 +173,7 @@ pub fn to_json(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> ser
             "last_probe_unix_ms": x.last_probe_at, "last_error": x.last_error,
         })).collect::<Vec<_>>(),
         "quarantined": o.quarantined.iter().map(|q| json!({"kind": q.kind, "what": q.what, "reason": q.reason})).collect::<Vec<_>>(),
+        "skipped": o.skipped.iter().map(|(c, st, r)| json!({"chunk": c, "stage": st, "reason": r})).collect::<Vec<_>>(),
         "published": partitions.iter().map(|p| json!({"table": p.table, "partition": p.partition, "files": p.files, "records": p.records})).collect::<Vec<_>>(),
     })
 }

@@ -402,6 +402,8 @@ pub struct Overview {
     pub quarantined: Vec<Quarantined>,
     /// Stores down now, as the stages found them.
     pub outages: Vec<crate::Outage>,
+    /// Chunks an operator skipped (`ferry skip`): (chunk, stage, reason).
+    pub skipped: Vec<(String, String, String)>,
 }
 
 impl Ledger {
@@ -494,6 +496,26 @@ impl Ledger {
         }
         let quarantined = self.quarantined().await?;
         let outages = self.open_outages().await?;
-        Ok(Overview { now_ms: now, window_ms, stages, files: status.files, stuck, recent_failures: failures, quarantined, outages })
+        let skipped = self
+            .call("skips", || async move {
+                on_backend!(self, |pool, begin| {
+                    sqlx::query_as("SELECT chunk_id, stage, reason FROM skips ORDER BY skipped_at DESC, chunk_id LIMIT 50")
+                        .fetch_all(pool)
+                        .await
+                        .map_err(db("skips"))
+                })
+            })
+            .await?;
+        Ok(Overview {
+            now_ms: now,
+            window_ms,
+            stages,
+            files: status.files,
+            stuck,
+            recent_failures: failures,
+            quarantined,
+            outages,
+            skipped,
+        })
     }
 }

@@ -100,6 +100,8 @@ fn rerun_a_chunk_whose_published_file_was_deleted_and_skip_one_for_good() {
     assert_eq!(p.sql(&format!("SELECT reason FROM skips WHERE chunk_id = '{first}'")), "known bad export, re-sent as another file");
     assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0);
     assert_eq!(p.table_digest()["rows"], 1200 + 300 - skipped_records);
+    let status = ok(&ferry(&p, &["status"]), "status");
+    assert!(status.contains(&format!("skipped chunk {first} at transform: known bad export")), "{status}");
 }
 
 /// v1 published, then the file at the same path is corrected; after the next run the table
