@@ -391,15 +391,9 @@ pub async fn run(x: &Extractor, once: bool, poll: Duration, progress_interval: D
                 p
             }
             Err(e) if !once && e.is_transient() => {
-                use backon::BackoffBuilder;
                 let first = outage.is_none();
                 let (_, delays) = outage.get_or_insert_with(|| {
-                    let b = backon::ExponentialBuilder::new()
-                        .with_min_delay(poll.max(Duration::from_secs(1)))
-                        .with_max_delay(x.cfg.ledger.outage_probe_max.0.max(poll))
-                        .with_jitter()
-                        .without_max_times()
-                        .build();
+                    let b = ferry_ledger::breaker::probe_schedule(poll.max(Duration::from_secs(1)), x.cfg.ledger.outage_probe_max.0);
                     (std::time::Instant::now(), b)
                 });
                 let wait = delays.next().unwrap_or(poll);

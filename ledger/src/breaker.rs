@@ -31,6 +31,19 @@ use backon::BackoffBuilder;
 /// Failures in a row, from at least two chunks, that make a store "down".
 pub const TRIP: usize = 3;
 
+/// The waits between tries at something that is down (a store, the ledger): from `first`
+/// doubling to `cap`, jittered so that many workers do not try in step, never giving up.
+/// Every outage wait in Ferry uses this one schedule.
+pub fn probe_schedule(first: Duration, cap: Duration) -> backon::ExponentialBackoff {
+    backon::ExponentialBuilder::new()
+        .with_min_delay(first)
+        .with_max_delay(cap.max(first))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
 /// What to do with one failed attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -73,14 +86,7 @@ impl Breakers {
     }
 
     fn backoff(&self) -> backon::ExponentialBackoff {
-        // 1 s doubling to the cap, jittered so that many workers do not probe in step.
-        backon::ExponentialBuilder::new()
-            .with_min_delay(Duration::from_secs(1))
-            .with_max_delay(self.cap.max(Duration::from_secs(1)))
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times()
-            .build()
+        probe_schedule(Duration::from_secs(1), self.cap)
     }
 
     /// A transient failure of task `(id, epoch)` on `store`.

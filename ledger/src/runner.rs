@@ -18,7 +18,7 @@ use ferry_common::error::{Classified, ErrorClass};
 use futures::FutureExt;
 use tokio::task::JoinSet;
 
-use crate::breaker::{Breakers, Verdict};
+use crate::breaker::{Breakers, Verdict, probe_schedule};
 use crate::observe::{self, Health, Observer, names};
 use crate::{Error, FailOutcome, Lease, Ledger, LedgerOptions, Result, Stage, TaskState, Work};
 
@@ -214,16 +214,10 @@ impl LedgerLink {
 
     /// A claim failed with a transient error (after the call's own retries).
     fn failed(&mut self, stage: Stage, e: &Error) {
-        use backon::BackoffBuilder;
         let cap = self.cap;
         let backoff = self.backoff.get_or_insert_with(|| {
             metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => "ledger").set(1.0);
-            backon::ExponentialBuilder::new()
-                .with_min_delay(Duration::from_secs(1))
-                .with_max_delay(cap.max(Duration::from_secs(1)))
-                .with_jitter()
-                .without_max_times()
-                .build()
+            probe_schedule(Duration::from_secs(1), cap)
         });
         let wait = backoff.next().unwrap_or(Duration::from_secs(1));
         tracing::warn!(%stage, error = %e, retry_in = ?wait, "cannot claim: the ledger does not answer");
@@ -667,13 +661,7 @@ impl Recorder<'_> {
     where
         Fut: Future<Output = Result<T>>,
     {
-        use backon::BackoffBuilder;
-        let mut delays = backon::ExponentialBuilder::new()
-            .with_min_delay(Duration::from_secs(1))
-            .with_max_delay(self.cap.max(Duration::from_secs(1)))
-            .with_jitter()
-            .without_max_times()
-            .build();
+        let mut delays = probe_schedule(Duration::from_secs(1), self.cap);
         loop {
             match f().await {
                 Err(e) if e.is_transient() && !self.once && !*self.stop.borrow() => {

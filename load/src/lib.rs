@@ -100,6 +100,17 @@ pub async fn remove_stray_landed(ledger: &Ledger, dest: &Store, table: &str, cut
     Ok(n)
 }
 
+/// Where one part of a chunk stands before load moves it (see [`Loader::check_part`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Not in the table; the landed file is there to move.
+    Absent,
+    /// In the table with this part's size and hash already.
+    Published,
+    /// In the table as this chunk's earlier output: to be replaced.
+    Ours,
+}
+
 pub struct Loader {
     cfg: Config,
     ledger: Ledger,
@@ -148,49 +159,50 @@ impl Loader {
         self.write_ddl().await
     }
 
-    /// Whether `p` can be published: its table file is absent, already this part (a retry),
-    /// or this chunk's own earlier output (a rerun); and there is something to publish.
-    async fn check_part(&self, lease: &Lease, p: &Part, before: &[(String, String)]) -> Result<(), LoadError> {
+    /// Where part `p` stands: its table file absent (the landed file waiting), already this
+    /// part (a retry after the rename), or this chunk's own earlier output (a rerun). Anything
+    /// else is an error, found before any part of the chunk moves.
+    async fn check_part(&self, p: &Part, before: &[(String, String)]) -> Result<Place, LoadError> {
         let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
         let target = self.table_path(p);
         match self.dest.head(&target).await? {
-            Some(h) if h.size as i64 == p.bytes && self.dest.hash(&target).await?.1 == p.content_hash => Ok(()),
-            Some(_) if before.iter().any(|(path, _)| *path == target) => Ok(()),
-            Some(_) => Err(LoadError::Conflict(format!("{} holds other content than chunk {}", self.dest.url(&target), lease.chunk_id))),
-            None if self.dest.head(&landed).await?.is_some() => Ok(()),
-            None => Err(LoadError::Missing(format!(
-                "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {} --from transform)",
-                self.dest.url(&landed),
-                self.dest.url(&target),
-                p.chunk_id
-            ))),
+            Some(h) if h.size as i64 == p.bytes && self.dest.hash(&target).await?.1 == p.content_hash => Ok(Place::Published),
+            Some(_) if before.iter().any(|(path, _)| *path == target) => Ok(Place::Ours),
+            Some(_) => Err(self.conflict(&target, &p.chunk_id)),
+            None if self.dest.head(&landed).await?.is_some() => Ok(Place::Absent),
+            None => Err(self.missing(&landed, &target, &p.chunk_id)),
         }
     }
 
-    /// Moves one landed part into the table. Ok(true): moved by this call; Ok(false): it was
-    /// in place already (a retry after the rename).
+    /// Moves one landed part into the table, as [`Loader::check_part`] found it. Ok(true):
+    /// moved by this call; Ok(false): it was in place already.
     async fn publish_part(
         &self,
         lease: &Lease,
         p: &Part,
-        landed: &str,
-        target: &str,
+        (landed, target): (&str, &str),
+        place: Place,
         before: &[(String, String)],
     ) -> Result<bool, LoadError> {
-        if self.dest.rename_noreplace(landed, target).await.or_else(|e| match e {
-            // No landed file: fine if the table already has it (a retry after the rename).
-            e if e.is_not_found() => Ok(false),
-            e => Err(e),
-        })? {
-            return Ok(true);
-        }
-        match self.dest.head(target).await? {
-            Some(h) if h.size as i64 == p.bytes && self.dest.hash(target).await?.1 == p.content_hash => {
+        let place = match place {
+            Place::Absent
+                if self.dest.rename_noreplace(landed, target).await.or_else(|e| if e.is_not_found() { Ok(false) } else { Err(e) })? =>
+            {
+                return Ok(true);
+            }
+            // It changed since the check (a retry of our own, another writer): look again.
+            Place::Absent => match self.check_part(p, before).await? {
+                Place::Absent => return Err(self.missing(landed, target, &p.chunk_id)),
+                place => place,
+            },
+            place => place,
+        };
+        match place {
+            Place::Published => {
                 let _ = self.dest.delete(landed).await;
                 Ok(false)
             }
-            // Our own earlier output (a rerun with new content): replaced.
-            Some(_) if before.iter().any(|(path, _)| path == target) && self.dest.head(landed).await?.is_some() => {
+            Place::Ours => {
                 tracing::info!(chunk = %lease.chunk_id, file = ?self.dest.url(target), "replacing the chunk's earlier output");
                 self.dest.delete(target).await?;
                 if !self.dest.rename_noreplace(landed, target).await? {
@@ -198,14 +210,20 @@ impl Loader {
                 }
                 Ok(true)
             }
-            Some(_) => Err(LoadError::Conflict(format!("{} holds other content than chunk {}", self.dest.url(target), p.chunk_id))),
-            None => Err(LoadError::Missing(format!(
-                "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {} --from transform)",
-                self.dest.url(landed),
-                self.dest.url(target),
-                p.chunk_id
-            ))),
+            Place::Absent => unreachable!("handled above"),
         }
+    }
+
+    fn conflict(&self, target: &str, chunk: &str) -> LoadError {
+        LoadError::Conflict(format!("{} holds other content than chunk {chunk}", self.dest.url(target)))
+    }
+
+    fn missing(&self, landed: &str, target: &str, chunk: &str) -> LoadError {
+        LoadError::Missing(format!(
+            "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {chunk} --from transform)",
+            self.dest.url(landed),
+            self.dest.url(target)
+        ))
     }
 
     fn table_path(&self, p: &Part) -> String {
@@ -230,16 +248,17 @@ impl Loader {
         let parts = self.ledger.parts(&lease.chunk_id).await?;
         // All or nothing: every part is checked before any goes in, so a conflict on the
         // second partition cannot leave the first one's rows visible and unrecorded.
+        let mut places = Vec::with_capacity(parts.len());
         for p in &parts {
-            self.check_part(&lease, p, &before).await?;
+            places.push(self.check_part(p, &before).await?);
         }
         let mut published = Vec::with_capacity(parts.len());
         let mut moved: Vec<(String, String)> = Vec::new(); // (table file, landed file) moved by this attempt
         let mut work = Work::default();
-        for p in &parts {
+        for (p, place) in parts.iter().zip(places) {
             let landed = paths::landed(table, &p.chunk_id, &p.rel_path());
             let target = self.table_path(p);
-            match self.publish_part(&lease, p, &landed, &target, &before).await {
+            match self.publish_part(&lease, p, (&landed, &target), place, &before).await {
                 Ok(true) => moved.push((target.clone(), landed)),
                 Ok(false) => {}
                 Err(e @ (LoadError::Conflict(_) | LoadError::Missing(_))) => {

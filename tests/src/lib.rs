@@ -212,6 +212,15 @@ max_bad_records = 5
     }
 }
 
+/// Polls `f` every half second until it holds; fails the test naming `what` after `limit`.
+pub fn wait_until(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
 /// A stage running under `--watch` (see [`Pipeline::watch`]).
 pub struct Service {
     pub name: String,

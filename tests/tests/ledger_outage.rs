@@ -7,15 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ferry_tests::postgres::Postgres;
-use ferry_tests::{Pipeline, STAGES, bin, input_digest};
-
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
+use ferry_tests::{Pipeline, STAGES, bin, input_digest, wait_until};
 
 /// Every chunk of every registered file published, nothing waiting.
 fn drained(pg: &Postgres, files: i64) -> bool {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ferry_tests::clusters::S3Server;
 use ferry_tests::proxy::{FaultProxy, Faults};
-use ferry_tests::{Pipeline, bin, input_digest, s3_table_digest};
+use ferry_tests::{Pipeline, bin, input_digest, s3_table_digest, wait_until};
 
 fn sigterm(c: &mut Child) {
     let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
@@ -30,15 +30,7 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
     let s3 = S3Server::from_env();
     let proxy = FaultProxy::start(s3.addr, 11);
     let prefix = format!("outage-{}", std::process::id());
-    let endpoint = format!("https://{}", proxy.addr);
-    let dest = format!(
-        "[destination]\nurl = \"s3://{}/{prefix}\"\n[destination.store]\ncall_timeout = \"3s\"\nread_stall = \"3s\"\n\
-         [destination.store.s3]\n{}connect_timeout = \"1s\"\nrequest_timeout = \"5s\"\nread_timeout = \"2s\"\n\
-         max_retries = 1\nretry_timeout = \"3s\"\n",
-        s3.bucket,
-        s3.store_toml(&endpoint)
-    );
-    let p = Pipeline::with_stores("64KiB", "30s", "0s", None, Some(dest));
+    let p = Pipeline::with_stores("64KiB", "30s", "0s", None, Some(s3_section("destination", &s3, &proxy, &prefix)));
     let mut cfg = std::fs::read_to_string(&p.config).unwrap();
     // Three attempts 100 ms to 1 s apart: without outage handling every chunk would be
     // quarantined within seconds of the outage.
@@ -129,14 +121,6 @@ fn drained(p: &Pipeline, files: i64) -> bool {
     p.count("SELECT COUNT(*) FROM source_files WHERE state <> 'registered'") == files
         && p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == 0
         && p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load'") == p.count("SELECT COUNT(*) FROM chunks")
-}
-
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 /// `[<section>]` on the S3 test server behind `proxy`, with short deadlines.
