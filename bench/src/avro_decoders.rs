@@ -26,7 +26,7 @@ fn main() {
     let t = Instant::now();
     let mut n_ferry = 0usize;
     for b in &bytes {
-        ferry_transform::avro::decode(&b[..], 8192, &mut |batch| {
+        ferry_transform::avro::decode(&b[..], 8192, 64 << 20, &mut |batch, _| {
             n_ferry += batch.num_rows();
             Ok(())
         })

@@ -650,8 +650,10 @@ pub struct ExtractSection {
     pub chunk_size: ByteSize,
     /// Source files extracted at once.
     pub concurrency: usize,
-    /// The longest JSON line or CSV record taken: a longer one (an unclosed quote, a file
-    /// that is not line-oriented) makes its file corrupt input instead of a chunk of any size.
+    /// The longest JSON line or CSV record taken, and the most bytes an Avro block may take,
+    /// compressed or decompressed (extract and transform both check it): a longer one (an
+    /// unclosed quote, a file that is not line-oriented, a compression bomb) makes its file
+    /// or chunk corrupt input instead of a chunk, or an allocation, of any size.
     pub max_record_size: ByteSize,
 }
 

@@ -9,9 +9,11 @@
 //! ```
 //!
 //! Every length read from a file is checked before anything is allocated for it: a header
-//! may claim at most [`MAX_HEADER`] bytes, a block (compressed or not) at most [`MAX_BLOCK`],
-//! and a count or size that is negative or overflows is corrupt input, never a panic or a
-//! huge allocation. Extract's splitter, transform's decoder and the sample generator all use
+//! may claim at most [`MAX_HEADER`] bytes, a block (compressed or decompressed) at most the
+//! caller's `limit` (the `max_record_size` setting, itself at most [`MAX_BLOCK`]), and a count
+//! or size that is negative or overflows is corrupt input, never a panic or a huge allocation.
+//! A decompressed block is produced at most `limit + 1` bytes at a time, so a small
+//! "compression bomb" costs what the limit allows and no more. Extract's splitter, transform's decoder and the sample generator all use
 //! this module.
 
 use std::io::{Read, Write};
@@ -20,7 +22,7 @@ use std::io::{Read, Write};
 pub const MAGIC: &[u8; 4] = b"Obj\x01";
 /// Most bytes a header may take (schema and metadata).
 pub const MAX_HEADER: usize = 16 << 20;
-/// Most bytes a block may take, compressed or decompressed.
+/// Most bytes any block limit may allow, compressed or decompressed.
 pub const MAX_BLOCK: usize = 512 << 20;
 /// Most bytes a block header (two longs) takes.
 pub const MAX_BLOCK_HEAD: usize = 20;
@@ -229,15 +231,17 @@ pub struct BlockHead {
 }
 
 impl BlockHead {
-    /// Block `index` starts at file offset `at` (both for the error message).
-    pub fn parse(data: &[u8], index: u64, at: u64) -> Parse<BlockHead> {
+    /// Block `index` starts at file offset `at` (both for the error message); a block may
+    /// take at most `limit` bytes.
+    pub fn parse(data: &[u8], index: u64, at: u64, limit: usize) -> Parse<BlockHead> {
+        let limit = limit.min(MAX_BLOCK);
         let mut c = Cursor::new(data);
         match (c.long(), c.long()) {
-            (Ok(n), Ok(s)) if n >= 0 && s >= 0 && (s as u64) <= MAX_BLOCK as u64 => {
+            (Ok(n), Ok(s)) if n >= 0 && s >= 0 && (s as u64) <= limit as u64 => {
                 Parse::Done(BlockHead { records: n as u64, size: s as usize, len: c.pos })
             }
             (Ok(_), Ok(s)) => Parse::Corrupt(format!(
-                "Avro block {index} at byte {at}: negative record count, or a size of {s} bytes (limit {MAX_BLOCK})"
+                "Avro block {index} at byte {at}: negative record count, or a size of {s} bytes (limit {limit}, max_record_size)"
             )),
             _ if data.len() >= MAX_BLOCK_HEAD => Parse::Corrupt(format!("Avro block {index} at byte {at}: malformed block header")),
             _ => Parse::More,
@@ -260,25 +264,27 @@ pub enum ReadError {
     Io(#[from] std::io::Error),
 }
 
-/// Decompresses one block's records into `out` (cleared first), at most [`MAX_BLOCK`] bytes.
-pub fn decompress(codec: Codec, data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+/// Decompresses one block's records into `out` (cleared first), at most `limit` bytes: the
+/// decoder stops one byte past it, whatever the block would expand to.
+pub fn decompress(codec: Codec, data: &[u8], out: &mut Vec<u8>, limit: usize) -> Result<(), String> {
+    let limit = limit.min(MAX_BLOCK);
     out.clear();
     match codec {
         Codec::Null => out.extend_from_slice(data),
         Codec::Deflate => {
-            flate2::read::DeflateDecoder::new(data).take(MAX_BLOCK as u64 + 1).read_to_end(out).map_err(|e| e.to_string())?;
+            flate2::read::DeflateDecoder::new(data).take(limit as u64 + 1).read_to_end(out).map_err(|e| e.to_string())?;
         }
         Codec::Zstandard => {
             zstd::stream::read::Decoder::with_buffer(data)
-                .and_then(|d| d.take(MAX_BLOCK as u64 + 1).read_to_end(out))
+                .and_then(|d| d.take(limit as u64 + 1).read_to_end(out))
                 .map_err(|e| e.to_string())?;
         }
         Codec::Snappy => {
             // Snappy blocks end with the CRC-32 of the uncompressed bytes, big-endian.
             let (body, crc) = data.split_at(data.len().checked_sub(4).ok_or("shorter than its checksum")?);
             let n = snap::raw::decompress_len(body).map_err(|e| e.to_string())?;
-            if n > MAX_BLOCK {
-                return Err(format!("claims {n} bytes uncompressed (limit {MAX_BLOCK})"));
+            if n > limit {
+                return Err(format!("claims {n} bytes uncompressed (limit {limit}, max_record_size)"));
             }
             out.resize(n, 0);
             snap::raw::Decoder::new().decompress(body, out).map_err(|e| e.to_string())?;
@@ -287,8 +293,8 @@ pub fn decompress(codec: Codec, data: &[u8], out: &mut Vec<u8>) -> Result<(), St
             }
         }
     }
-    if out.len() > MAX_BLOCK {
-        return Err(format!("more than {MAX_BLOCK} bytes uncompressed"));
+    if out.len() > limit {
+        return Err(format!("more than {limit} bytes uncompressed (limit max_record_size)"));
     }
     Ok(())
 }
@@ -398,10 +404,10 @@ mod tests {
                 if at == f.len() {
                     break;
                 }
-                let Parse::Done(b) = BlockHead::parse(&f[at..], index, at as u64) else { panic!("block {index}") };
+                let Parse::Done(b) = BlockHead::parse(&f[at..], index, at as u64, MAX_BLOCK) else { panic!("block {index}") };
                 let data = &f[at + b.len..at + b.len + b.size];
                 assert_eq!(&f[at + b.len + b.size..at + b.total()], &[9; 16]);
-                decompress(codec, data, &mut out).unwrap();
+                decompress(codec, data, &mut out, MAX_BLOCK).unwrap();
                 let mut c = Cursor::new(&out);
                 for _ in 0..b.records {
                     got.push(c.len_prefixed().unwrap().to_vec());
@@ -429,18 +435,27 @@ mod tests {
         let mut head = Vec::new();
         write_long(&mut head, 1);
         write_long(&mut head, 1 << 42);
-        assert!(matches!(BlockHead::parse(&head, 3, 100), Parse::Corrupt(m) if m.contains("limit") && m.contains("block 3")));
+        assert!(matches!(BlockHead::parse(&head, 3, 100, MAX_BLOCK), Parse::Corrupt(m) if m.contains("limit") && m.contains("block 3")));
         let mut head = Vec::new();
         write_long(&mut head, -1);
         write_long(&mut head, 1);
-        assert!(matches!(BlockHead::parse(&head, 0, 0), Parse::Corrupt(_)));
-        assert!(matches!(BlockHead::parse(&[0xff; 30], 0, 0), Parse::Corrupt(_)));
-        assert_eq!(BlockHead::parse(&[0x02], 0, 0), Parse::More);
+        assert!(matches!(BlockHead::parse(&head, 0, 0, MAX_BLOCK), Parse::Corrupt(_)));
+        assert!(matches!(BlockHead::parse(&[0xff; 30], 0, 0, MAX_BLOCK), Parse::Corrupt(_)));
+        assert_eq!(BlockHead::parse(&[0x02], 0, 0, MAX_BLOCK), Parse::More);
         // A snappy block that claims more than a block may hold.
         let mut bomb = Vec::new();
         write_long(&mut bomb, (MAX_BLOCK as i64 + 1) << 1); // snappy's length prefix is a plain varint
         bomb.truncate(5);
         bomb.extend_from_slice(&[0, 0, 0, 0]);
-        assert!(decompress(Codec::Snappy, &bomb, &mut Vec::new()).is_err());
+        assert!(decompress(Codec::Snappy, &bomb, &mut Vec::new(), MAX_BLOCK).is_err());
+        // A deflate and a zstd bomb: a megabyte of zeros stops at the limit, not at its size.
+        for codec in [Codec::Deflate, Codec::Zstandard] {
+            let packed = compress(codec, &vec![0u8; 1 << 20]).unwrap();
+            let mut out = Vec::new();
+            let e = decompress(codec, &packed, &mut out, 64 << 10).unwrap_err();
+            assert!(e.contains("limit"), "{e}");
+            assert!(out.len() <= (64 << 10) + 1, "{codec:?} stopped at {}", out.len());
+            decompress(codec, &packed, &mut out, 1 << 20).unwrap();
+        }
     }
 }

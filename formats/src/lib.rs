@@ -68,8 +68,7 @@ pub fn compression_of(head: &[u8]) -> Option<&'static str> {
 }
 
 /// Splits `r` in `format` into pieces of at most `chunk_size` bytes, handing each to `emit`.
-/// A JSON line or CSV record longer than `max_record` is corrupt input (Avro blocks have
-/// their own bounds, see [`avro`]).
+/// A JSON line, CSV record or Avro block longer than `max_record` is corrupt input.
 pub fn split<E>(
     format: Format,
     r: impl Read,
@@ -81,13 +80,18 @@ pub fn split<E>(
     match format {
         Format::Jsonl => jsonl::split(r, chunk_size, max_record, emit),
         Format::Csv => csv::split(r, chunk_size, max_record, dialect, emit),
-        Format::Avro => avro_split(r, chunk_size, emit),
+        Format::Avro => avro_split(r, chunk_size, max_record, emit),
     }
 }
 
 /// Avro: whole blocks under the original header. Every size is checked against the limits of
 /// [`avro`] before it is read, so a corrupt length fails as corrupt input, not as an allocation.
-fn avro_split<E>(r: impl Read, chunk_size: usize, mut emit: impl FnMut(Piece) -> Result<(), E>) -> Result<(), SplitError<E>> {
+fn avro_split<E>(
+    r: impl Read,
+    chunk_size: usize,
+    max_block: usize,
+    mut emit: impl FnMut(Piece) -> Result<(), E>,
+) -> Result<(), SplitError<E>> {
     use avro::{BlockHead, Header, Parse};
     let mut r = std::io::BufReader::with_capacity(1 << 20, r);
     let (h, raw) = Header::read(&mut r)?;
@@ -112,7 +116,7 @@ fn avro_split<E>(r: impl Read, chunk_size: usize, mut emit: impl FnMut(Piece) ->
                 return Err(SplitError::Corrupt(format!("truncated Avro block {index} header at byte {offset}")));
             }
             block.push(b[0]);
-            match BlockHead::parse(&block, index, offset) {
+            match BlockHead::parse(&block, index, offset, max_block) {
                 Parse::Done(head) => break Some(head),
                 Parse::More => {}
                 Parse::Corrupt(m) => return Err(SplitError::Corrupt(m)),
@@ -253,7 +257,7 @@ mod tests {
         let mut short = data[..h.len].to_vec();
         avro::write_long(&mut short, 1);
         avro::write_long(&mut short, 100 << 20);
-        let err = split::<&str>(Format::Avro, &short[..], 1 << 20, 1 << 20, &Default::default(), |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &short[..], 1 << 20, 256 << 20, &Default::default(), |_| Ok(())).unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("truncated")), "{err}");
     }
 

@@ -12,7 +12,7 @@
 use std::io::{BufRead, Read};
 use std::sync::Arc;
 
-use arrow::array::{ArrayData, ArrayRef, BinaryArray, StringArray, make_array};
+use arrow::array::{Array, ArrayData, ArrayRef, AsArray, BinaryArray, StringArray, make_array};
 use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
@@ -20,29 +20,45 @@ use arrow::record_batch::RecordBatch;
 use ferry_formats::avro::{BlockHead, Codec, Cursor, Header, MAX_HEADER, Parse, Short, decompress};
 
 use crate::TransformError;
-use crate::decode::Sink;
+
+/// Where decoded batches go, each with the rows that must be left out and why (a string
+/// that is not UTF-8). Those rows are still in the batch, their bad value a null, so a row's
+/// number stays its number in the file; the receiver leaves them out.
+pub type Sink<'a> = dyn FnMut(RecordBatch, Vec<(usize, String)>) -> Result<(), TransformError> + 'a;
 
 /// Decodes one container file, reading `r` to its end (a hashing reader sees every byte).
-pub fn decode(r: impl Read, batch_size: usize, sink: &mut Sink<'_>) -> Result<(), TransformError> {
+/// A block may take at most `limit` bytes, compressed or decompressed (`max_record_size`).
+pub fn decode(r: impl Read, batch_size: usize, limit: usize, sink: &mut Sink<'_>) -> Result<(), TransformError> {
     let mut input = Input::new(r);
     let (header, raw) = read_header(&mut input)?;
     match Plan::new(&header, &raw)? {
         Some(plan) => {
             input.consume(header.len);
-            plan.decode(&mut input, &header, batch_size.max(1), sink)?;
+            plan.decode(&mut input, &header, batch_size.max(1), limit, sink)?;
+            input.drain()
         }
         None => {
-            // Not flat: arrow-avro reads the header again from the same buffer.
+            // Not flat: arrow-avro decodes, from blocks this module has already checked and
+            // decompressed (within the limit), with every string read as bytes so that one
+            // record that is not UTF-8 fails alone.
+            let target = arrow_avro::reader::ReaderBuilder::new()
+                .build(&raw[..])
+                .map_err(|e| TransformError::BadInput(format!("Avro header: {e}")))?
+                .schema();
+            input.consume(header.len);
+            let mut frames = Reframe::new(input, &header, &target, limit)?;
             let reader = arrow_avro::reader::ReaderBuilder::new()
                 .with_batch_size(batch_size)
-                .build(&mut input)
+                .build(&mut frames)
                 .map_err(|e| TransformError::BadInput(format!("Avro header: {e}")))?;
             for b in reader {
-                sink(b.map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?)?;
+                let b = b.map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?;
+                let (b, bad) = as_target(b, &target)?;
+                sink(b, bad)?;
             }
+            frames.input.drain()
         }
     }
-    input.drain()
 }
 
 /// A read buffer that can hand out a whole block as one slice, refilled in large reads.
@@ -126,6 +142,230 @@ impl<R: Read> BufRead for Input<R> {
         self.pos += n;
         self.offset += n as u64;
     }
+}
+
+/// The container file again, for arrow-avro: blocks checked against the sync marker and the
+/// limit, decompressed here (so no codec ever expands a block past the limit), and handed on
+/// uncompressed, one block in memory at a time. The schema it announces reads every string as
+/// bytes when [`as_target`] can turn them back; a record whose string is not UTF-8 is then
+/// one bad row rather than an error for its whole batch.
+struct Reframe<R> {
+    input: Input<R>,
+    codec: Codec,
+    sync: [u8; 16],
+    limit: usize,
+    /// The bytes being handed out (the header, then one block at a time).
+    out: Vec<u8>,
+    pos: usize,
+    scratch: Vec<u8>,
+    index: u64,
+}
+
+impl<R: Read> Reframe<R> {
+    fn new(input: Input<R>, h: &Header, target: &SchemaRef, limit: usize) -> Result<Reframe<R>, TransformError> {
+        let codec = Codec::parse(&h.codec)
+            .ok_or_else(|| corrupt(format!("Avro codec {:?} is not supported (null, deflate, snappy, zstandard)", h.codec)))?;
+        let header = |schema: &str| {
+            let mut out = ferry_formats::avro::MAGIC.to_vec();
+            ferry_formats::avro::write_long(&mut out, 2);
+            ferry_formats::avro::write_bytes(&mut out, b"avro.schema");
+            ferry_formats::avro::write_bytes(&mut out, schema.as_bytes());
+            ferry_formats::avro::write_bytes(&mut out, b"avro.codec");
+            ferry_formats::avro::write_bytes(&mut out, b"null");
+            ferry_formats::avro::write_long(&mut out, 0);
+            out.extend_from_slice(&h.sync);
+            out
+        };
+        // Strings as bytes only where every column can be cast back to its own type.
+        let as_bytes = serde_json::from_str::<serde_json::Value>(&h.schema)
+            .ok()
+            .and_then(|mut v| strings_as_bytes(&mut v).then(|| header(&v.to_string())));
+        let castable = |raw: &[u8]| {
+            let Ok(r) = arrow_avro::reader::ReaderBuilder::new().build(raw) else { return false };
+            let got = r.schema();
+            got.fields().len() == target.fields().len()
+                && got.fields().iter().zip(target.fields()).all(|(g, t)| arrow::compute::can_cast_types(g.data_type(), t.data_type()))
+        };
+        let out = match as_bytes {
+            Some(raw) if castable(&raw) => raw,
+            _ => header(&h.schema),
+        };
+        Ok(Reframe { input, codec, sync: h.sync, limit, out, pos: 0, scratch: Vec::new(), index: 0 })
+    }
+
+    /// The next block, uncompressed, into `out`; false at the end of the file.
+    fn next_block(&mut self) -> Result<bool, TransformError> {
+        let (index, at) = (self.index, self.input.offset);
+        let block_err = |what: &str| corrupt(format!("Avro block {index} at byte {at}: {what}"));
+        let head = self.input.ensure(20)?;
+        if head.is_empty() {
+            return Ok(false);
+        }
+        let b = match BlockHead::parse(head, index, at, self.limit) {
+            Parse::Done(b) => b,
+            Parse::Corrupt(m) => return Err(corrupt(m)),
+            Parse::More => return Err(block_err("truncated block header")),
+        };
+        let block = self.input.ensure(b.total())?;
+        if block.len() < b.total() {
+            return Err(block_err(&format!("truncated: the file ends inside the block ({} of {} bytes)", block.len(), b.total())));
+        }
+        if block[b.len + b.size..b.total()] != self.sync {
+            return Err(block_err("does not end with the file's sync marker"));
+        }
+        decompress(self.codec, &block[b.len..b.len + b.size], &mut self.scratch, self.limit)
+            .map_err(|e| block_err(&format!("{}: {e}", self.codec.name())))?;
+        self.out.clear();
+        ferry_formats::avro::write_long(&mut self.out, b.records as i64);
+        ferry_formats::avro::write_bytes(&mut self.out, &self.scratch);
+        self.out.extend_from_slice(&self.sync);
+        self.pos = 0;
+        self.input.consume(b.total());
+        self.index += 1;
+        Ok(true)
+    }
+}
+
+impl<R: Read> Read for Reframe<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = std::io::Read::read(&mut self.fill_buf()?, out)?;
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl<R: Read> BufRead for Reframe<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        if self.pos == self.out.len() {
+            self.out.clear();
+            self.pos = 0;
+            self.next_block().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        }
+        Ok(&self.out[self.pos..])
+    }
+    fn consume(&mut self, n: usize) {
+        self.pos += n;
+    }
+}
+
+/// Reads every `string` of a schema as `bytes` (the same encoding), except logical types
+/// (uuid) whose meaning needs the string. True if anything changed.
+fn strings_as_bytes(t: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match t {
+        Value::String(s) if s == "string" => {
+            *s = "bytes".into();
+            true
+        }
+        Value::Array(branches) => branches.iter_mut().fold(false, |any, b| strings_as_bytes(b) | any),
+        Value::Object(o) => match o.get("type").cloned() {
+            Some(Value::String(k)) if k == "record" || k == "error" => match o.get_mut("fields") {
+                Some(Value::Array(fields)) => {
+                    fields.iter_mut().filter_map(|f| f.get_mut("type")).fold(false, |any, f| strings_as_bytes(f) | any)
+                }
+                _ => false,
+            },
+            Some(Value::String(k)) if k == "array" => o.get_mut("items").is_some_and(strings_as_bytes),
+            Some(Value::String(k)) if k == "map" => o.get_mut("values").is_some_and(strings_as_bytes),
+            Some(Value::String(k)) if k == "string" && !o.contains_key("logicalType") => {
+                o.insert("type".into(), Value::String("bytes".into()));
+                true
+            }
+            Some(Value::Array(_) | Value::Object(_)) => o.get_mut("type").is_some_and(strings_as_bytes),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// A batch read with strings as bytes, in the file's own Arrow types again, with the rows
+/// that hold a string that is not UTF-8 (anywhere in the record: a nested field, a list
+/// item, a map value).
+#[allow(clippy::type_complexity)]
+fn as_target(b: RecordBatch, target: &SchemaRef) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
+    if b.schema().fields() == target.fields() {
+        return Ok((RecordBatch::try_new(target.clone(), b.columns().to_vec()).map_err(TransformError::internal)?, Vec::new()));
+    }
+    let mut bad: std::collections::BTreeMap<usize, String> = Default::default();
+    let mut cols = Vec::with_capacity(b.num_columns());
+    for (col, f) in b.columns().iter().zip(target.fields()) {
+        for r in utf8_rows(col, f.data_type()) {
+            bad.entry(r).or_insert_with(|| format!("column {:?}: a string that is not valid UTF-8", f.name()));
+        }
+        // What is not UTF-8 becomes "": those rows are left out anyway.
+        let col = if bad.is_empty() { col.clone() } else { without_bad_utf8(col) };
+        cols.push(arrow::compute::cast(&col, f.data_type()).map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?);
+    }
+    let b = RecordBatch::try_new_with_options(target.clone(), cols, &Default::default())
+        .map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?;
+    Ok((b, bad.into_iter().collect()))
+}
+
+/// Rows of `a` (read with strings as bytes) that hold bytes which are not UTF-8 where
+/// `target` has a string.
+fn utf8_rows(a: &ArrayRef, target: &DataType) -> Vec<usize> {
+    // Children's bad rows as rows of a list or map with these offsets.
+    let parents = |offsets: &[i32], children: Vec<usize>| -> Vec<usize> {
+        let mut rows: Vec<usize> = children.into_iter().map(|c| offsets.partition_point(|&o| o as usize <= c).saturating_sub(1)).collect();
+        rows.dedup();
+        rows
+    };
+    match (a.data_type(), target) {
+        (DataType::Binary, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => invalid_utf8(a.as_binary::<i32>()),
+        (DataType::List(_), DataType::List(t)) => {
+            let l = a.as_list::<i32>();
+            parents(l.value_offsets(), utf8_rows(l.values(), t.data_type()))
+        }
+        (DataType::Struct(_), DataType::Struct(ts)) => {
+            let s = a.as_struct();
+            let mut rows: Vec<usize> = s.columns().iter().zip(ts).flat_map(|(c, t)| utf8_rows(c, t.data_type())).collect();
+            rows.sort_unstable();
+            rows.dedup();
+            rows
+        }
+        (DataType::Map(_, _), DataType::Map(t, _)) => {
+            let m = a.as_map();
+            let entries: ArrayRef = Arc::new(m.entries().clone());
+            parents(m.value_offsets(), utf8_rows(&entries, t.data_type()))
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// `a` with every byte string that is not UTF-8, at any depth, replaced by "".
+fn without_bad_utf8(a: &ArrayRef) -> ArrayRef {
+    use arrow::array::{ListArray, MapArray, StructArray};
+    match a.data_type() {
+        DataType::Binary => {
+            let b = a.as_binary::<i32>();
+            Arc::new(b.iter().map(|v| v.map(|v| if std::str::from_utf8(v).is_ok() { v } else { b"" })).collect::<BinaryArray>())
+        }
+        DataType::List(f) => {
+            let l = a.as_list::<i32>();
+            Arc::new(ListArray::new(f.clone(), l.offsets().clone(), without_bad_utf8(l.values()), l.nulls().cloned()))
+        }
+        DataType::Struct(fs) => {
+            let s = a.as_struct();
+            Arc::new(StructArray::new(fs.clone(), s.columns().iter().map(without_bad_utf8).collect(), s.nulls().cloned()))
+        }
+        DataType::Map(f, sorted) => {
+            let m = a.as_map();
+            let entries: ArrayRef = Arc::new(m.entries().clone());
+            let entries = without_bad_utf8(&entries).as_struct().clone();
+            Arc::new(MapArray::new(f.clone(), m.offsets().clone(), entries, m.nulls().cloned(), *sorted))
+        }
+        _ => a.clone(),
+    }
+}
+
+/// The strings of `a`, with "" for a value that is not UTF-8 (its row is left out).
+fn utf8_or_empty(a: &BinaryArray) -> StringArray {
+    a.iter().map(|v| v.map(|b| std::str::from_utf8(b).unwrap_or(""))).collect()
+}
+
+/// Rows whose value is not UTF-8.
+fn invalid_utf8(a: &BinaryArray) -> Vec<usize> {
+    (0..a.len()).filter(|&i| a.is_valid(i) && std::str::from_utf8(a.value(i)).is_err()).collect()
 }
 
 fn corrupt(msg: String) -> TransformError {
@@ -258,7 +498,14 @@ impl Plan {
         Ok(Some(Plan { schema, fields: plan }))
     }
 
-    fn decode<R: Read>(&self, input: &mut Input<R>, h: &Header, batch_size: usize, sink: &mut Sink<'_>) -> Result<(), TransformError> {
+    fn decode<R: Read>(
+        &self,
+        input: &mut Input<R>,
+        h: &Header,
+        batch_size: usize,
+        limit: usize,
+        sink: &mut Sink<'_>,
+    ) -> Result<(), TransformError> {
         let mut cols: Vec<Column> = self.fields.iter().map(|&(p, null)| Column::new(p, null)).collect();
         let mut rows = 0usize;
         let mut scratch = Vec::new();
@@ -274,7 +521,7 @@ impl Plan {
                 break;
             }
             let block_err = |what: &str| corrupt(format!("Avro block {index} at byte {at}: {what}"));
-            let (count, size, start) = match BlockHead::parse(head, index, at) {
+            let (count, size, start) = match BlockHead::parse(head, index, at, limit) {
                 Parse::Done(b) => (b.records, b.size, b.len),
                 Parse::Corrupt(m) => return Err(corrupt(m)),
                 Parse::More => return Err(block_err("truncated block header")),
@@ -291,7 +538,7 @@ impl Plan {
             let data: &[u8] = match codec {
                 Codec::Null => data,
                 codec => {
-                    decompress(codec, data, &mut scratch).map_err(|e| block_err(&format!("{}: {e}", codec.name())))?;
+                    decompress(codec, data, &mut scratch, limit).map_err(|e| block_err(&format!("{}: {e}", codec.name())))?;
                     &scratch
                 }
             };
@@ -302,7 +549,8 @@ impl Plan {
                 }
                 rows += 1;
                 if rows == batch_size {
-                    sink(self.flush(&mut cols, rows, batch_size, index)?)?;
+                    let (b, bad) = self.flush(&mut cols, rows, batch_size, index)?;
+                    sink(b, bad)?;
                     rows = 0;
                 }
             }
@@ -314,32 +562,47 @@ impl Plan {
             // Arrow offsets are i32: a batch ends before a column could pass 2 GiB (a block
             // adds at most MAX_BLOCK).
             if rows > 0 && cols.iter().any(|c| c.data.len() > 1 << 30) {
-                sink(self.flush(&mut cols, rows, batch_size, index - 1)?)?;
+                let (b, bad) = self.flush(&mut cols, rows, batch_size, index - 1)?;
+                sink(b, bad)?;
                 rows = 0;
             }
         }
         if rows > 0 {
-            sink(self.flush(&mut cols, rows, batch_size, index.saturating_sub(1))?)?;
+            let (b, bad) = self.flush(&mut cols, rows, batch_size, index.saturating_sub(1))?;
+            sink(b, bad)?;
         }
         Ok(())
     }
 
-    /// The batch so far; `block` is the block being decoded, for error messages.
-    fn flush(&self, cols: &mut [Column], rows: usize, batch_size: usize, block: u64) -> Result<RecordBatch, TransformError> {
+    /// The batch so far, with its rows that hold a string that is not UTF-8; `block` is the
+    /// block being decoded, for error messages.
+    #[allow(clippy::type_complexity)]
+    fn flush(
+        &self,
+        cols: &mut [Column],
+        rows: usize,
+        batch_size: usize,
+        block: u64,
+    ) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
+        let mut bad = Vec::new();
         let arrays = cols
             .iter_mut()
             .zip(self.schema.fields())
             .map(|(c, f)| {
-                c.finish(f.data_type(), rows, batch_size).map_err(|e| match e {
+                let (array, not_utf8) = c.finish(f.data_type(), rows, batch_size).map_err(|e| match e {
                     TransformError::BadInput(m) => TransformError::BadInput(format!(
                         "column {:?}, in Avro block {block} or the {rows} records before it: {m}",
                         f.name()
                     )),
                     e => e,
-                })
+                })?;
+                bad.extend(not_utf8.into_iter().map(|r| (r, format!("column {:?}: a string that is not valid UTF-8", f.name()))));
+                Ok(array)
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))
+            .collect::<Result<Vec<_>, TransformError>>()?;
+        bad.sort_by_key(|(r, _)| *r);
+        let b = RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?;
+        Ok((b, bad))
     }
 }
 
@@ -426,7 +689,9 @@ impl Column {
         Ok(())
     }
 
-    fn finish(&mut self, dt: &DataType, rows: usize, batch_size: usize) -> Result<ArrayRef, TransformError> {
+    /// The column's array, and the rows whose string is not UTF-8 (a null in the array).
+    fn finish(&mut self, dt: &DataType, rows: usize, batch_size: usize) -> Result<(ArrayRef, Vec<usize>), TransformError> {
+        let mut not_utf8 = Vec::new();
         let nulls = self.null_branch.map(|_| NullBuffer::from(std::mem::take(&mut self.valid)));
         let bad = |e: arrow::error::ArrowError| TransformError::BadInput(format!("Avro data: {e}"));
         let array: ArrayRef = match self.prim {
@@ -437,8 +702,16 @@ impl Column {
                 let offsets = OffsetBuffer::new(ScalarBuffer::from(std::mem::replace(&mut self.offsets, vec![0])));
                 let values = Buffer::from_vec(std::mem::take(&mut self.data));
                 if self.prim == Prim::String {
-                    // try_new checks the bytes are UTF-8, as Avro strings must be.
-                    Arc::new(StringArray::try_new(offsets, values, nulls).map_err(bad)?)
+                    // try_new checks the bytes are UTF-8, as Avro strings must be, in one pass.
+                    // Only when that fails are the values looked at one by one.
+                    match StringArray::try_new(offsets.clone(), values.clone(), nulls.clone()) {
+                        Ok(a) => Arc::new(a),
+                        Err(_) => {
+                            let bin = BinaryArray::try_new(offsets, values, nulls).map_err(bad)?;
+                            not_utf8 = invalid_utf8(&bin);
+                            Arc::new(utf8_or_empty(&bin))
+                        }
+                    }
                 } else {
                     Arc::new(BinaryArray::try_new(offsets, values, nulls).map_err(bad)?)
                 }
@@ -458,7 +731,7 @@ impl Column {
             }
         };
         self.reserve(batch_size);
-        Ok(array)
+        Ok((array, not_utf8))
     }
 }
 
@@ -468,7 +741,8 @@ mod tests {
 
     fn both(file: &[u8], batch: usize) -> (Vec<RecordBatch>, Vec<RecordBatch>) {
         let mut fast = Vec::new();
-        decode(file, batch, &mut |b| {
+        decode(file, batch, 64 << 20, &mut |b, bad| {
+            assert!(bad.is_empty(), "{bad:?}");
             fast.push(b);
             Ok(())
         })
@@ -551,7 +825,7 @@ mod tests {
     fn corrupt_blocks_are_bad_input_naming_the_block() {
         let schema = r#"{"type":"record","name":"R","fields":[{"name":"s","type":"string"}]}"#;
         let good = container(schema, "null", 1, &[0x02, b'a']);
-        let run = |f: &[u8]| decode(f, 10, &mut |_| Ok(())).err().map(|e| e.to_string()).unwrap_or_default();
+        let run = |f: &[u8]| decode(f, 10, 64 << 20, &mut |_, _| Ok(())).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(run(&good[..good.len() - 3]).contains("truncated"), "{}", run(&good[..good.len() - 3]));
         let mut extra = container(schema, "null", 1, &[0x02, b'a', b'b']);
         assert!(run(&extra).contains("1 bytes left"), "{}", run(&extra));
@@ -560,8 +834,6 @@ mod tests {
         assert!(run(&extra).contains("sync marker"), "{}", run(&extra));
         let long = container(schema, "null", 2, &[0x02, b'a']);
         assert!(run(&long).contains("runs past the end"), "{}", run(&long));
-        let bad_utf8 = container(schema, "null", 1, &[0x02, 0xff]);
-        assert!(run(&bad_utf8).contains("Avro block 0"), "{}", run(&bad_utf8));
         // Sizes a corrupt file claims are checked before anything is allocated for them.
         let header_len = good.len() - 2 - 2 - 16; // count, size, record, sync
         let mut huge = good[..header_len].to_vec();
@@ -573,5 +845,75 @@ mod tests {
         let mut bad_header = good[..4].to_vec();
         bad_header.extend_from_slice(&[0x02, 0x01]); // one entry, key of length -1
         assert!(run(&bad_header).contains("corrupt Avro header"), "{}", run(&bad_header));
+    }
+
+    /// Every batch and bad row `decode` hands on, with the limit given.
+    fn collect(file: &[u8], limit: usize) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
+        let (mut batches, mut bad) = (Vec::new(), Vec::new());
+        decode(file, 2, limit, &mut |b, rows| {
+            let first: usize = batches.iter().map(RecordBatch::num_rows).sum();
+            bad.extend(rows.into_iter().map(|(r, why)| (first + r, why)));
+            batches.push(b);
+            Ok(())
+        })?;
+        Ok((concat(&batches), bad))
+    }
+
+    #[test]
+    fn a_string_that_is_not_utf8_is_one_bad_row_on_both_paths() {
+        let flat = r#"{"type":"record","name":"R","fields":[{"name":"n","type":"long"},{"name":"s","type":"string"}]}"#;
+        // Records: (1,"a"), (2, 0xff), (3,"c").
+        let file = container(flat, "null", 3, &[0x02, 0x02, b'a', 0x04, 0x02, 0xff, 0x06, 0x02, b'c']);
+        let (b, bad) = collect(&file, 1 << 20).unwrap();
+        assert_eq!(b.num_rows(), 3);
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert_eq!(bad[0].0, 1);
+        assert!(bad[0].1.contains("\"s\"") && bad[0].1.contains("UTF-8"), "{bad:?}");
+        // Not flat: a list of strings and a nested record; the bad string is deep in record 1.
+        let nested = r#"{"type":"record","name":"R","fields":[{"name":"n","type":"long"},
+            {"name":"tags","type":{"type":"array","items":"string"}},
+            {"name":"inner","type":{"type":"record","name":"I","fields":[{"name":"t","type":["null","string"]}]}}]}"#;
+        let mut recs = Vec::new();
+        for (n, tag, inner) in
+            [(1u8, &b"x"[..], &b"ok"[..]), (2, &b"y"[..], &b"\xc3\x28"[..]), (3, &b"\xff"[..], &b"ok"[..]), (4, &b"z"[..], &b"ok"[..])]
+        {
+            recs.extend_from_slice(&[n * 2, 0x02, 0x02, tag[0]]);
+            recs.truncate(recs.len() - 1);
+            recs.extend_from_slice(tag);
+            recs.push(0x00); // end of the array
+            recs.extend_from_slice(&[0x02, (inner.len() * 2) as u8]);
+            recs.extend_from_slice(inner);
+        }
+        let file = container(nested, "null", 4, &recs);
+        let (b, bad) = collect(&file, 1 << 20).unwrap();
+        assert_eq!(b.num_rows(), 4);
+        let rows: Vec<usize> = bad.iter().map(|(r, _)| *r).collect();
+        assert_eq!(rows, [1, 2], "{bad:?}");
+        assert!(bad[0].1.contains("\"inner\"") && bad[1].1.contains("\"tags\""), "{bad:?}");
+        let reference = arrow_avro::reader::ReaderBuilder::new().build(&container(nested, "null", 1, &recs[..8])[..]).unwrap().schema();
+        assert_eq!(b.schema(), reference, "the file's own types, strings as strings");
+    }
+
+    #[test]
+    fn a_compression_bomb_stops_at_the_limit_on_both_paths() {
+        use ferry_formats::avro::{Writer, write_bytes};
+        let flat = r#"{"type":"record","name":"R","fields":[{"name":"s","type":"string"}]}"#;
+        let nested = r#"{"type":"record","name":"R","fields":[{"name":"s","type":{"type":"array","items":"string"}}]}"#;
+        for (schema, item) in [(flat, vec![]), (nested, vec![0x02u8])] {
+            // One record: a 4 MiB string of zeros (deflated to a few KiB).
+            let mut w = Writer::new(Vec::new(), schema, Codec::Deflate, [5; 16]).unwrap();
+            w.record(|buf| {
+                buf.extend_from_slice(&item);
+                write_bytes(buf, &vec![b'0'; 4 << 20]);
+                if !item.is_empty() {
+                    buf.push(0);
+                }
+            });
+            let file = w.finish().unwrap();
+            assert!(file.len() < 64 << 10);
+            let e = collect(&file, 1 << 20).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("limit") && e.contains("Avro block 0"), "{e}");
+            assert_eq!(collect(&file, 8 << 20).unwrap().0.num_rows(), 1, "within the limit it decodes");
+        }
     }
 }

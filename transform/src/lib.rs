@@ -248,12 +248,14 @@ impl Transformer {
         let mut decoded: i64 = 0;
         let max_bad = t.max_bad_records;
         let mut rejects = {
-            let mut sink = |b: RecordBatch| -> Result<(), TransformError> {
+            // `unfit`: rows the decoder already found bad (Avro), still in `b`.
+            let mut sink = |b: RecordBatch, unfit: Vec<(usize, String)>| -> Result<(), TransformError> {
                 let first = decoded;
                 decoded += b.num_rows() as i64;
                 let (b, mut bad) = match (&self.declared, format) {
-                    (Some(s), Format::Avro) => conform(&b, s, names)?,
-                    _ => (b, Vec::new()),
+                    (Some(s), Format::Avro) => conform(&b, s, names, unfit)?,
+                    _ if unfit.is_empty() => (b, unfit),
+                    _ => (exact::without_rows(&b, &unfit.iter().map(|(r, _)| *r).collect::<Vec<_>>())?, unfit),
                 };
                 // Rows of `b` as rows of the decoded batch (conform may have left some out).
                 let kept: Vec<usize> = {
@@ -277,7 +279,9 @@ impl Transformer {
             };
             match format {
                 Format::Jsonl => {
-                    decode::jsonl(&read_all()?, need_specs()?, names, chunk.range_start, t.batch_size, t.max_bad_records, &mut sink)?
+                    decode::jsonl(&read_all()?, need_specs()?, names, chunk.range_start, t.batch_size, t.max_bad_records, &mut |b| {
+                        sink(b, Vec::new())
+                    })?
                 }
                 Format::Csv => decode::csv(
                     &read_all()?,
@@ -287,12 +291,12 @@ impl Transformer {
                     chunk.range_start,
                     t.batch_size,
                     t.max_bad_records,
-                    &mut sink,
+                    &mut |b| sink(b, Vec::new()),
                 )?,
                 Format::Avro => {
                     // Reads to the end, so the hash covers bytes the decoder did not need.
                     let r = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
-                    avro::decode(r, t.batch_size, &mut sink)?;
+                    avro::decode(r, t.batch_size, self.cfg.extract.max_record_size.0 as usize, &mut sink)?;
                     verify(&hasher)?;
                     vec![]
                 }
@@ -493,10 +497,17 @@ fn tuned_props(base: &WriterProperties, sample: &RecordBatch) -> WriterPropertie
 /// Puts Avro-decoded columns into the declared table columns: by name, cast to the declared
 /// type exactly; a declared nullable column the file lacks is all nulls. A record whose value
 /// does not fit (out of range, more precision than the column keeps, a null in a required
-/// column) is returned as `(row, reason)` and left out, not changed.
-fn conform(b: &RecordBatch, schema: &SchemaRef, names: decode::Names) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
+/// column) is returned as `(row, reason)` and left out, not changed, as are the rows in
+/// `unfit` (found bad by the decoder), each once with its first reason.
+#[allow(clippy::type_complexity)]
+fn conform(
+    b: &RecordBatch,
+    schema: &SchemaRef,
+    names: decode::Names,
+    unfit: Vec<(usize, String)>,
+) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
     let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-    let mut bad: Vec<(usize, String)> = Vec::new();
+    let mut bad: Vec<(usize, String)> = unfit;
     for f in schema.fields() {
         let found = b.schema().fields().iter().position(|g| names.matches(g.name(), f.name())).ok_or(());
         match found {
@@ -516,7 +527,8 @@ fn conform(b: &RecordBatch, schema: &SchemaRef, names: decode::Names) -> Result<
             }
         }
     }
-    bad.sort_by_key(|(r, _)| *r);
+    bad.sort_by_key(|(r, _)| *r); // stable: a row's first reason stays first
+    bad.dedup_by_key(|(r, _)| *r);
     // Built without the nullability check first: the rows that break it are the ones dropped.
     let loose = Arc::new(Schema::new(schema.fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect::<Vec<_>>()));
     let all = RecordBatch::try_new(loose, cols).map_err(|e| TransformError::BadInput(e.to_string()))?;
