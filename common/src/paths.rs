@@ -182,6 +182,12 @@ pub fn ddl(table: &str) -> String {
     format!("{}/ddl.sql", table_meta(table))
 }
 
+/// `<table>/_ferry/schema-v<N>.sql`: the statements that take a table created in schema
+/// version N-1 to version N.
+pub fn schema_change(table: &str, version: i64) -> String {
+    format!("{}/schema-v{version}.sql", table_meta(table))
+}
+
 /// The temp name of an atomic write of `name` in its directory: unique per writer (process,
 /// then `seq`), so concurrent writers of one name never share a temp file.
 pub fn atomic_temp(name: &str, seq: u64) -> String {

@@ -83,12 +83,13 @@ pub use error::{Error, Result};
 pub use files::{Chunk, NewChunk, NewSourceFile, SourceFile, chunk_id};
 pub use outages::Outage;
 pub use outputs::{Part, PartitionStats, Reject};
+pub use schemas::{SchemaColumn, TableSchema};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 /// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 5)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 6)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
@@ -273,6 +274,7 @@ pub mod observe;
 mod outages;
 mod outputs;
 pub mod runner;
+mod schemas;
 pub mod state;
 mod tasks;
 

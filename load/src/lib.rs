@@ -116,14 +116,14 @@ pub struct Loader {
     ledger: Ledger,
     dest: Store,
     /// Serializes DDL rewrites in this process, so an older partition list never lands last,
-    /// and holds the DDL this process last wrote.
-    ddl: tokio::sync::Mutex<Option<String>>,
+    /// and holds the DDL this process last wrote and the schema versions it wrote changes for.
+    ddl: tokio::sync::Mutex<(Option<String>, std::collections::BTreeSet<i64>)>,
 }
 
 impl Loader {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Loader, LoadError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-        Ok(Loader { cfg, ledger, dest, ddl: tokio::sync::Mutex::new(None) })
+        Ok(Loader { cfg, ledger, dest, ddl: tokio::sync::Mutex::new((None, Default::default())) })
     }
 
     /// Removes manifest and DDL temp files left by a load that crashed, and landed files of
@@ -298,7 +298,8 @@ impl Loader {
     /// published partition, for Hive, Spark or Trino; DuckDB and pyarrow read the Hive layout
     /// directly.
     pub async fn write_ddl(&self) -> Result<(), LoadError> {
-        let mut last = self.ddl.lock().await;
+        let mut guard = self.ddl.lock().await;
+        let (last, changes) = &mut *guard;
         // Rewritten only when the partition list differs from what this process last wrote:
         // on HDFS every file write waits for a block report, and most chunks add no partition.
         // After writing, look again: another load process may have written a newer list
@@ -309,6 +310,8 @@ impl Loader {
             if last.as_deref() == Some(sql.as_str()) {
                 return Ok(());
             }
+            // The statements a new schema version needs are in place before the DDL names them.
+            self.write_schema_changes(changes).await?;
             self.dest.put_atomic(&paths::ddl(&self.cfg.table.name), sql.clone().into_bytes()).await?;
             *last = Some(sql);
         }
@@ -319,39 +322,34 @@ impl Loader {
         let table = &self.cfg.table.name;
         let location = self.dest.url(table);
         let partitions = self.ledger.table_partitions().await?;
+        let versions = self.ledger.table_schemas(table).await?;
         let t = &self.cfg.transform;
         let pcols = &self.cfg.table.partition_by;
-        // Every column the files hold, with its type after rename and cast, then the derived
-        // ones: the DDL describes the files exactly.
-        let mut cols: Vec<(String, &'static str)> = Vec::new();
-        for c in &self.cfg.table.columns {
-            let name = t.rename.get(&c.name).unwrap_or(&c.name).clone();
-            let ty: ColumnType = t.cast.get(&name).copied().unwrap_or(c.ty);
-            cols.push((name, ty.hive()));
-        }
-        for (name, expr) in &t.derive {
-            let expr = expr.trim();
-            let ty = if expr.starts_with("date(") {
-                "DATE"
-            } else if expr.starts_with("hour(") {
-                "INT"
-            } else {
-                let src = expr.trim_start_matches("col(").trim_end_matches(')').trim();
-                cols.iter().find(|(n, _)| n == src).map_or("STRING", |(_, ty)| *ty)
-            };
-            cols.retain(|(n, _)| n != name);
-            cols.push((name.clone(), ty));
-        }
+        let cols = match versions.last() {
+            // The schema transform recorded from the files it wrote: exact, also without
+            // `table.columns` (an Avro schema) and after the table evolved.
+            Some(v) => v.columns.iter().map(|c| (c.name.clone(), c.hive.clone())).collect(),
+            None => self.configured_columns(),
+        };
         let kept = |n: &str| t.select.is_empty() || t.select.iter().any(|s| s == n) || pcols.iter().any(|p| p == n);
         let data: Vec<String> = cols.iter().filter(|(n, _)| kept(n) && !pcols.contains(n)).map(|(n, ty)| format!("  `{n}` {ty}")).collect();
         let mut sql = String::from("-- Written by ferry-load when a chunk adds a partition. Do not edit.\n");
         sql.push_str(&format!("CREATE EXTERNAL TABLE IF NOT EXISTS `{table}` (\n{}\n)\n", data.join(",\n")));
         if !pcols.is_empty() {
-            let p: Vec<String> =
-                pcols.iter().map(|c| format!("`{c}` {}", cols.iter().find(|(n, _)| n == c).map_or("STRING", |(_, ty)| *ty))).collect();
+            let p: Vec<String> = pcols
+                .iter()
+                .map(|c| format!("`{c}` {}", cols.iter().find(|(n, _)| n == c).map_or("STRING", |(_, ty)| ty.as_str())))
+                .collect();
             sql.push_str(&format!("PARTITIONED BY ({})\n", p.join(", ")));
         }
         sql.push_str(&format!("STORED AS PARQUET\nLOCATION '{location}';\n"));
+        if versions.len() > 1 {
+            sql.push_str("-- The table's schema evolved; a table created from an earlier version of this file is\n");
+            sql.push_str("-- brought up to date by the statements of each later version, in order:\n");
+            for v in &versions[1..] {
+                sql.push_str(&format!("--   schema-v{}.sql: {}\n", v.version, v.change.replace('\n', " ")));
+            }
+        }
         for p in partitions.iter().filter(|p| &p.table == table && !p.partition.is_empty()) {
             // The path holds escaped values (`%2F` for `/`); the partition spec the values.
             let spec: Vec<String> = p
@@ -370,5 +368,63 @@ impl Loader {
             ));
         }
         Ok(sql)
+    }
+
+    /// The table's columns as the config describes them (before any chunk recorded a schema):
+    /// the declared ones after rename and cast, then the derived ones.
+    fn configured_columns(&self) -> Vec<(String, String)> {
+        let t = &self.cfg.transform;
+        let mut cols: Vec<(String, String)> = Vec::new();
+        for c in &self.cfg.table.columns {
+            let name = t.rename.get(&c.name).unwrap_or(&c.name).clone();
+            let ty: ColumnType = t.cast.get(&name).copied().unwrap_or(c.ty);
+            cols.push((name, ty.hive().to_string()));
+        }
+        for (name, expr) in &t.derive {
+            let expr = expr.trim();
+            let ty = if expr.starts_with("date(") {
+                "DATE".to_string()
+            } else if expr.starts_with("hour(") {
+                "INT".to_string()
+            } else {
+                let src = expr.trim_start_matches("col(").trim_end_matches(')').trim();
+                cols.iter().find(|(n, _)| n == src).map_or("STRING".to_string(), |(_, ty)| ty.clone())
+            };
+            cols.retain(|(n, _)| n != name);
+            cols.push((name.clone(), ty));
+        }
+        cols
+    }
+
+    /// Writes `_ferry/schema-v<N>.sql` for every version after the first that this process
+    /// has not written yet: `ADD COLUMNS` for new columns, `CHANGE COLUMN` for wider types.
+    async fn write_schema_changes(&self, written: &mut std::collections::BTreeSet<i64>) -> Result<(), LoadError> {
+        let table = &self.cfg.table.name;
+        let versions = self.ledger.table_schemas(table).await?;
+        let pcols = &self.cfg.table.partition_by;
+        for pair in versions.windows(2) {
+            let (old, new) = (&pair[0], &pair[1]);
+            if written.contains(&new.version) {
+                continue;
+            }
+            let mut sql = format!("-- Schema version {} of `{table}`: {}\n", new.version, new.change.replace('\n', " "));
+            let added: Vec<String> = new
+                .columns
+                .iter()
+                .filter(|c| !pcols.contains(&c.name) && !old.columns.iter().any(|o| o.name == c.name))
+                .map(|c| format!("`{}` {}", c.name, c.hive))
+                .collect();
+            if !added.is_empty() {
+                sql.push_str(&format!("ALTER TABLE `{table}` ADD COLUMNS ({});\n", added.join(", ")));
+            }
+            for c in new.columns.iter().filter(|c| !pcols.contains(&c.name)) {
+                if old.columns.iter().any(|o| o.name == c.name && o.hive != c.hive) {
+                    sql.push_str(&format!("ALTER TABLE `{table}` CHANGE COLUMN `{0}` `{0}` {1};\n", c.name, c.hive));
+                }
+            }
+            self.dest.put_atomic(&paths::schema_change(table, new.version), sql.into_bytes()).await?;
+            written.insert(new.version);
+        }
+        Ok(())
     }
 }

@@ -270,3 +270,169 @@ fn identical_bytes_under_another_name_are_loaded_once_and_said() {
     }
     assert_eq!(p.table_digest()["rows"], 100, "not loaded twice");
 }
+
+/// Writes an Avro file with fastavro: `fields` and `records` as Python literals.
+fn avro(p: &Pipeline, name: &str, fields: &str, records: &str) {
+    let script = format!(
+        "import sys, fastavro\nschema = {{'type': 'record', 'name': 'e', 'fields': {fields}}}\n\
+         with open(sys.argv[1], 'wb') as f:\n    fastavro.writer(f, schema, {records})\n"
+    );
+    let out = Command::new("python3").arg("-c").arg(script).arg(p.path(&format!("in/{name}"))).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Without `table.columns` the table's schema comes from the Avro files, and the ledger keeps
+/// it: a compatible change (a wider type, a new nullable column) is a new version with its
+/// `ALTER TABLE`, a narrower file is widened into the table's shape, and an incompatible one
+/// is quarantined with a message that names the column and both types. Every file stays
+/// readable (DuckDB: `union_by_name`, as its default takes the first file's columns).
+#[test]
+fn the_table_schema_evolves_compatibly_and_refuses_the_rest() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    set_columns(&p, "", "derive = { dt = \"date(ts)\" }");
+    let ts = "{'name': 'ts', 'type': {'type': 'long', 'logicalType': 'timestamp-micros'}}";
+    let id = "{'name': 'id', 'type': 'string'}";
+    avro(&p, "a.avro", &format!("[{id}, {ts}, {{'name': 'n', 'type': 'int'}}]"), "[{'id': 'a1', 'ts': 1796040000000000, 'n': 1}]");
+    run(&p);
+    let versions = || p.sql("SELECT group_concat(version || ': ' || change, ' | ') FROM (SELECT * FROM table_schemas ORDER BY version)");
+    assert_eq!(versions(), "1: created");
+    // Wider n and a new nullable column: version 2.
+    avro(
+        &p,
+        "b.avro",
+        &format!("[{id}, {ts}, {{'name': 'n', 'type': 'long'}}, {{'name': 'extra', 'type': ['null', 'string']}}]"),
+        "[{'id': 'b1', 'ts': 1796040000000000, 'n': 3000000000, 'extra': 'x'}]",
+    );
+    run(&p);
+    assert_eq!(versions(), "1: created | 2: column `n` INT -> BIGINT; added column `extra` STRING");
+    // Narrower again (n int, no extra): written in version 2's shape, no new version.
+    avro(&p, "c.avro", &format!("[{id}, {ts}, {{'name': 'n', 'type': 'int'}}]"), "[{'id': 'c1', 'ts': 1796040000000000, 'n': 5}]");
+    // Incompatible: n as a string.
+    avro(&p, "d.avro", &format!("[{id}, {ts}, {{'name': 'n', 'type': 'string'}}]"), "[{'id': 'd1', 'ts': 1796040000000000, 'n': 'x'}]");
+    for s in ferry_tests::STAGES {
+        let out = p.stage(s);
+        assert!(out.status.code().is_some_and(|c| c == 0 || c == 3), "{s}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(versions(), "1: created | 2: column `n` INT -> BIGINT; added column `extra` STRING");
+    let why = p.sql(
+        "SELECT t.last_error FROM tasks t JOIN chunks c ON c.id = t.chunk_id JOIN source_files f ON f.id = c.file_id \
+         WHERE f.uri LIKE '%d.avro' AND t.state = 'quarantined'",
+    );
+    assert!(why.contains("\"n\"") && why.contains("BIGINT") && why.contains("STRING") && why.contains("version 2"), "{why}");
+    // The files: c.avro's in version 2's shape; DuckDB's default reader and pyarrow read all.
+    let check = r#"
+import sys, glob, json, duckdb, pyarrow.parquet as pq
+root = sys.argv[1]
+files = sorted(glob.glob(root + "/**/*.parquet", recursive=True))
+schemas = [[(f.name, str(f.type)) for f in pq.read_schema(f)] for f in files]
+rows = duckdb.sql(f"SELECT id, n, extra FROM read_parquet('{root}/**/*.parquet', hive_partitioning = true, union_by_name = true) ORDER BY id").fetchall()
+print(json.dumps({"schemas": schemas, "rows": rows}))
+"#;
+    let out = Command::new("python3").arg("-c").arg(check).arg(p.path("wh/events")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v2 = serde_json::json!([["id", "string"], ["ts", "timestamp[us, tz=+00:00]"], ["n", "int64"], ["extra", "string"]]);
+    let schemas = v["schemas"].as_array().unwrap();
+    assert_eq!(schemas.len(), 3, "{v}");
+    assert_eq!(schemas.iter().filter(|s| **s == v2).count(), 2, "b and c in version 2: {v}");
+    assert_eq!(v["rows"], serde_json::json!([["a1", 1, null], ["b1", 3000000000i64, "x"], ["c1", 5, null]]));
+    // The DDL creates version 2; schema-v2.sql takes a version-1 table there.
+    let ddl = std::fs::read_to_string(p.path("wh/events/_ferry/ddl.sql")).unwrap();
+    assert!(ddl.contains("`n` BIGINT") && ddl.contains("`extra` STRING") && ddl.contains("schema-v2.sql"), "{ddl}");
+    let change = std::fs::read_to_string(p.path("wh/events/_ferry/schema-v2.sql")).unwrap();
+    assert!(change.contains("ALTER TABLE `events` ADD COLUMNS (`extra` STRING);"), "{change}");
+    assert!(change.contains("ALTER TABLE `events` CHANGE COLUMN `n` `n` BIGINT;"), "{change}");
+}
+
+/// Fields that match no column, and declared columns the input lacks, are noted per chunk in
+/// the ledger (`chunk_notes`), not only in the log.
+#[test]
+fn column_mismatches_are_noted_in_the_ledger() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    set_columns(
+        &p,
+        r#"  { name = "id", type = "string", nullable = false },
+  { name = "ts", type = "timestamp", nullable = false },
+  { name = "later", type = "string" },"#,
+        "derive = { dt = \"date(ts)\" }",
+    );
+    std::fs::write(p.path("in/a.jsonl"), "{\"id\":\"1\",\"ts\":\"2026-11-30T12:00:00Z\",\"surprise\":1}\n").unwrap();
+    std::fs::write(p.path("in/b.csv"), "id,ts,bonus\n2,2026-11-30T12:00:00Z,x\n").unwrap();
+    avro(
+        &p,
+        "c.avro",
+        "[{'name': 'id', 'type': 'string'}, {'name': 'ts', 'type': {'type': 'long', 'logicalType': 'timestamp-micros'}}, {'name': 'other', 'type': 'long'}]",
+        "[{'id': '3', 'ts': 1796040000000000, 'other': 1}]",
+    );
+    run(&p);
+    assert_eq!(table(&p).len(), 3);
+    let notes = p.sql("SELECT group_concat(note, ' | ') FROM chunk_notes");
+    for want in ["surprise", "bonus", "\"other\"", "not in the CSV header are null: [\"later\"]", "no field for column \"later\""] {
+        assert!(notes.contains(want), "{want}: {notes}");
+    }
+}
+
+/// Avro's other types (the README's table): uuid as a string, fixed and bytes as binary,
+/// enums as strings, decimals as decimals, arrays, maps and records as Parquet's nested
+/// types, and the DDL with their Hive names.
+#[test]
+fn avro_types_map_to_parquet_types() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    set_columns(&p, "", "derive = { dt = \"date(ts)\" }");
+    avro(
+        &p,
+        "all.avro",
+        "[{'name': 'ts', 'type': {'type': 'long', 'logicalType': 'timestamp-millis'}},
+          {'name': 'u', 'type': {'type': 'string', 'logicalType': 'uuid'}},
+          {'name': 'fx', 'type': {'type': 'fixed', 'name': 'F4', 'size': 4}},
+          {'name': 'b', 'type': 'bytes'},
+          {'name': 'e', 'type': {'type': 'enum', 'name': 'Color', 'symbols': ['RED', 'GREEN']}},
+          {'name': 'd', 'type': {'type': 'bytes', 'logicalType': 'decimal', 'precision': 10, 'scale': 2}},
+          {'name': 'arr', 'type': {'type': 'array', 'items': 'long'}},
+          {'name': 'm', 'type': {'type': 'map', 'values': 'string'}},
+          {'name': 'r', 'type': {'type': 'record', 'name': 'Inner', 'fields': [{'name': 'x', 'type': ['null', 'int']}]}},
+          {'name': 'day', 'type': {'type': 'int', 'logicalType': 'date'}}]",
+        "[{'ts': 1796040000123, 'u': '6f1c6e8e-2b5e-4a52-9c55-3f5d1a3b7c10', 'fx': b'abcd', 'b': b'\\x00\\xff',
+           'e': 'GREEN', 'd': __import__('decimal').Decimal('12.34'), 'arr': [1, 2], 'm': {'k': 'v'},
+           'r': {'x': 7}, 'day': 20000}]",
+    );
+    run(&p);
+    let script = r#"
+import sys, json, pyarrow.parquet as pq, glob
+f = glob.glob(sys.argv[1] + "/**/*.parquet", recursive=True)[0]
+t = pq.read_table(f)
+row = {k: (v.hex() if isinstance(v, bytes) else str(v)) for k, v in t.to_pylist()[0].items()}
+print(json.dumps({"types": {x.name: str(x.type) for x in t.schema}, "row": row}))
+"#;
+    let out = Command::new("python3").arg("-c").arg(script).arg(p.path("wh/events")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let types = &v["types"];
+    assert_eq!(types["ts"], "timestamp[ms, tz=+00:00]");
+    assert_eq!(types["u"], "string");
+    assert_eq!(v["row"]["u"], "6f1c6e8e-2b5e-4a52-9c55-3f5d1a3b7c10");
+    assert_eq!(types["fx"], "fixed_size_binary[4]");
+    assert_eq!(v["row"]["fx"], "61626364");
+    assert_eq!(types["b"], "binary");
+    assert_eq!(types["e"], "string");
+    assert_eq!(v["row"]["e"], "GREEN");
+    assert_eq!(types["d"], "decimal128(10, 2)");
+    assert_eq!(v["row"]["d"], "12.34");
+    assert_eq!(types["arr"], "list<item: int64 not null>");
+    assert_eq!(types["m"], "map<string, string ('m')>");
+    assert_eq!(types["r"], "struct<x: int32>");
+    assert_eq!(types["day"], "date32[day]");
+    let ddl = std::fs::read_to_string(p.path("wh/events/_ferry/ddl.sql")).unwrap();
+    for col in [
+        "`u` STRING",
+        "`fx` BINARY",
+        "`e` STRING",
+        "`d` DECIMAL(10,2)",
+        "`arr` ARRAY<BIGINT>",
+        "`m` MAP<STRING,STRING>",
+        "`r` STRUCT<`x`:INT>",
+        "`ts` TIMESTAMP",
+    ] {
+        assert!(ddl.contains(col), "{col}:\n{ddl}");
+    }
+}

@@ -51,10 +51,11 @@ pub fn decode(r: impl Read, batch_size: usize, limit: usize, sink: &mut Sink<'_>
                 .with_batch_size(batch_size)
                 .build(&mut frames)
                 .map_err(|e| TransformError::BadInput(format!("Avro header: {e}")))?;
+            let plain = plain_schema(&target);
             for b in reader {
                 let b = b.map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?;
                 let (b, bad) = as_target(b, &target)?;
-                sink(b, bad)?;
+                sink(plain_columns(b, &plain)?, bad)?;
             }
             frames.input.drain()
         }
@@ -299,6 +300,61 @@ fn as_target(b: RecordBatch, target: &SchemaRef) -> Result<(RecordBatch, Vec<(us
     let b = RecordBatch::try_new_with_options(target.clone(), cols, &Default::default())
         .map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))?;
     Ok((b, bad.into_iter().collect()))
+}
+
+/// Whether a field is an Avro `uuid` (arrow-avro reads it as 16 bytes).
+fn is_uuid(f: &arrow::datatypes::Field) -> bool {
+    f.data_type() == &DataType::FixedSizeBinary(16) && f.metadata().get("logicalType").map(String::as_str) == Some("uuid")
+}
+
+/// The file's Arrow schema with the columns every reader takes as text made text: a `uuid`
+/// column as its canonical string (not 16 bytes), an enum as its symbol (not a dictionary).
+fn plain_schema(s: &SchemaRef) -> SchemaRef {
+    let fields: Vec<arrow::datatypes::Field> = s
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            _ if is_uuid(f) => arrow::datatypes::Field::new(f.name(), DataType::Utf8, f.is_nullable()),
+            DataType::Dictionary(_, v) if v.as_ref() == &DataType::Utf8 => {
+                arrow::datatypes::Field::new(f.name(), DataType::Utf8, f.is_nullable()).with_metadata(f.metadata().clone())
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(arrow::datatypes::Schema::new_with_metadata(fields, s.metadata().clone()))
+}
+
+/// `b` in [`plain_schema`]'s types.
+fn plain_columns(b: RecordBatch, plain: &SchemaRef) -> Result<RecordBatch, TransformError> {
+    if b.schema().fields() == plain.fields() {
+        return Ok(b);
+    }
+    let cols = b
+        .columns()
+        .iter()
+        .zip(b.schema().fields())
+        .zip(plain.fields())
+        .map(|((c, f), p)| -> Result<ArrayRef, TransformError> {
+            if f.data_type() == p.data_type() {
+                return Ok(c.clone());
+            }
+            if is_uuid(f) {
+                let bytes = c.as_fixed_size_binary();
+                let text: StringArray = bytes
+                    .iter()
+                    .map(|v| {
+                        v.map(|v| {
+                            let h: String = v.iter().map(|b| format!("{b:02x}")).collect();
+                            format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+                        })
+                    })
+                    .collect();
+                return Ok(Arc::new(text));
+            }
+            arrow::compute::cast(c, p.data_type()).map_err(|e| TransformError::BadInput(format!("Avro data: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(plain.clone(), cols).map_err(TransformError::internal)
 }
 
 /// Rows of `a` (read with strings as bytes) that hold bytes which are not UTF-8 where

@@ -351,10 +351,13 @@ impl Unmatched {
         }
     }
 
-    fn report(&self, what: &str) {
-        if !self.0.is_empty() {
-            tracing::warn!(fields = ?self.0, "{what} fields match no column of the table and are not loaded");
+    /// The note for the ledger (and the log), if any field matched no column.
+    fn report(&self, what: &str) -> Option<String> {
+        if self.0.is_empty() {
+            return None;
         }
+        tracing::warn!(fields = ?self.0, "{what} fields match no column of the table and are not loaded");
+        Some(format!("{what} fields that match no column of the table are not loaded: {:?}", self.0))
     }
 }
 
@@ -385,7 +388,7 @@ pub fn jsonl<'a>(
     batch_size: usize,
     max_bad: u64,
     sink: &'a mut Sink<'a>,
-) -> Result<Vec<Reject>, TransformError> {
+) -> Result<(Vec<Reject>, Vec<String>), TransformError> {
     let mut rows = Rows::new(specs, batch_size, max_bad, sink);
     let names: std::collections::HashSet<String> =
         specs.iter().map(|c| if names_rule == Names::AnyCase { c.name.to_ascii_lowercase() } else { c.name.clone() }).collect();
@@ -428,8 +431,8 @@ pub fn jsonl<'a>(
             Err(e) => rows.reject(pos(), format!("invalid JSON object: {e}"))?,
         }
     }
-    unmatched.report("JSON");
-    rows.finish()
+    let note = unmatched.report("JSON");
+    Ok((rows.finish()?, note.into_iter().collect()))
 }
 
 /// CSV with a header row; `first_record` is the chunk's first data record (0-based).
@@ -445,8 +448,9 @@ pub fn csv<'a>(
     batch_size: usize,
     max_bad: u64,
     sink: &'a mut Sink<'a>,
-) -> Result<Vec<Reject>, TransformError> {
+) -> Result<(Vec<Reject>, Vec<String>), TransformError> {
     let mut rows = Rows::new(specs, batch_size, max_bad, sink);
+    let mut notes = Vec::new();
     let data = data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(data);
     let mut r = csv::ReaderBuilder::new()
         .flexible(true)
@@ -476,7 +480,11 @@ pub fn csv<'a>(
         for h in header.iter().filter(|h| !specs.iter().any(|c| names_rule.matches(h, &c.name))) {
             unmatched.note(h);
         }
-        unmatched.report("CSV header");
+        notes.extend(unmatched.report("CSV header"));
+        let absent: Vec<&str> = specs.iter().zip(&index).filter(|(_, i)| **i == usize::MAX).map(|(c, _)| c.name.as_str()).collect();
+        if !absent.is_empty() {
+            notes.push(format!("columns that are not in the CSV header are null: {absent:?}"));
+        }
         (index, header.len())
     } else {
         ((0..specs.len()).collect(), specs.len())
@@ -514,7 +522,7 @@ pub fn csv<'a>(
             Err(e) => rows.reject(format!("record {n}"), format!("invalid CSV: {e}"))?,
         }
     }
-    rows.finish()
+    Ok((rows.finish()?, notes))
 }
 
 #[cfg(test)]
@@ -539,9 +547,9 @@ mod tests {
             };
             let specs = [spec];
             if input.trim_start_matches('\u{feff}').starts_with('{') {
-                jsonl(input.as_bytes(), &specs, Names::Exact, 0, 1000, 1000, &mut sink).unwrap()
+                jsonl(input.as_bytes(), &specs, Names::Exact, 0, 1000, 1000, &mut sink).unwrap().0
             } else {
-                csv(input.as_bytes(), &specs, Names::Exact, &CsvOptions::default(), 0, 1000, 1000, &mut sink).unwrap()
+                csv(input.as_bytes(), &specs, Names::Exact, &CsvOptions::default(), 0, 1000, 1000, &mut sink).unwrap().0
             }
         };
         (got, rejects.into_iter().map(|r| r.reason).collect())
@@ -627,7 +635,7 @@ mod tests {
             got.extend((0..b.num_rows()).map(|i| ((!a.is_null(i)).then(|| a.value(i).to_string()), (!n.is_null(i)).then(|| n.value(i)))));
             Ok(())
         };
-        let rejects = csv(b"x|1\n'y|z'|2\nNULL|NULL\n|3\nonly\n", &specs, Names::Exact, &d, 0, 10, 10, &mut sink).unwrap();
+        let (rejects, _) = csv(b"x|1\n'y|z'|2\nNULL|NULL\n|3\nonly\n", &specs, Names::Exact, &d, 0, 10, 10, &mut sink).unwrap();
         assert_eq!(
             got,
             [(Some("x".into()), Some(1)), (Some("y|z".into()), Some(2)), (None, None), (Some(String::new()), Some(3))],
@@ -644,10 +652,16 @@ mod tests {
             got.extend(b.column(0).as_primitive::<Int64Type>().iter().map(|v| v.unwrap_or(-1)));
             Ok(())
         };
-        jsonl(b"{\"userId\": 7}\n", &specs, Names::AnyCase, 0, 10, 10, &mut sink).unwrap();
-        jsonl(b"{\"userId\": 8}\n", &specs, Names::Exact, 0, 10, 10, &mut sink).unwrap();
+        assert!(jsonl(b"{\"userId\": 7}\n", &specs, Names::AnyCase, 0, 10, 10, &mut sink).unwrap().1.is_empty());
+        let (_, notes) = jsonl(b"{\"userId\": 8}\n", &specs, Names::Exact, 0, 10, 10, &mut sink).unwrap();
+        assert!(notes.len() == 1 && notes[0].contains("userId"), "the field left out is noted: {notes:?}");
         csv(b"UserID\n9\n", &specs, Names::AnyCase, &CsvOptions::default(), 0, 10, 10, &mut sink).unwrap();
-        assert_eq!(got, [7, -1, 9], "exact matching leaves userId out (a null, and a warning)");
+        let (_, notes) = csv(b"x,UserID\n1,9\n", &specs, Names::AnyCase, &CsvOptions::default(), 0, 10, 10, &mut sink).unwrap();
+        assert!(notes.len() == 1 && notes[0].contains("\"x\""), "{notes:?}");
+        let specs = [col("userid", ColumnType::Long), col("other", ColumnType::Long)];
+        let (_, notes) = csv(b"userid\n10\n", &specs, Names::Exact, &CsvOptions::default(), 0, 10, 10, &mut sink).unwrap();
+        assert!(notes.len() == 1 && notes[0].contains("not in the CSV header") && notes[0].contains("other"), "{notes:?}");
+        assert_eq!(got, [7, -1, 9, 9, 10], "exact matching leaves userId out (a null, and a note)");
     }
 
     #[test]

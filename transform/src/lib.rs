@@ -13,6 +13,7 @@ pub mod encode;
 pub mod exact;
 pub mod ops;
 mod pool;
+pub mod schema;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -195,10 +196,13 @@ impl Transformer {
         let format = chunk.format;
         let this = self.clone();
         let c = chunk.clone();
-        let (written, rejects) = self.cpu.run(move || this.transform_blocking(&c, &rel, format)).await?.map_err(|e| match e {
+        let table = self.cfg.table.name.clone();
+        let latest = self.ledger.table_schemas(&table).await?.pop();
+        let out = self.cpu.run(move || this.transform_blocking(&c, &rel, format, latest.as_ref())).await?.map_err(|e| match e {
             TransformError::BadInput(m) => TransformError::BadInput(format!("{}: {m}", chunk.file_uri)),
             other => other,
         })?;
+        let Transformed { written, rejects, notes, fit } = out;
         let parts = tokio::task::spawn_blocking(move || written.into_iter().map(Written::persist).collect::<Result<Vec<_>, _>>())
             .await
             .map_err(TransformError::internal)??;
@@ -208,11 +212,35 @@ impl Transformer {
             self.write_rejects(&lease.chunk_id, &rejects)?;
             tracing::warn!(chunk = %lease.chunk_id, file = ?chunk.file_uri, rejects = rejects.len(), "bad records set aside");
         }
+        self.ledger.note_chunk(&lease.chunk_id, &notes).await?;
+        // The table's new schema version is recorded before any part written in it, so load
+        // never publishes a file whose columns its DDL lacks. A crash in between leaves a
+        // version whose first chunk is redone in it.
+        if let Some(schema::Fit::Evolve { target, version, change }) = &fit {
+            let cols = schema::columns(target);
+            // Another chunk may have recorded this version first: the same columns (chunks of
+            // one change transformed side by side) are fine, any other means a redo.
+            if !self.ledger.record_table_schema(&table, *version, &cols, change, &lease.chunk_id).await?
+                && self.ledger.table_schemas(&table).await?.into_iter().find(|v| v.version == *version).map(|v| v.columns)
+                    != Some(cols.clone())
+            {
+                return Err(TransformError::Internal(format!(
+                    "table {table} got schema version {version} from another chunk while this one was written; redone in it"
+                )));
+            }
+            tracing::info!(chunk = %lease.chunk_id, table = %table, version, change = %change, "table schema recorded");
+        }
         self.ledger.record_parts(&lease, &parts, &rejects).await?;
         Ok(Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum() })
     }
 
-    fn transform_blocking(&self, chunk: &Chunk, rel: &str, format: Format) -> Result<(Vec<Written>, Vec<Reject>), TransformError> {
+    fn transform_blocking(
+        &self,
+        chunk: &Chunk,
+        rel: &str,
+        format: Format,
+        latest: Option<&ferry_ledger::TableSchema>,
+    ) -> Result<Transformed, TransformError> {
         // The staged bytes must be the ones extract recorded. They are hashed as they are
         // decoded (one read, not two) and checked before any part is recorded.
         let hasher = std::sync::Arc::new(std::sync::Mutex::new(blake3::Hasher::new()));
@@ -245,6 +273,8 @@ impl Transformer {
         // Records left out after decoding, because a value could not be kept exactly: the
         // declared type (Avro) or `transform.cast`. Positions count the chunk's decoded records.
         let mut late: Vec<Reject> = Vec::new();
+        let notes = std::cell::RefCell::new(Vec::<String>::new());
+        let mut fit: Option<schema::Fit> = None;
         let mut decoded: i64 = 0;
         let max_bad = t.max_bad_records;
         let mut rejects = {
@@ -253,7 +283,7 @@ impl Transformer {
                 let first = decoded;
                 decoded += b.num_rows() as i64;
                 let (b, mut bad) = match (&self.declared, format) {
-                    (Some(s), Format::Avro) => conform(&b, s, names, unfit)?,
+                    (Some(s), Format::Avro) => conform(&b, s, names, unfit, &mut notes.borrow_mut())?,
                     _ if unfit.is_empty() => (b, unfit),
                     _ => (exact::without_rows(&b, &unfit.iter().map(|(r, _)| *r).collect::<Vec<_>>())?, unfit),
                 };
@@ -275,13 +305,20 @@ impl Transformer {
                         f.position, f.reason
                     )));
                 }
-                out.write(&b)
+                // Every batch of a chunk has one schema: its fit to the table's is decided once.
+                if fit.is_none() {
+                    fit = Some(schema::Fit::new(latest, &b.schema()).map_err(TransformError::BadInput)?);
+                }
+                out.write(&fit.as_ref().expect("set above").apply(b)?)
             };
             match format {
                 Format::Jsonl => {
-                    decode::jsonl(&read_all()?, need_specs()?, names, chunk.range_start, t.batch_size, t.max_bad_records, &mut |b| {
-                        sink(b, Vec::new())
-                    })?
+                    let (r, n) =
+                        decode::jsonl(&read_all()?, need_specs()?, names, chunk.range_start, t.batch_size, t.max_bad_records, &mut |b| {
+                            sink(b, Vec::new())
+                        })?;
+                    notes.borrow_mut().extend(n);
+                    r
                 }
                 Format::Csv => decode::csv(
                     &read_all()?,
@@ -292,7 +329,11 @@ impl Transformer {
                     t.batch_size,
                     t.max_bad_records,
                     &mut |b| sink(b, Vec::new()),
-                )?,
+                )
+                .map(|(r, n)| {
+                    notes.borrow_mut().extend(n);
+                    r
+                })?,
                 Format::Avro => {
                     // Reads to the end, so the hash covers bytes the decoder did not need.
                     let r = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
@@ -310,7 +351,7 @@ impl Transformer {
                 f.position, f.reason
             )));
         }
-        Ok((out.finish()?, rejects))
+        Ok(Transformed { written: out.finish()?, rejects, notes: notes.into_inner(), fit })
     }
 
     fn write_rejects(&self, chunk: &str, rejects: &[Reject]) -> Result<(), TransformError> {
@@ -323,6 +364,15 @@ impl Transformer {
         ferry_storage::write_atomic(&p, text.as_bytes())?;
         Ok(())
     }
+}
+
+/// A chunk's files (not yet durable), rejects, notes, and how it fits the table's schema
+/// (`None` when no row got through).
+struct Transformed {
+    written: Vec<Written>,
+    rejects: Vec<Reject>,
+    notes: Vec<String>,
+    fit: Option<schema::Fit>,
 }
 
 /// Hashes what passes through it (the staged chunk, read once).
@@ -505,9 +555,26 @@ fn conform(
     schema: &SchemaRef,
     names: decode::Names,
     unfit: Vec<(usize, String)>,
+    notes: &mut Vec<String>,
 ) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
     let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     let mut bad: Vec<(usize, String)> = unfit;
+    let unmatched: Vec<&str> = b
+        .schema_ref()
+        .fields()
+        .iter()
+        .filter(|g| !schema.fields().iter().any(|f| names.matches(g.name(), f.name())))
+        .map(|g| g.name().as_str())
+        .collect();
+    let note = |notes: &mut Vec<String>, n: String| {
+        if !notes.contains(&n) {
+            tracing::warn!("{n}");
+            notes.push(n);
+        }
+    };
+    if !unmatched.is_empty() {
+        note(notes, format!("Avro fields that match no column of the table are not loaded: {unmatched:?}"));
+    }
     for f in schema.fields() {
         let found = b.schema().fields().iter().position(|g| names.matches(g.name(), f.name())).ok_or(());
         match found {
@@ -521,7 +588,10 @@ fn conform(
                 }
                 cols.push(col);
             }
-            Err(_) if f.is_nullable() => cols.push(new_null_array(f.data_type(), b.num_rows())),
+            Err(_) if f.is_nullable() => {
+                note(notes, format!("the Avro schema has no field for column {:?}: it is null", f.name()));
+                cols.push(new_null_array(f.data_type(), b.num_rows()))
+            }
             Err(_) => {
                 return Err(TransformError::BadInput(format!("the Avro schema has no required column {:?}", f.name())));
             }
