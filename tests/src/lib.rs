@@ -151,6 +151,17 @@ max_bad_records = 5
         c
     }
 
+    /// Replaces the config's `table.columns` with `columns` (TOML lines) and its derive with
+    /// `derive` (a whole `derive = {...}` line).
+    pub fn set_columns(&self, columns: &str, derive: &str) {
+        let cfg = std::fs::read_to_string(&self.config).unwrap();
+        let start = cfg.find("columns = [").unwrap();
+        let end = start + cfg[start..].find("]\n").unwrap() + 2;
+        let cfg = format!("{}columns = [\n{columns}\n]\n{}", &cfg[..start], &cfg[end..]);
+        let cfg = cfg.replace("derive = { dt = \"date(ts)\" }", derive);
+        std::fs::write(&self.config, cfg).unwrap();
+    }
+
     /// Runs one stage with --once and returns its output.
     pub fn stage(&self, name: &str) -> Output {
         self.command(name).arg("--once").output().unwrap()

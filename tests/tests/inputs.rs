@@ -7,15 +7,6 @@ use std::process::Command;
 
 use ferry_tests::Pipeline;
 
-fn set_columns(p: &Pipeline, columns: &str, derive: &str) {
-    let cfg = std::fs::read_to_string(&p.config).unwrap();
-    let start = cfg.find("columns = [").unwrap();
-    let end = start + cfg[start..].find("]\n").unwrap() + 2;
-    let cfg = format!("{}columns = [\n{columns}\n]\n{}", &cfg[..start], &cfg[end..]);
-    let cfg = cfg.replace("derive = { dt = \"date(ts)\" }", derive);
-    std::fs::write(&p.config, cfg).unwrap();
-}
-
 fn run(p: &Pipeline) {
     for s in ferry_tests::STAGES {
         let out = p.stage(s);
@@ -47,8 +38,7 @@ print(json.dumps(sorted(rows, key=lambda r: str(r.get("id")))))
 #[test]
 fn avro_values_that_do_not_fit_reject_their_record_only() {
     let p = Pipeline::new("64KiB", "30s", "0s");
-    set_columns(
-        &p,
+    p.set_columns(
         r#"  { name = "id", type = "string", nullable = false },
   { name = "n", type = "int" },
   { name = "ts", type = "timestamp_ms", nullable = false },
@@ -92,8 +82,7 @@ with open(sys.argv[1], "wb") as f:
 #[test]
 fn json_and_csv_values_are_published_as_written() {
     let p = Pipeline::new("64KiB", "30s", "0s");
-    set_columns(
-        &p,
+    p.set_columns(
         r#"  { name = "id", type = "string", nullable = false },
   { name = "big", type = "string" },
   { name = "ts", type = "timestamp", nullable = false },
@@ -136,8 +125,7 @@ fn json_and_csv_values_are_published_as_written() {
 #[test]
 fn the_ddl_matches_the_parquet_files() {
     let p = Pipeline::new("64KiB", "30s", "0s");
-    set_columns(
-        &p,
+    p.set_columns(
         r#"  { name = "id", type = "string", nullable = false },
   { name = "ts", type = "timestamp", nullable = false },
   { name = "kind", type = "string" },
@@ -289,7 +277,7 @@ fn avro(p: &Pipeline, name: &str, fields: &str, records: &str) {
 #[test]
 fn the_table_schema_evolves_compatibly_and_refuses_the_rest() {
     let p = Pipeline::new("64KiB", "30s", "0s");
-    set_columns(&p, "", "derive = { dt = \"date(ts)\" }");
+    p.set_columns("", "derive = { dt = \"date(ts)\" }");
     let ts = "{'name': 'ts', 'type': {'type': 'long', 'logicalType': 'timestamp-micros'}}";
     let id = "{'name': 'id', 'type': 'string'}";
     avro(&p, "a.avro", &format!("[{id}, {ts}, {{'name': 'n', 'type': 'int'}}]"), "[{'id': 'a1', 'ts': 1796040000000000, 'n': 1}]");
@@ -349,8 +337,7 @@ print(json.dumps({"schemas": schemas, "rows": rows}))
 #[test]
 fn column_mismatches_are_noted_in_the_ledger() {
     let p = Pipeline::new("64KiB", "30s", "0s");
-    set_columns(
-        &p,
+    p.set_columns(
         r#"  { name = "id", type = "string", nullable = false },
   { name = "ts", type = "timestamp", nullable = false },
   { name = "later", type = "string" },"#,
@@ -378,7 +365,7 @@ fn column_mismatches_are_noted_in_the_ledger() {
 #[test]
 fn avro_types_map_to_parquet_types() {
     let p = Pipeline::new("64KiB", "30s", "0s");
-    set_columns(&p, "", "derive = { dt = \"date(ts)\" }");
+    p.set_columns("", "derive = { dt = \"date(ts)\" }");
     avro(
         &p,
         "all.avro",
