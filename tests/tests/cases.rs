@@ -47,7 +47,7 @@ const COLUMNS: &str = r#"  { name = "id", type = "string", nullable = false },
   { name = "ns", type = "timestamp_ns" },
   { name = "e", type = "timestamp_ms", epoch = "s" },"#;
 
-const T: &str = "2026-11-30T12:00:00Z";
+/// 2026-11-30T12:00:00Z in microseconds.
 const T_US: i64 = 1_796_040_000_000_000;
 
 fn cases() -> Vec<Case> {
