@@ -39,6 +39,10 @@ struct Cli {
     /// need it.
     #[arg(long, env = "FERRY_CONFIG", global = true)]
     config: Option<std::path::PathBuf>,
+    /// The pipeline to report on or act on (default: the config's `pipeline`, else
+    /// "default"). Several pipelines may share one ledger; each command sees one.
+    #[arg(long, env = "FERRY_PIPELINE", global = true)]
+    pipeline: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -46,7 +50,12 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Create the ledger (if SQLite) and apply pending migrations. Safe to run concurrently.
-    Migrate,
+    Migrate {
+        /// Only say what would run and whether binaries of the ledger's current schema keep
+        /// running after it; change nothing.
+        #[arg(long)]
+        check: bool,
+    },
     /// Summarize the ledger: per stage the chunks and bytes pending, running, retrying and
     /// quarantined, the age of the oldest due task, the last success, the rate over the last
     /// five minutes and an ETA; stuck leases with their owner; the latest errors.
@@ -147,6 +156,18 @@ enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Delete history older than a retention: attempts of finished tasks, the transform and
+    /// copy tasks of published chunks, closed outages, chunk notes. Kept: every source file,
+    /// chunk, part, reject and published row, and each chunk's load task, so that re-running
+    /// any stage afterwards publishes nothing twice.
+    Prune {
+        /// The retention, e.g. "30d".
+        #[arg(long)]
+        older_than: humantime::Duration,
+        /// Count what would go, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[tokio::main]
@@ -184,6 +205,12 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         (None, Some(cfg)) => cfg.ledger.url.clone(),
         (None, None) => cli::DEFAULT_LEDGER.to_string(),
     };
+    let pipeline =
+        cli.pipeline.clone().or_else(|| cfg.as_ref().map(|c| c.pipeline.clone())).unwrap_or_else(|| ferry_ledger::DEFAULT_PIPELINE.into());
+    let existing_ledger = |url: &str| {
+        let (url, pipeline) = (url.to_string(), pipeline.clone());
+        async move { existing_ledger(&url).await.map(|l| l.with_pipeline(&pipeline)) }
+    };
     if let Cmd::Status { json, watch, check, max_age } = &cli.cmd {
         let ledger = match existing_ledger(&url).await {
             Ok(l) => l,
@@ -196,8 +223,9 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         return status_command(&ledger, &redact_url(&url), *json, *watch, check.then_some(*max_age)).await;
     }
     match cli.cmd {
-        Cmd::Migrate => {
-            let ledger = Ledger::connect(&url, LedgerOptions::default()).await?;
+        Cmd::Migrate { check: true } => print!("{}", Ledger::check_schema(&url).await?),
+        Cmd::Migrate { check: false } => {
+            let ledger = Ledger::connect(&url, LedgerOptions { migrate: true, ..LedgerOptions::default() }).await?;
             println!("ledger {} ({}) is migrated", redact_url(&url), ledger.backend_name());
         }
         Cmd::CheckConfig | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
@@ -232,6 +260,20 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             let verb = if dry_run { "would run" } else { "will run" };
             println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
         }
+        Cmd::Prune { older_than, dry_run } => {
+            let ledger = existing_ledger(&url).await?;
+            let cutoff = chrono::Utc::now().timestamp_millis() - std::time::Duration::from(older_than).as_millis() as i64;
+            let p = ledger.prune(cutoff, dry_run).await?;
+            let verb = if dry_run { "would delete" } else { "deleted" };
+            println!(
+                "pipeline {}: {verb} {} attempt(s), {} task(s), {} outage(s), {} note(s) older than {older_than}",
+                ledger.pipeline(),
+                p.attempts,
+                p.tasks,
+                p.outages,
+                p.notes
+            );
+        }
         Cmd::Skip { chunk, reason, dry_run } => {
             let ledger = existing_ledger(&url).await?;
             let n = ledger.skip(&chunk, &reason, dry_run).await?;
@@ -254,7 +296,7 @@ async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>) ->
     let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
     let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
     let spool = Store::from_url(&cfg.spool.dir.to_string_lossy())?;
-    let ledger = existing_ledger(url).await?;
+    let ledger = existing_ledger(url).await?.with_pipeline(&cfg.pipeline);
     // Each place on its own: one store that is down does not stop the others' cleanup.
     let (mut n, mut failed) = (0, 0);
     let text = |r: Result<usize, ferry_storage::Error>| r.map_err(|e| e.to_string());
@@ -292,7 +334,9 @@ async fn existing_ledger(url: &str) -> Result<Ledger, Error> {
         )
         .into());
     }
-    Ok(Ledger::connect(url, LedgerOptions::default()).await?)
+    // Never migrates: reading or fixing the ledger must not change its schema under the
+    // binaries of other hosts (`ferry migrate` does that).
+    Ok(Ledger::connect(url, LedgerOptions { migrate: false, ..LedgerOptions::default() }).await?)
 }
 
 /// `ferry status`: the table, JSON, or a Nagios line; `--watch` repeats the first two.

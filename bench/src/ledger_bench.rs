@@ -48,7 +48,7 @@ async fn main() {
         let n = per_file.min(args.tasks - f * per_file);
         let chunks: Vec<NewChunk> = (0..n)
             .map(|seq| NewChunk {
-                id: chunk_id(&hash, seq),
+                id: chunk_id("default", &hash, seq),
                 seq,
                 range_kind: RangeKind::Bytes,
                 range_start: seq * 1000,

@@ -285,6 +285,12 @@ pub enum Compression {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The pipeline this config runs: every file, chunk and task it makes carries the name,
+    /// and its stages claim only that pipeline's work, so several pipelines (each its own
+    /// config) can share one ledger. A name feeds one table (the ledger refuses a config that
+    /// names the pipeline with another table).
+    #[serde(default = "default_pipeline")]
+    pub pipeline: String,
     #[serde(default)]
     pub ledger: LedgerSection,
     pub source: SourceSection,
@@ -320,6 +326,9 @@ pub struct LedgerSection {
     /// The longest wait between probes of a store that is down (staging, destination, the
     /// ledger). Probes start 1 s apart and double, with jitter, up to this.
     pub outage_probe_max: HumanDuration,
+    /// Apply pending ledger migrations when a stage starts. Default: yes for SQLite (one host),
+    /// no for Postgres, where `ferry migrate` upgrades the shared ledger once, on purpose.
+    pub auto_migrate: Option<bool>,
 }
 
 impl Default for LedgerSection {
@@ -338,6 +347,7 @@ impl Default for LedgerSection {
             // An outage is noticed back within five minutes, and a store that is down for
             // hours sees a dozen probes an hour per worker.
             outage_probe_max: HumanDuration(Duration::from_secs(300)),
+            auto_migrate: None,
         }
     }
 }
@@ -639,6 +649,10 @@ pub struct ColumnSpec {
     pub epoch: Option<EpochUnit>,
 }
 
+fn default_pipeline() -> String {
+    "default".into()
+}
+
 fn yes() -> bool {
     true
 }
@@ -779,6 +793,12 @@ impl Config {
     }
 
     fn validate(&self) -> std::result::Result<(), String> {
+        if self.pipeline.is_empty()
+            || self.pipeline.len() > 64
+            || !self.pipeline.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+        {
+            return Err(format!("pipeline: {:?} must be 1-64 letters, digits, '_', '-' or '.'", self.pipeline));
+        }
         if self.source.disposition == Disposition::Archive && self.source.archive_url.is_none() {
             return Err("source.archive_url: required when source.disposition = \"archive\"".into());
         }
@@ -917,6 +937,11 @@ fn apply_env(doc: &mut toml::Table, vars: impl Iterator<Item = (String, String)>
             continue;
         }
         let lower = rest.to_ascii_lowercase();
+        // The one top-level key: the pipeline (also `ferry --pipeline`'s variable).
+        if lower == "pipeline" {
+            doc.insert("pipeline".into(), toml::Value::String(v.clone()));
+            continue;
+        }
         let Some((section, key)) =
             SECTIONS.iter().find_map(|s| lower.strip_prefix(s).and_then(|r| r.strip_prefix('_')).map(|key| (*s, key.to_string())))
         else {

@@ -283,6 +283,7 @@ impl Extractor {
         let chunk_size = self.cfg.extract.chunk_size.0 as usize;
         let max_record = self.cfg.extract.max_record_size.0 as usize;
         let dialect = self.cfg.source.csv.clone();
+        let pipeline = self.ledger.pipeline().to_string();
         let (source, staging, table, rel, fhash) =
             (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), hash.clone());
         let split = tokio::task::spawn_blocking(move || -> Result<std::result::Result<Vec<NewChunk>, String>> {
@@ -300,7 +301,7 @@ impl Extractor {
             let mut chunks = Vec::new();
             let emit = |p: Piece| -> ferry_storage::Result<()> {
                 let seq = chunks.len() as i64;
-                let id = chunk_id(&fhash, seq);
+                let id = chunk_id(&pipeline, &fhash, seq);
                 let name = paths::staged_chunk(&table, &id, format);
                 staging.put_atomic_blocking(&name, &p.bytes)?;
                 chunks.push(NewChunk {

@@ -62,11 +62,11 @@ impl Ledger {
         self.call("requeue", || async move {
             on_backend!(self, |pool, begin| {
                 let q = if dry_run {
-                    "SELECT COUNT(*) FROM tasks WHERE $1 = $1 AND $4 = $4
+                    "SELECT COUNT(*) FROM tasks WHERE $1 = $1 AND $4 = $4 AND pipeline = $6
                        AND state = $5 AND ($2 IS NULL OR stage = $2) AND ($3 IS NULL OR chunk_id = $3)"
                 } else {
                     "UPDATE tasks SET state = $4, attempt = 0, scheduled_at = $1, finalized_at = NULL
-                     WHERE state = $5
+                     WHERE state = $5 AND pipeline = $6
                        AND ($2 IS NULL OR stage = $2)
                        AND ($3 IS NULL OR chunk_id = $3)"
                 };
@@ -75,7 +75,8 @@ impl Ledger {
                     .bind(stage)
                     .bind(filter.chunk_id.as_deref())
                     .bind(TaskState::Available.as_str())
-                    .bind(TaskState::Quarantined.as_str());
+                    .bind(TaskState::Quarantined.as_str())
+                    .bind(self.pipeline());
                 if dry_run {
                     let row = query.fetch_one(pool).await.map_err(db("requeue"))?;
                     Ok(sqlx::Row::try_get::<i64, _>(&row, 0).map_err(db("requeue"))? as u64)
@@ -96,38 +97,42 @@ impl Ledger {
             on_backend!(self, |pool, begin| {
                 let op = "requeue_file";
                 let (_write, mut tx) = write_tx!(self, pool, begin, op);
-                let files: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM source_files WHERE uri = $1 AND state = $2")
+                let files: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM source_files WHERE uri = $1 AND state = $2 AND pipeline = $3")
                     .bind(uri)
                     .bind(FileState::Quarantined.as_str())
+                    .bind(self.pipeline())
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(db(op))?;
                 let tasks: i64 = sqlx::query_scalar(
                     "SELECT COUNT(*) FROM tasks t JOIN chunks c ON c.id = t.chunk_id JOIN source_files f ON f.id = c.file_id
-                     WHERE f.uri = $1 AND t.state = $2",
+                     WHERE f.uri = $1 AND t.state = $2 AND f.pipeline = $3",
                 )
                 .bind(uri)
                 .bind(TaskState::Quarantined.as_str())
+                .bind(self.pipeline())
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(db(op))?;
                 if !dry_run {
-                    sqlx::query("UPDATE source_files SET state = $3, error = NULL WHERE uri = $1 AND state = $2")
+                    sqlx::query("UPDATE source_files SET state = $3, error = NULL WHERE uri = $1 AND state = $2 AND pipeline = $4")
                         .bind(uri)
                         .bind(FileState::Quarantined.as_str())
                         .bind(FileState::Registered.as_str())
+                        .bind(self.pipeline())
                         .execute(&mut *tx)
                         .await
                         .map_err(db(op))?;
                     sqlx::query(
                         "UPDATE tasks SET state = $3, attempt = 0, scheduled_at = $4, finalized_at = NULL
                          WHERE state = $2 AND chunk_id IN
-                           (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri = $1)",
+                           (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri = $1 AND f.pipeline = $5)",
                     )
                     .bind(uri)
                     .bind(TaskState::Quarantined.as_str())
                     .bind(TaskState::Available.as_str())
                     .bind(now)
+                    .bind(self.pipeline())
                     .execute(&mut *tx)
                     .await
                     .map_err(db(op))?;
@@ -260,11 +265,12 @@ impl Ledger {
         let [a, b, c] = TaskState::PENDING.map(|s| s.as_str());
         self.call("pending", || async move {
             on_backend!(self, |pool, begin| {
-                sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE stage = $1 AND state IN ($2, $3, $4)")
+                sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE stage = $1 AND state IN ($2, $3, $4) AND pipeline = $5")
                     .bind(stage.as_str())
                     .bind(a)
                     .bind(b)
                     .bind(c)
+                    .bind(self.pipeline())
                     .fetch_one(pool)
                     .await
                     .map_err(db("pending"))
@@ -273,19 +279,29 @@ impl Ledger {
         .await
     }
 
-    /// The summary behind `ferry status`, read from the users' views.
+    /// The summary behind `ferry status` for this ledger handle's pipeline (the history views,
+    /// stuck leases and redone work, span every pipeline).
     pub async fn status(&self) -> Result<Status> {
         let (files, backlog, stuck_leases, (redone_attempts, redone_bytes)) = self
             .call("status", || async move {
                 on_backend!(self, |pool, begin| {
                     let op = "status";
                     let files: Vec<(String, i64)> =
-                        sqlx::query_as("SELECT state, COUNT(*) AS n FROM source_files GROUP BY state ORDER BY state")
+                        sqlx::query_as("SELECT state, COUNT(*) AS n FROM source_files WHERE pipeline = $1 GROUP BY state ORDER BY state")
+                            .bind(self.pipeline())
                             .fetch_all(pool)
                             .await
                             .map_err(db(op))?;
-                    let backlog: Vec<BacklogRow> = sqlx::query_as("SELECT stage, state, tasks, bytes FROM backlog ORDER BY stage, state")
-                        .fetch_all(pool)
+                    // The `backlog` view's numbers, for this pipeline.
+                    let backlog: Vec<BacklogRow> = sqlx::query_as(
+                        "SELECT t.stage, t.state, COUNT(*) AS tasks,
+                            CAST(COALESCE(SUM(CASE WHEN t.stage = 'transform' THEN c.bytes ELSE COALESCE(p.bytes, 0) END), 0) AS BIGINT) AS bytes
+                         FROM tasks t JOIN chunks c ON c.id = t.chunk_id
+                         LEFT JOIN (SELECT chunk_id, SUM(bytes) AS bytes FROM parts GROUP BY chunk_id) p ON p.chunk_id = t.chunk_id
+                         WHERE t.pipeline = $1 GROUP BY t.stage, t.state ORDER BY t.stage, t.state",
+                    )
+                    .bind(self.pipeline())
+                    .fetch_all(pool)
                         .await
                         .map_err(db(op))?;
                     let stuck: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM stuck_leases").fetch_one(pool).await.map_err(db(op))?;
@@ -308,9 +324,10 @@ impl Ledger {
     pub async fn done_chunks(&self, stage: Stage) -> Result<Vec<String>> {
         self.call("done_chunks", || async move {
             on_backend!(self, |pool, begin| {
-                sqlx::query_scalar("SELECT chunk_id FROM tasks WHERE stage = $1 AND state = $2")
+                sqlx::query_scalar("SELECT chunk_id FROM tasks WHERE stage = $1 AND state = $2 AND pipeline = $3")
                     .bind(stage.as_str())
                     .bind(TaskState::Done.as_str())
+                    .bind(self.pipeline())
                     .fetch_all(pool)
                     .await
                     .map_err(db("done_chunks"))
@@ -323,7 +340,8 @@ impl Ledger {
     pub async fn quarantined(&self) -> Result<Vec<Quarantined>> {
         self.call("quarantined", || async move {
             on_backend!(self, |pool, begin| {
-                sqlx::query_as("SELECT kind, what, reason FROM quarantined ORDER BY kind, what")
+                sqlx::query_as("SELECT kind, what, reason FROM quarantined WHERE pipeline = $1 ORDER BY kind, what")
+                    .bind(self.pipeline())
                     .fetch_all(pool)
                     .await
                     .map_err(db("quarantined"))
@@ -420,11 +438,12 @@ impl Ledger {
                 on_backend!(self, |pool, begin| {
                     let op = "overview";
                     let oldest = sqlx::query_as(
-                        "SELECT stage, MIN(scheduled_at) FROM tasks WHERE state IN ($2, $3) AND scheduled_at <= $1 GROUP BY stage",
+                        "SELECT stage, MIN(scheduled_at) FROM tasks WHERE state IN ($2, $3) AND scheduled_at <= $1 AND pipeline = $4 GROUP BY stage",
                     )
                     .bind(now)
                     .bind(due_a)
                     .bind(due_b)
+                    .bind(self.pipeline())
                     .fetch_all(pool)
                     .await
                     .map_err(db(op))?;
@@ -517,5 +536,68 @@ impl Ledger {
             outages,
             skipped,
         })
+    }
+}
+
+/// What `ferry prune` deleted (or would).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub attempts: u64,
+    pub tasks: u64,
+    pub outages: u64,
+    pub notes: u64,
+}
+
+impl Ledger {
+    /// Deletes this pipeline's history finished before `cutoff_ms`: attempts of done tasks,
+    /// the transform and copy tasks of chunks whose load is done (with their attempts), closed
+    /// outages and chunk notes. Exactly-once needs none of it: source files, chunks, parts,
+    /// rejects, published rows and the load task of every chunk stay, so extract still knows
+    /// every file and no stage finds work to redo.
+    pub async fn prune(&self, cutoff_ms: i64, dry_run: bool) -> Result<Pruned> {
+        // Transform and copy tasks that may go: their chunk is published (load done), and the
+        // task finished before the cutoff.
+        const OLD_TASKS: &str = "SELECT t.id FROM tasks t WHERE t.pipeline = $1 AND t.state = 'done' AND t.finalized_at < $2
+             AND t.stage IN ('transform', 'copy')
+             AND EXISTS (SELECT 1 FROM tasks l WHERE l.chunk_id = t.chunk_id AND l.stage = 'load' AND l.state = 'done')";
+        self.call("prune", || async move {
+            on_backend!(self, |pool, begin| {
+                let op = "prune";
+                let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                let count = |q: String| q.replacen("DELETE", "SELECT COUNT(*)", 1);
+                let attempts_sql = format!(
+                    "DELETE FROM attempts WHERE task_id IN ({OLD_TASKS})
+                        OR (ended_at < $2 AND task_id IN (SELECT id FROM tasks WHERE pipeline = $1 AND state = 'done'))"
+                );
+                let tasks_sql = format!("DELETE FROM tasks WHERE id IN ({OLD_TASKS})");
+                let outages_sql = "DELETE FROM outages WHERE ended_at IS NOT NULL AND ended_at < $2 AND $1 = $1".to_string();
+                let notes_sql = "DELETE FROM chunk_notes WHERE noted_at < $2 AND chunk_id IN
+                    (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.pipeline = $1)"
+                    .to_string();
+                let mut n = [0u64; 4];
+                for (i, q) in [attempts_sql, tasks_sql, outages_sql, notes_sql].into_iter().enumerate() {
+                    n[i] = if dry_run {
+                        let c: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count(q)))
+                            .bind(self.pipeline())
+                            .bind(cutoff_ms)
+                            .fetch_one(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
+                        c as u64
+                    } else {
+                        sqlx::query(sqlx::AssertSqlSafe(q))
+                            .bind(self.pipeline())
+                            .bind(cutoff_ms)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db(op))?
+                            .rows_affected()
+                    };
+                }
+                tx.commit().await.map_err(db(op))?;
+                Ok(Pruned { attempts: n[0], tasks: n[1], outages: n[2], notes: n[3] })
+            })
+        })
+        .await
     }
 }

@@ -74,12 +74,19 @@ impl Backend {
     /// advisory lock; SQLite's first connection (which creates the file and switches it to WAL)
     /// and its migrations run under a file lock beside the database, because SQLite's busy
     /// handler does not cover the switch to WAL on a database another process is creating.
+    ///
+    /// Rolling upgrades: a ledger whose schema is older than this binary's is migrated only
+    /// with `opts.migrate` (else refused: `ferry migrate`); one whose schema is newer is used
+    /// as it is when every newer migration says, in `ledger_compat`, that binaries of this
+    /// binary's schema still work on it, and refused otherwise.
     pub(crate) async fn open(url: &LedgerUrl, opts: &LedgerOptions) -> Result<Backend> {
         match url {
             LedgerUrl::Sqlite(path) => {
                 let lock = lock_beside(path).await?;
                 let backend = Backend::connect_sqlite(path, opts).await?;
-                if let Backend::Sqlite(pool) = &backend {
+                if backend.needs_migration(opts.migrate).await?
+                    && let Backend::Sqlite(pool) = &backend
+                {
                     SQLITE_MIGRATIONS.run(pool).await?;
                 }
                 drop(lock);
@@ -87,9 +94,104 @@ impl Backend {
             }
             LedgerUrl::Postgres(url) => {
                 let backend = Backend::connect_postgres(url, opts).await?;
-                backend.migrate().await?;
+                if backend.needs_migration(opts.migrate).await? {
+                    backend.migrate().await?;
+                }
                 Ok(backend)
             }
+        }
+    }
+
+    /// Connects without looking at the schema (for `ferry migrate --check`).
+    pub(crate) async fn connect_only(url: &LedgerUrl, opts: &LedgerOptions) -> Result<Backend> {
+        match url {
+            LedgerUrl::Sqlite(path) => Backend::connect_sqlite(path, opts).await,
+            LedgerUrl::Postgres(url) => Backend::connect_postgres(url, opts).await,
+        }
+    }
+
+    /// The newest migration applied to the ledger (`None`: not created yet).
+    pub(crate) async fn applied_version(&self) -> Result<Option<i64>> {
+        let op = "schema version";
+        match self {
+            Backend::Sqlite(pool) => {
+                let exists: i64 =
+                    sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
+                        .fetch_one(pool)
+                        .await
+                        .map_err(crate::db(op))?;
+                if exists == 0 {
+                    return Ok(None);
+                }
+                sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await.map_err(crate::db(op))
+            }
+            Backend::Postgres(pool, _) => {
+                let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+                    .fetch_one(pool)
+                    .await
+                    .map_err(crate::db(op))?;
+                if !exists {
+                    return Ok(None);
+                }
+                sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await.map_err(crate::db(op))
+            }
+        }
+    }
+
+    /// Newer migrations that binaries of schema `known` cannot run on: (version, oldest
+    /// binary schema that can, note). A migration without a `ledger_compat` row counts as
+    /// incompatible.
+    async fn incompatible_after(&self, known: i64, applied: i64) -> Result<Vec<(i64, i64, String)>> {
+        const Q: &str = "SELECT version, oldest_binary, note FROM ledger_compat WHERE version > $1 ORDER BY version";
+        // A ledger without the table (none of its migrations said anything) has no rows.
+        let rows: Vec<(i64, i64, String)> = match self {
+            Backend::Sqlite(pool) => sqlx::query_as(Q).bind(known).fetch_all(pool).await.unwrap_or_default(),
+            Backend::Postgres(pool, _) => sqlx::query_as(Q).bind(known).fetch_all(pool).await.unwrap_or_default(),
+        };
+        Ok(((known + 1)..=applied)
+            .filter_map(|v| match rows.iter().find(|r| r.0 == v) {
+                Some(r) if r.1 <= known => None,
+                Some(r) => Some(r.clone()),
+                None => Some((v, v, "no compatibility record".into())),
+            })
+            .collect())
+    }
+
+    /// Whether pending migrations must run now; an error if this binary cannot use the ledger.
+    pub(crate) async fn needs_migration(&self, migrate: bool) -> Result<bool> {
+        let known = crate::SCHEMA_VERSION;
+        let applied = self.applied_version().await?;
+        match applied {
+            Some(v) if v == known => Ok(false),
+            Some(v) if v > known => {
+                let bad = self.incompatible_after(known, v).await?;
+                if let Some((version, oldest, note)) = bad.first() {
+                    return Err(Error::Config(ConfigError::new(
+                        "ledger",
+                        format!(
+                            "the ledger's schema is {v}, newer than this binary's ({known}), and its migration {version} ({note}) \
+                             needs binaries of schema {oldest} or newer: upgrade this binary (ferry --version)"
+                        ),
+                    )));
+                }
+                tracing::info!(
+                    ledger_schema = v,
+                    binary_schema = known,
+                    "the ledger's schema is newer; its newer migrations are compatible"
+                );
+                Ok(false)
+            }
+            _ if migrate => Ok(true),
+            _ => Err(Error::Config(ConfigError::new(
+                "ledger",
+                match applied {
+                    None => format!("the ledger has no schema yet; create it with `ferry migrate` (this binary's schema is {known})"),
+                    Some(v) => format!(
+                        "the ledger's schema is {v}, older than this binary's ({known}); run `ferry migrate --check`, then \
+                         `ferry migrate` (or set ledger.auto_migrate = true)"
+                    ),
+                },
+            ))),
         }
     }
 

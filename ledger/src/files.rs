@@ -67,11 +67,18 @@ pub struct Chunk {
     pub location: String,
 }
 
-/// The deterministic id of the `seq`-th chunk of a file with content hash `file_hash`.
-pub fn chunk_id(file_hash: &str, seq: i64) -> String {
+/// The deterministic id of the `seq`-th chunk of a file with content hash `file_hash` in
+/// `pipeline`. The default pipeline's ids are those of ledgers from before pipelines existed;
+/// any other pipeline's name is part of its ids, so the same bytes in two pipelines are two
+/// chunks.
+pub fn chunk_id(pipeline: &str, file_hash: &str, seq: i64) -> String {
     let mut h = blake3::Hasher::new();
     h.update(file_hash.as_bytes());
     h.update(&seq.to_le_bytes());
+    if pipeline != crate::DEFAULT_PIPELINE {
+        h.update(b"\0pipeline\0");
+        h.update(pipeline.as_bytes());
+    }
     h.finalize().to_hex()[..24].to_string()
 }
 
@@ -92,12 +99,13 @@ impl Ledger {
             on_backend!(self, |pool, begin| {
                 sqlx::query_as::<_, SourceFile>(concat!(
                     select_source_file!(),
-                    " WHERE uri = $1 AND size = $2 AND mtime_ms = $3 AND change_token = $4 ORDER BY id DESC LIMIT 1"
+                    " WHERE uri = $1 AND size = $2 AND mtime_ms = $3 AND change_token = $4 AND pipeline = $5 ORDER BY id DESC LIMIT 1"
                 ))
                 .bind(uri)
                 .bind(size)
                 .bind(mtime_ms)
                 .bind(token)
+                .bind(self.pipeline())
                 .fetch_optional(pool)
                 .await
                 .map_err(db("find_file"))
@@ -115,10 +123,10 @@ impl Ledger {
             on_backend!(self, |pool, begin| {
                 sqlx::query(
                     "INSERT INTO source_files
-                        (uri, size, mtime_ms, content_hash, version, format, registered_at, change_token)
-                     VALUES ($1, $2, $3, $4,
-                        (SELECT COUNT(*) + 1 FROM source_files WHERE uri = $1), $5, $6, $7)
-                     ON CONFLICT (uri, content_hash) DO UPDATE SET
+                        (pipeline, uri, size, mtime_ms, content_hash, version, format, registered_at, change_token)
+                     VALUES ($9, $1, $2, $3, $4,
+                        (SELECT COUNT(*) + 1 FROM source_files WHERE pipeline = $9 AND uri = $1), $5, $6, $7)
+                     ON CONFLICT (pipeline, uri, content_hash) DO UPDATE SET
                         mtime_ms = excluded.mtime_ms, change_token = excluded.change_token,
                         format = CASE WHEN source_files.state = $8 THEN excluded.format ELSE source_files.format END",
                 )
@@ -130,12 +138,14 @@ impl Ledger {
                 .bind(now)
                 .bind(f.change_token.as_deref())
                 .bind(FileState::Registered.as_str())
+                .bind(self.pipeline())
                 .execute(pool)
                 .await
                 .map_err(db("register_file"))?;
-                sqlx::query_as::<_, SourceFile>(concat!(select_source_file!(), " WHERE uri = $1 AND content_hash = $2"))
+                sqlx::query_as::<_, SourceFile>(concat!(select_source_file!(), " WHERE pipeline = $3 AND uri = $1 AND content_hash = $2"))
                     .bind(&f.uri)
                     .bind(&f.content_hash)
+                    .bind(self.pipeline())
                     .fetch_one(pool)
                     .await
                     .map_err(db("register_file"))
@@ -175,8 +185,8 @@ impl Ledger {
                     .await
                     .map_err(db(op))?;
                     sqlx::query(
-                        "INSERT INTO tasks (chunk_id, stage, state, max_attempts, scheduled_at, created_at)
-                         VALUES ($1, $2, $3, $4, $5, $5)
+                        "INSERT INTO tasks (pipeline, chunk_id, stage, state, max_attempts, scheduled_at, created_at)
+                         VALUES ($6, $1, $2, $3, $4, $5, $5)
                          ON CONFLICT (chunk_id, stage) DO NOTHING",
                     )
                     .bind(&c.id)
@@ -184,6 +194,7 @@ impl Ledger {
                     .bind(TaskState::Available.as_str())
                     .bind(max_attempts)
                     .bind(now)
+                    .bind(self.pipeline())
                     .execute(&mut *tx)
                     .await
                     .map_err(db(op))?;
@@ -209,10 +220,13 @@ impl Ledger {
     pub async fn same_bytes_as(&self, content_hash: &str, uri: &str) -> Result<Option<String>> {
         self.call("same_bytes_as", || async move {
             on_backend!(self, |pool, begin| {
-                sqlx::query_scalar("SELECT uri FROM source_files WHERE content_hash = $1 AND uri <> $2 AND state = $3 ORDER BY id LIMIT 1")
-                    .bind(content_hash)
-                    .bind(uri)
-                    .bind(FileState::Chunked.as_str())
+                sqlx::query_scalar(
+                    "SELECT uri FROM source_files WHERE content_hash = $1 AND uri <> $2 AND state = $3 AND pipeline = $4 ORDER BY id LIMIT 1",
+                )
+                .bind(content_hash)
+                .bind(uri)
+                .bind(FileState::Chunked.as_str())
+                .bind(self.pipeline())
                     .fetch_optional(pool)
                     .await
                     .map_err(db("same_bytes_as"))

@@ -76,8 +76,8 @@ use std::time::Duration;
 
 use ferry_common::config::LedgerSection;
 
-pub use admin::{BacklogRow, Count, Overview, Quarantined, RecentFailure, RequeueFilter, StageOverview, Status, StuckLease};
-use backend::Backend;
+pub use admin::{BacklogRow, Count, Overview, Pruned, Quarantined, RecentFailure, RequeueFilter, StageOverview, Status, StuckLease};
+use backend::{Backend, Begin};
 use clock::{Clock, SystemClock};
 pub use error::{Error, Result};
 pub use files::{Chunk, NewChunk, NewSourceFile, SourceFile, chunk_id};
@@ -87,9 +87,9 @@ pub use schemas::{SchemaColumn, TableSchema};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 /// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 6)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 7)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
@@ -144,6 +144,8 @@ pub struct LedgerOptions {
     pub max_connections: u32,
     /// The longest wait between probes of a store that is down (see [`breaker`]).
     pub outage_probe_max: Duration,
+    /// Apply pending migrations on connect (else a ledger behind this binary is refused).
+    pub migrate: bool,
 }
 
 impl Default for LedgerOptions {
@@ -168,6 +170,9 @@ impl LedgerOptions {
             reclaim_interval: (s.lease.0 / 4).max(Duration::from_millis(100)),
             max_connections: 8,
             outage_probe_max: s.outage_probe_max.0,
+            // The embedded single-host ledger migrates itself; a shared one only by `ferry
+            // migrate`, so that one host's upgrade never changes the ledger under the others.
+            migrate: s.auto_migrate.unwrap_or_else(|| s.url.starts_with("sqlite:")),
         }
     }
 }
@@ -214,7 +219,18 @@ pub struct Ledger {
     completions: Arc<std::sync::Mutex<Vec<batch::Completion>>>,
     /// Whether the ledger's server answers, as this process's calls found it.
     link: Arc<std::sync::Mutex<Link>>,
+    /// The pipeline whose work this handle registers, claims and reports.
+    pipeline: Arc<str>,
 }
+
+/// Which binaries still work on a ledger with each migration: (version, oldest binary schema,
+/// note), as the migrations themselves record them in `ledger_compat` (a test keeps the two
+/// equal). `ferry migrate --check` reads pending ones from here.
+pub const COMPAT: &[(i64, i64, &str)] =
+    &[(6, 5, "additive: table_schemas, chunk_notes"), (7, 7, "pipelines: an older binary would claim every pipeline's tasks")];
+
+/// The pipeline of a config without `pipeline`, and of every row from before pipelines.
+pub const DEFAULT_PIPELINE: &str = "default";
 
 /// The ledger's own outages as one process saw them: from the first call that could not reach
 /// the server to the next one that did.
@@ -291,7 +307,87 @@ impl Ledger {
             sqlite_writer: Arc::new(tokio::sync::Mutex::new(())),
             completions: Arc::default(),
             link: Arc::default(),
+            pipeline: Arc::from(DEFAULT_PIPELINE),
         })
+    }
+
+    /// What `ferry migrate --check` says about the ledger at `url`, without changing it.
+    pub async fn check_schema(url: &str) -> Result<String> {
+        let parsed = ferry_common::config::LedgerUrl::parse(url)?;
+        let backend = Backend::connect_only(&parsed, &LedgerOptions { migrate: false, ..LedgerOptions::default() }).await?;
+        let applied = backend.applied_version().await?;
+        let known = SCHEMA_VERSION;
+        let mut out =
+            format!("ledger schema {}; this binary's schema {known}\n", applied.map_or("none (not created)".into(), |v| v.to_string()));
+        let applied = applied.unwrap_or(0);
+        if applied < known {
+            out.push_str("pending migrations (`ferry migrate` applies them):\n");
+            for v in (applied + 1)..=known {
+                match COMPAT.iter().find(|c| c.0 == v) {
+                    Some((_, oldest, note)) if *oldest <= applied => {
+                        out.push_str(&format!("  {v}: {note}; binaries of schema {oldest} and newer keep running on it\n"))
+                    }
+                    Some((_, oldest, note)) => {
+                        out.push_str(&format!("  {v}: {note}; binaries of schema below {oldest} must be stopped (and upgraded) first\n"))
+                    }
+                    None => out.push_str(&format!("  {v}: older binaries keep running on it\n")),
+                }
+            }
+        } else if applied > known {
+            match backend.needs_migration(false).await {
+                Ok(_) => out.push_str("the ledger is newer, and its newer migrations are compatible: this binary runs on it\n"),
+                Err(e) => out.push_str(&format!("this binary cannot run on it: {e}\n")),
+            }
+        } else {
+            out.push_str("up to date\n");
+        }
+        Ok(out)
+    }
+
+    /// This handle, working for `pipeline` (see `migrations/*/0007_pipelines.sql`).
+    pub fn with_pipeline(mut self, pipeline: &str) -> Ledger {
+        self.pipeline = Arc::from(pipeline);
+        self
+    }
+
+    /// The pipeline this handle works for.
+    pub fn pipeline(&self) -> &str {
+        &self.pipeline
+    }
+
+    /// Records that this handle's pipeline feeds `table`, or checks that it already does: two
+    /// configs that share a pipeline name must share its table.
+    pub async fn register_pipeline(&self, table: &str) -> Result<()> {
+        let now = self.now_ms();
+        let recorded: String = self
+            .call("register_pipeline", || async move {
+                on_backend!(self, |pool, begin| {
+                    sqlx::query("INSERT INTO pipelines (name, table_name, created_at) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING")
+                        .bind(self.pipeline())
+                        .bind(table)
+                        .bind(now)
+                        .execute(pool)
+                        .await
+                        .map_err(db("register_pipeline"))?;
+                    sqlx::query_scalar("SELECT table_name FROM pipelines WHERE name = $1")
+                        .bind(self.pipeline())
+                        .fetch_one(pool)
+                        .await
+                        .map_err(db("register_pipeline"))
+                })
+            })
+            .await?;
+        if recorded != table {
+            return Err(Error::Config(ferry_common::error::ConfigError::new(
+                "pipeline",
+                format!(
+                    "pipeline {:?} feeds table {recorded:?} in this ledger, but this config says table.name = {table:?}; \
+                     give this config its own `pipeline` name",
+                    self.pipeline()
+                ),
+            )));
+        }
+        Ok(())
     }
 
     /// Whether the ledger's server is unreachable now (as the last call found it).

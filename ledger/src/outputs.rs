@@ -146,7 +146,7 @@ impl Ledger {
                 sqlx::query_scalar(
                     "SELECT MAX(n.version) FROM chunks c
                      JOIN source_files f ON f.id = c.file_id
-                     JOIN source_files n ON n.uri = f.uri AND n.version > f.version
+                     JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version
                      WHERE c.id = $1",
                 )
                 .bind(chunk_id)
@@ -165,7 +165,7 @@ impl Ledger {
                 sqlx::query_as(
                     "SELECT p.path, p.chunk_id FROM chunks c
                      JOIN source_files f ON f.id = c.file_id
-                     JOIN source_files o ON o.uri = f.uri AND o.version < f.version
+                     JOIN source_files o ON o.pipeline = f.pipeline AND o.uri = f.uri AND o.version < f.version
                      JOIN chunks oc ON oc.file_id = o.id
                      JOIN published p ON p.chunk_id = oc.id
                      WHERE c.id = $1 ORDER BY p.path",

@@ -29,7 +29,8 @@ pub async fn open_stage(common: &CommonArgs, args: &StageArgs) -> Result<(Config
     if let Some(url) = &common.ledger {
         cfg.ledger.url = url.clone();
     }
-    let ledger = Ledger::connect(&cfg.ledger.url, LedgerOptions::from_config(&cfg.ledger)).await?;
+    let ledger = Ledger::connect(&cfg.ledger.url, LedgerOptions::from_config(&cfg.ledger)).await?.with_pipeline(&cfg.pipeline);
+    ledger.register_pipeline(&cfg.table.name).await?;
     Ok((cfg, ledger))
 }
 

@@ -18,7 +18,7 @@ macro_rules! claim_sql {
         concat!(
             "WITH picked AS (
                 SELECT id FROM tasks
-                WHERE stage = $1 AND state IN ('available', 'retryable') AND scheduled_at <= $2
+                WHERE pipeline = $7 AND stage = $1 AND state IN ('available', 'retryable') AND scheduled_at <= $2
                 ORDER BY scheduled_at, id
                 LIMIT $3 ",
             $lock,
@@ -131,7 +131,8 @@ impl Ledger {
                     .bind(n)
                     .bind(worker)
                     .bind(expires)
-                    .bind(TaskState::Running.as_str());
+                    .bind(TaskState::Running.as_str())
+                    .bind(self.pipeline());
                 // One statement is atomic on its own, on both backends, so a claim is a single
                 // round trip. On SQLite an UPDATE takes the write lock as it starts, before it
                 // reads (the same as BEGIN IMMEDIATE: no lock upgrade half-way, waits bounded by

@@ -354,7 +354,7 @@ async fn registration_is_idempotent_and_versions_changes(db: Db) {
     assert_eq!(b.version, 2);
     // Recording chunks twice (a crash between the two) leaves one set.
     let chunk = NewChunk {
-        id: chunk_id("bbb", 0),
+        id: chunk_id("default", "bbb", 0),
         seq: 0,
         range_kind: RangeKind::Records,
         range_start: 0,

@@ -22,7 +22,7 @@ async fn seed_one(ledger: &ferry_ledger::Ledger) {
         .await
         .unwrap();
     let c = NewChunk {
-        id: chunk_id("h", 0),
+        id: chunk_id("default", "h", 0),
         seq: 0,
         range_kind: RangeKind::Bytes,
         range_start: 0,

@@ -110,6 +110,7 @@ async fn sqlite_claim_uses_the_partial_index() {
         .bind("w")
         .bind(0i64)
         .bind("running")
+        .bind("default")
         .fetch_all(&mut c)
         .await
         .unwrap();
@@ -133,6 +134,7 @@ async fn postgres_claim_uses_the_partial_index() {
         .bind("w")
         .bind(0i64)
         .bind("running")
+        .bind("default")
         .fetch_all(&mut c)
         .await
         .unwrap();
@@ -146,4 +148,22 @@ fn the_schema_version_is_the_number_of_migrations() {
         assert_eq!(std::fs::read_dir(dir).unwrap().count() as i64, ferry_ledger::SCHEMA_VERSION, "{backend}");
     }
     assert!(ferry_ledger::VERSION.ends_with(&format!("(ledger schema {})", ferry_ledger::SCHEMA_VERSION)));
+}
+
+/// `ferry migrate --check` reads pending migrations' compatibility from `ferry_ledger::COMPAT`;
+/// a migrated ledger records the same rows in `ledger_compat`, on both backends.
+#[tokio::test]
+async fn the_compat_table_matches_the_binary() {
+    let want: Vec<(i64, i64, String)> = ferry_ledger::COMPAT.iter().map(|(v, o, n)| (*v, *o, n.to_string())).collect();
+    for db in [Db::Sqlite, Db::Postgres] {
+        let t = TestDb::new(db).await;
+        t.ledger(Default::default(), None).await;
+        let q = "SELECT version, oldest_binary, note FROM ledger_compat ORDER BY version";
+        let got: Vec<(i64, i64, String)> = match db {
+            Db::Sqlite => sqlx::query_as(q).fetch_all(&mut sqlx::SqliteConnection::connect(&t.url).await.unwrap()).await.unwrap(),
+            Db::Postgres => sqlx::query_as(q).fetch_all(&mut sqlx::PgConnection::connect(&t.url).await.unwrap()).await.unwrap(),
+        };
+        assert_eq!(got, want, "{db:?}");
+        assert_eq!(want.last().map(|c| c.0), Some(ferry_ledger::SCHEMA_VERSION), "every migration from 6 on has its row");
+    }
 }

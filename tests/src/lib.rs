@@ -91,6 +91,9 @@ max_bad_records = 5
         let cfg = std::fs::read_to_string(&self.config).unwrap();
         let line = cfg.lines().find(|l| l.starts_with("url = \"sqlite://")).expect("the ledger URL line").to_string();
         std::fs::write(&self.config, cfg.replace(&line, &format!("url = \"{url}\""))).unwrap();
+        // A shared (Postgres) ledger is migrated on purpose, not by the stages.
+        let out = self.command("ferry").arg("migrate").output().unwrap();
+        assert!(out.status.success(), "ferry migrate: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     /// `ferry gen` a batch of `files` JSON lines files into the source directory, named

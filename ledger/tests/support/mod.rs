@@ -98,7 +98,7 @@ pub async fn seed(ledger: &Ledger, name: &str, n: i64) -> Vec<String> {
         .unwrap();
     let chunks: Vec<NewChunk> = (0..n)
         .map(|seq| NewChunk {
-            id: chunk_id(&hash, seq),
+            id: chunk_id("default", &hash, seq),
             seq,
             range_kind: RangeKind::Bytes,
             range_start: seq * 100,

@@ -1,0 +1,190 @@
+//! Several pipelines on one ledger, and binaries of another schema than the ledger's.
+//!
+//! Two configs (pipelines "default" and "b", tables `events` and `events_b`) share one ledger,
+//! SQLite and Postgres: the stages of one never claim, publish or report the other's work,
+//! also when both read the same source; a config that gives a known pipeline another table is
+//! refused. Rolling upgrades: a binary runs on a ledger whose newer migrations say they are
+//! compatible with it, refuses one whose newer migrations are not, and (on a shared ledger)
+//! never migrates one that is behind unless told to (`ferry migrate`).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use ferry_tests::{Pipeline, STAGES, bin, table_digest};
+
+/// A second config beside `p`'s: pipeline `name`, table `table`, source `source` (relative to
+/// the pipeline's directory); the same ledger, staging, spool and destination.
+fn second_config(p: &Pipeline, name: &str, table: &str, source: &str) -> PathBuf {
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    let cfg = format!("pipeline = \"{name}\"\n{cfg}")
+        .replace("name = \"events\"", &format!("name = \"{table}\""))
+        .replace(&format!("url = \"{}\"", p.path("in").display()), &format!("url = \"{}\"", p.path(source).display()));
+    std::fs::create_dir_all(p.path(source)).unwrap();
+    let path = p.path(&format!("{name}.toml"));
+    std::fs::write(&path, cfg).unwrap();
+    path
+}
+
+/// Runs `stage --once` with `config`; returns (exit code, stderr).
+fn run(p: &Pipeline, stage: &str, config: &PathBuf) -> (Option<i32>, String) {
+    let out = p.command(stage).env("FERRY_CONFIG", config).arg("--once").output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn all_stages(p: &Pipeline, config: &PathBuf) {
+    for s in STAGES {
+        let (code, err) = run(p, s, config);
+        assert_eq!(code, Some(0), "{s} with {}: {err}", config.display());
+    }
+}
+
+fn isolated(p: &Pipeline) {
+    let b = second_config(p, "b", "events_b", "in_b");
+    p.generate("in", "jsonl", "null", 2, 300, 1);
+    p.generate("in_b", "jsonl", "null", 3, 200, 2);
+    // B's files are registered and chunked; then only A's stages run.
+    let (code, err) = run(p, "ferry-extract", &b);
+    assert_eq!(code, Some(0), "{err}");
+    all_stages(p, &p.config);
+    assert_eq!(table_digest(&p.path("wh/events"))["rows"], 600, "A's table holds A's rows only");
+    assert!(!p.path("wh/events_b").exists(), "nothing of B published by A's stages");
+    let a_status = p.command("ferry").args(["status", "--json"]).output().unwrap();
+    let a_json: serde_json::Value = serde_json::from_slice(&a_status.stdout).unwrap();
+    let b_status = p.command("ferry").args(["--pipeline", "b", "status", "--json"]).output().unwrap();
+    let b_json: serde_json::Value = serde_json::from_slice(&b_status.stdout).unwrap();
+    let pending = |v: &serde_json::Value| v.to_string();
+    assert_ne!(pending(&a_json), pending(&b_json), "each pipeline has its own status");
+    // Now B's own stages: its table, exactly once, and A's untouched.
+    all_stages(p, &b);
+    assert_eq!(table_digest(&p.path("wh/events_b"))["rows"], 600);
+    assert_eq!(table_digest(&p.path("wh/events"))["rows"], 600);
+    // A config that names pipeline b with A's table is refused, naming both.
+    let wrong = second_config(p, "b", "events", "in_b");
+    let (code, err) = run(p, "ferry-transform", &wrong);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("\"b\"") && err.contains("events_b"), "{err}");
+}
+
+#[test]
+fn two_pipelines_on_one_sqlite_ledger_stay_isolated() {
+    isolated(&Pipeline::new("64KiB", "30s", "0s"));
+}
+
+#[test]
+fn two_pipelines_on_one_postgres_ledger_stay_isolated() {
+    let pg = ferry_tests::postgres::Postgres::start(false);
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.use_ledger(&pg.url());
+    isolated(&p);
+}
+
+/// One source, two destinations (B -> A and B -> S3 in the real setup): each pipeline takes
+/// in every file and publishes it once, into its own table.
+#[test]
+fn two_pipelines_can_read_the_same_source() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    let b = second_config(&p, "copy2", "events_copy", "in");
+    p.generate("in", "jsonl", "null", 2, 250, 3);
+    all_stages(&p, &p.config);
+    all_stages(&p, &b);
+    assert_eq!(table_digest(&p.path("wh/events"))["rows"], 500);
+    assert_eq!(table_digest(&p.path("wh/events_copy"))["rows"], 500);
+    assert_eq!(table_digest(&p.path("wh/events"))["digest"], table_digest(&p.path("wh/events_copy"))["digest"]);
+}
+
+fn sql(db: &std::path::Path, q: &str) {
+    let out = Command::new("python3")
+        .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()"])
+        .arg(db)
+        .arg(q)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{q}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The ledger one migration ahead of this binary (as a newer binary's `ferry migrate` leaves
+/// it): compatible, the stages and `status` run on it; incompatible, they refuse, naming the
+/// migration. One migration behind, on a ledger that does not migrate itself: refused with the
+/// way out, and `ferry migrate --check` says what would run.
+#[test]
+fn binaries_run_on_a_compatible_newer_ledger_and_refuse_the_rest() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 1, 100, 4);
+    all_stages(&p, &p.config);
+    let db = p.path("ledger.db");
+    let next = ferry_ledger::SCHEMA_VERSION + 1;
+    sql(
+        &db,
+        &format!(
+            "INSERT INTO _sqlx_migrations (version, description, installed_on, success, checksum, execution_time)
+             VALUES ({next}, 'from a newer binary', CURRENT_TIMESTAMP, 1, x'00', 1);
+             CREATE TABLE newer_things (x INTEGER);
+             INSERT INTO ledger_compat (version, oldest_binary, note) VALUES ({next}, 7, 'additive: newer_things');"
+        ),
+    );
+    p.generate("in", "jsonl", "null", 1, 50, 5);
+    all_stages(&p, &p.config);
+    assert_eq!(p.table_digest()["rows"], 150, "the stages ran on the newer ledger");
+    let status = p.command("ferry").arg("status").output().unwrap();
+    assert_eq!(status.status.code(), Some(0), "{}", String::from_utf8_lossy(&status.stderr));
+    sql(&db, &format!("UPDATE ledger_compat SET oldest_binary = {next}, note = 'changes claims' WHERE version = {next}"));
+    for cmd in [vec!["ferry", "status"], vec!["ferry-transform", "--once"]] {
+        let out = p.command(cmd[0]).args(&cmd[1..]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(err.contains(&format!("migration {next} (changes claims)")) && err.contains("upgrade this binary"), "{err}");
+    }
+    // One behind: pretend the ledger never had this binary's last migration.
+    sql(&db, &format!("DELETE FROM _sqlx_migrations WHERE version >= {};", ferry_ledger::SCHEMA_VERSION));
+    let cfg = std::fs::read_to_string(&p.config).unwrap().replace("[ledger]\n", "[ledger]\nauto_migrate = false\n");
+    std::fs::write(&p.config, cfg).unwrap();
+    for cmd in [vec!["ferry", "status"], vec!["ferry-load", "--once"]] {
+        let out = p.command(cmd[0]).args(&cmd[1..]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(err.contains("older than this binary's") && err.contains("ferry migrate"), "{err}");
+    }
+    let check = Command::new(bin("ferry")).env("FERRY_CONFIG", &p.config).args(["migrate", "--check"]).output().unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+    assert!(text.contains(&format!("ledger schema {}", ferry_ledger::SCHEMA_VERSION - 1)) && text.contains("pipelines"), "{text}");
+    assert!(text.contains("must be stopped"), "{text}");
+}
+
+/// `ferry prune` deletes finished history and keeps what exactly-once needs: re-running every
+/// stage afterwards publishes nothing twice, and new files still flow. Prints the ledger's
+/// bytes per chunk before and after (SQLite, vacuumed).
+#[test]
+fn prune_keeps_exactly_once() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 4, 500, 6);
+    all_stages(&p, &p.config);
+    let before = p.table_digest();
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
+    let size = |p: &Pipeline| {
+        sql(&p.path("ledger.db"), "VACUUM;");
+        std::fs::metadata(p.path("ledger.db")).unwrap().len() as i64
+    };
+    let bytes_before = size(&p);
+    let dry = p.command("ferry").args(["prune", "--older-than", "0s", "--dry-run"]).output().unwrap();
+    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks"), 3 * chunks, "a dry run changes nothing");
+    let out = p.command("ferry").args(["prune", "--older-than", "0s"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&format!("{} task(s)", 2 * chunks)), "{text}");
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks"), chunks, "each chunk keeps its load task");
+    assert_eq!(p.count("SELECT COUNT(*) FROM attempts"), 0);
+    let bytes_after = size(&p);
+    println!("ledger bytes per chunk: {} before prune, {} after ({chunks} chunks)", bytes_before / chunks, bytes_after / chunks);
+    assert!(bytes_after < bytes_before, "{bytes_after} < {bytes_before}");
+    // Every stage again: nothing is redone or doubled; a new file still flows.
+    all_stages(&p, &p.config);
+    assert_eq!(p.table_digest(), before, "nothing published twice");
+    p.generate("more", "jsonl", "null", 1, 100, 7);
+    for e in std::fs::read_dir(p.path("more")).unwrap().flatten() {
+        std::fs::rename(e.path(), p.path(&format!("in/more-{}", e.file_name().to_string_lossy()))).unwrap();
+    }
+    all_stages(&p, &p.config);
+    assert_eq!(p.table_digest()["rows"], before["rows"].as_i64().unwrap() + 100);
+}
