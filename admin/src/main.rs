@@ -14,18 +14,20 @@ use ferry_storage::Store;
 /// Administer a Ferry work ledger.
 ///
 /// The ledger is plain SQL: besides these commands you can query its views directly
-/// (backlog, stuck_leases, recent_failures, redone_work, throughput).
+/// (backlog, pipeline_backlog, stuck_leases, recent_failures, redone_work, throughput,
+/// quarantined, table_partitions, open_outages).
 const ADMIN_HELP: &str = "\
 Exit codes:
   0  done
   1  fatal: the ledger or a store could not be used
   2  bad flags, configuration or ledger URL (also: a ledger that does not exist, except for migrate)
-  3  status: something is quarantined
+  3  status: something is quarantined; verify: the table differs from the ledger
   status --check uses Nagios codes instead: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN
 
 Environment:
   FERRY_LEDGER       the ledger URL (--ledger)
   FERRY_CONFIG       the configuration file (--config); its ledger.url is the ledger
+  FERRY_PIPELINE     the pipeline to act on (--pipeline; default: the config's)
   FERRY_LOG_FORMAT   text or json (--log-format)
   RUST_LOG           log filter (default info)";
 
@@ -156,6 +158,15 @@ enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Compare the table on the destination with what the ledger says this pipeline
+    /// published: files missing, of the wrong size, or there without the ledger knowing.
+    /// Exits 3 when anything differs.
+    Verify {
+        /// Run the chunks of missing or wrong files again from transform (their staged copy
+        /// must still be there: transform.keep_staged).
+        #[arg(long)]
+        requeue: bool,
+    },
     /// Delete history older than a retention: attempts of finished tasks, the transform and
     /// copy tasks of published chunks, closed outages, chunk notes. Kept: every source file,
     /// chunk, part, reject and published row, and each chunk's load task, so that re-running
@@ -225,7 +236,11 @@ async fn run(cli: Cli) -> Result<i32, Error> {
     match cli.cmd {
         Cmd::Migrate { check: true } => print!("{}", Ledger::check_schema(&url).await?),
         Cmd::Migrate { check: false } => {
-            let ledger = Ledger::connect(&url, LedgerOptions { migrate: true, ..LedgerOptions::default() }).await?;
+            // A migration rewrites indexes of the whole ledger: not bounded by the 10 s a
+            // stage's statement may take.
+            let long = std::time::Duration::from_secs(3600);
+            let opts = LedgerOptions { migrate: true, lock_timeout: long, call_timeout: long, ..LedgerOptions::default() };
+            let ledger = Ledger::connect(&url, opts).await?;
             println!("ledger {} ({}) is migrated", redact_url(&url), ledger.backend_name());
         }
         Cmd::CheckConfig | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
@@ -260,6 +275,11 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             let verb = if dry_run { "would run" } else { "will run" };
             println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
         }
+        Cmd::Verify { requeue } => {
+            let cfg = Config::load(config()?)?;
+            let ledger = existing_ledger(&url).await?;
+            return verify(&cfg, &ledger, requeue).await;
+        }
         Cmd::Prune { older_than, dry_run } => {
             let ledger = existing_ledger(&url).await?;
             let cutoff = chrono::Utc::now().timestamp_millis() - std::time::Duration::from(older_than).as_millis() as i64;
@@ -282,6 +302,76 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
     }
     Ok(exit::OK)
+}
+
+/// Staged chunks transform committed more than `transform.keep_staged` ago (their chunk ids
+/// are the file names under `<staging>/<table>/`).
+async fn remove_old_staged(cfg: &Config, ledger: &Ledger, staging: &Store) -> Result<usize, String> {
+    let cutoff = chrono::Utc::now().timestamp_millis() - cfg.transform.keep_staged.0.as_millis() as i64;
+    let done = ledger.transformed_before(cutoff).await.map_err(|e| e.to_string())?;
+    let mut n = 0;
+    for e in staging.list(&cfg.table.name).await.map_err(|e| e.to_string())? {
+        let name = e.rel.rsplit('/').next().unwrap_or_default();
+        let Some((chunk, _)) = name.split_once('.') else { continue };
+        if done.contains(chunk) {
+            let rel = format!("{}/{name}", cfg.table.name);
+            staging.delete(&rel).await.map_err(|e| format!("{rel}: {e}"))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// `ferry verify`: the table on the destination against what the ledger says is published.
+async fn verify(cfg: &Config, ledger: &Ledger, requeue: bool) -> Result<i32, Error> {
+    let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
+    let table = &cfg.table.name;
+    let want = ledger.published_files(table).await?;
+    let have: std::collections::HashMap<String, u64> = dest
+        .list(table)
+        .await?
+        .into_iter()
+        .map(|e| (e.rel, e.size))
+        .filter(|(rel, _)| !rel.contains("/_ferry/") && !rel.rsplit('/').next().unwrap_or_default().starts_with('.'))
+        .collect();
+    let (mut missing, mut wrong, mut bad_chunks) = (0, 0, std::collections::BTreeSet::new());
+    for (path, chunk, bytes) in &want {
+        match have.get(path) {
+            None => {
+                missing += 1;
+                bad_chunks.insert(chunk.clone());
+                println!("missing  {path} (chunk {chunk})");
+            }
+            Some(&size) if size != *bytes as u64 => {
+                wrong += 1;
+                bad_chunks.insert(chunk.clone());
+                println!("size     {path}: {size} bytes, the ledger says {bytes} (chunk {chunk})");
+            }
+            Some(_) => {}
+        }
+    }
+    let known: std::collections::HashSet<&str> = want.iter().map(|(p, _, _)| p.as_str()).collect();
+    let mut extra = 0;
+    for path in have.keys().filter(|p| p.ends_with(".parquet") && !known.contains(p.as_str())) {
+        extra += 1;
+        println!("extra    {path} (not published by pipeline {} as far as the ledger knows)", ledger.pipeline());
+    }
+    println!(
+        "pipeline {}, table {table}: {} file(s) published, {missing} missing, {wrong} of the wrong size, {extra} extra",
+        ledger.pipeline(),
+        want.len()
+    );
+    if requeue {
+        for chunk in &bad_chunks {
+            match ledger.rerun(chunk, ferry_ledger::Stage::Transform, false).await {
+                Ok(plan) => {
+                    println!("chunk {chunk} will run again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "))
+                }
+                Err(e) => println!("chunk {chunk} could not be requeued: {e}"),
+            }
+        }
+    }
+    Ok(if missing + wrong + extra > 0 { exit::QUARANTINED } else { exit::OK })
 }
 
 /// `ferry gc`: what crashed writers left behind, and landed copies of chunks already published
@@ -309,6 +399,7 @@ async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>) ->
             "landed copies of published chunks",
             ferry_load::remove_stray_landed(&ledger, &dest, table, cutoff).await.map_err(|e| e.to_string()),
         ),
+        ("staged chunks past transform.keep_staged", remove_old_staged(cfg, &ledger, &staging).await),
     ] {
         match r {
             Ok(k) => n += k,

@@ -702,6 +702,9 @@ pub struct TransformSection {
     /// Chunks in flight. Default: one more than the cores, so that while one chunk's files are
     /// fsynced (no CPU) the cores stay busy; decoding and encoding take one core each at most.
     pub concurrency: usize,
+    /// How long a staged chunk stays after transform committed it (`ferry gc` removes it
+    /// then). Within it, `ferry rerun --from transform` needs no new extract.
+    pub keep_staged: HumanDuration,
 }
 
 impl Default for TransformSection {
@@ -722,6 +725,7 @@ impl Default for TransformSection {
             row_group_size: 1 << 20,
             batch_size: 8192,
             concurrency: std::thread::available_parallelism().map_or(2, |n| n.get()) + 1,
+            keep_staged: HumanDuration(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 }

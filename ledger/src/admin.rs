@@ -157,11 +157,13 @@ impl Ledger {
                 on_backend!(self, |pool, begin| {
                     let op = "rerun";
                     let (_write, mut tx) = write_tx!(self, pool, begin, op);
-                    let rows: Vec<(String, String)> = sqlx::query_as("SELECT stage, state FROM tasks WHERE chunk_id = $1")
-                        .bind(chunk)
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(db(op))?;
+                    let rows: Vec<(String, String)> =
+                        sqlx::query_as("SELECT stage, state FROM tasks WHERE chunk_id = $1 AND pipeline = $2")
+                            .bind(chunk)
+                            .bind(self.pipeline())
+                            .fetch_all(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
                     let ready =
                         rows.iter().any(|(s, _)| s == from.as_str()) && !rows.iter().any(|(_, st)| st == TaskState::Running.as_str());
                     if ready && !dry_run {
@@ -186,7 +188,7 @@ impl Ledger {
             .await?;
         let bad = |m: String| crate::Error::Config(ferry_common::error::ConfigError::new("--chunk", m));
         if stages.is_empty() {
-            return Err(bad(format!("no chunk {chunk} in the ledger")));
+            return Err(bad(format!("no chunk {chunk} in pipeline {:?} of the ledger", self.pipeline())));
         }
         if let Some((s, _)) = stages.iter().find(|(_, st)| st == TaskState::Running.as_str()) {
             return Err(bad(format!("chunk {chunk} is running in {s} now; wait for it (or stop that stage) and run this again")));
@@ -209,11 +211,12 @@ impl Ledger {
                     let op = "skip";
                     let (_write, mut tx) = write_tx!(self, pool, begin, op);
                     let open: Vec<(String, String)> =
-                        sqlx::query_as("SELECT stage, state FROM tasks WHERE chunk_id = $1 AND state IN ($2, $3, $4)")
+                        sqlx::query_as("SELECT stage, state FROM tasks WHERE chunk_id = $1 AND state IN ($2, $3, $4) AND pipeline = $5")
                             .bind(chunk)
                             .bind(a)
                             .bind(b)
                             .bind(c)
+                            .bind(self.pipeline())
                             .fetch_all(&mut *tx)
                             .await
                             .map_err(db(op))?;
@@ -279,8 +282,7 @@ impl Ledger {
         .await
     }
 
-    /// The summary behind `ferry status` for this ledger handle's pipeline (the history views,
-    /// stuck leases and redone work, span every pipeline).
+    /// The summary behind `ferry status` for this ledger handle's pipeline.
     pub async fn status(&self) -> Result<Status> {
         let (files, backlog, stuck_leases, (redone_attempts, redone_bytes)) = self
             .call("status", || async move {
@@ -304,11 +306,18 @@ impl Ledger {
                     .fetch_all(pool)
                         .await
                         .map_err(db(op))?;
-                    let stuck: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM stuck_leases").fetch_one(pool).await.map_err(db(op))?;
+                    let stuck: i64 =
+                        sqlx::query_scalar("SELECT COUNT(*) FROM stuck_leases s JOIN tasks t ON t.id = s.task_id WHERE t.pipeline = $1")
+                            .bind(self.pipeline())
+                            .fetch_one(pool)
+                            .await
+                            .map_err(db(op))?;
+                    // The `redone_work` view's totals, for this pipeline.
                     let redone: (i64, i64) = sqlx::query_as(
-                        "SELECT CAST(COALESCE(SUM(attempts), 0) AS BIGINT), CAST(COALESCE(SUM(bytes), 0) AS BIGINT)
-                         FROM redone_work",
+                        "SELECT CAST(COUNT(*) AS BIGINT), CAST(COALESCE(SUM(a.bytes), 0) AS BIGINT)
+                         FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.outcome <> 'done' AND t.pipeline = $1",
                     )
+                    .bind(self.pipeline())
                     .fetch_one(pool)
                     .await
                     .map_err(db(op))?;
@@ -557,19 +566,21 @@ impl Ledger {
     pub async fn prune(&self, cutoff_ms: i64, dry_run: bool) -> Result<Pruned> {
         // Transform and copy tasks that may go: their chunk is published (load done), and the
         // task finished before the cutoff.
-        const OLD_TASKS: &str = "SELECT t.id FROM tasks t WHERE t.pipeline = $1 AND t.state = 'done' AND t.finalized_at < $2
-             AND t.stage IN ('transform', 'copy')
-             AND EXISTS (SELECT 1 FROM tasks l WHERE l.chunk_id = t.chunk_id AND l.stage = 'load' AND l.state = 'done')";
+        // The conditions are on the deleted rows themselves (not only in a subquery), so a task
+        // a concurrent `rerun` just made available again is not deleted under it.
+        const OLD_TASK: &str = "tasks.pipeline = $1 AND tasks.state = 'done' AND tasks.finalized_at < $2
+             AND tasks.stage IN ('transform', 'copy')
+             AND EXISTS (SELECT 1 FROM tasks l WHERE l.chunk_id = tasks.chunk_id AND l.stage = 'load' AND l.state = 'done')";
         self.call("prune", || async move {
             on_backend!(self, |pool, begin| {
                 let op = "prune";
                 let (_write, mut tx) = write_tx!(self, pool, begin, op);
                 let count = |q: String| q.replacen("DELETE", "SELECT COUNT(*)", 1);
                 let attempts_sql = format!(
-                    "DELETE FROM attempts WHERE task_id IN ({OLD_TASKS})
+                    "DELETE FROM attempts WHERE task_id IN (SELECT id FROM tasks WHERE {OLD_TASK})
                         OR (ended_at < $2 AND task_id IN (SELECT id FROM tasks WHERE pipeline = $1 AND state = 'done'))"
                 );
-                let tasks_sql = format!("DELETE FROM tasks WHERE id IN ({OLD_TASKS})");
+                let tasks_sql = format!("DELETE FROM tasks WHERE {OLD_TASK}");
                 let outages_sql = "DELETE FROM outages WHERE ended_at IS NOT NULL AND ended_at < $2 AND $1 = $1".to_string();
                 let notes_sql = "DELETE FROM chunk_notes WHERE noted_at < $2 AND chunk_id IN
                     (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.pipeline = $1)"

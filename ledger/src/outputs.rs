@@ -124,6 +124,45 @@ impl Ledger {
         .await
     }
 
+    /// Chunks of this pipeline whose staged copy is no longer needed: transformed (or, after a
+    /// prune, published) before `cutoff_ms`.
+    pub async fn transformed_before(&self, cutoff_ms: i64) -> Result<std::collections::HashSet<String>> {
+        self.call("transformed_before", || async move {
+            on_backend!(self, |pool, begin| {
+                let ids: Vec<String> = sqlx::query_scalar(
+                    "SELECT DISTINCT chunk_id FROM tasks WHERE pipeline = $1 AND state = 'done' AND finalized_at < $2
+                       AND stage IN ('transform', 'load')
+                       AND NOT EXISTS (SELECT 1 FROM tasks x WHERE x.chunk_id = tasks.chunk_id AND x.state <> 'done')",
+                )
+                .bind(self.pipeline())
+                .bind(cutoff_ms)
+                .fetch_all(pool)
+                .await
+                .map_err(db("transformed_before"))?;
+                Ok(ids.into_iter().collect())
+            })
+        })
+        .await
+    }
+
+    /// Every file the ledger says this pipeline published into `table`: (path, chunk, bytes).
+    pub async fn published_files(&self, table: &str) -> Result<Vec<(String, String, i64)>> {
+        self.call("published_files", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_as(
+                    "SELECT p.path, p.chunk_id, p.bytes FROM published p JOIN chunks c ON c.id = p.chunk_id
+                     JOIN source_files f ON f.id = c.file_id WHERE p.table_name = $1 AND f.pipeline = $2 ORDER BY p.path",
+                )
+                .bind(table)
+                .bind(self.pipeline())
+                .fetch_all(pool)
+                .await
+                .map_err(db("published_files"))
+            })
+        })
+        .await
+    }
+
     /// The files the ledger says `chunk_id` has in the table: (path, content hash).
     pub async fn published_of(&self, chunk_id: &str) -> Result<Vec<(String, String)>> {
         self.call("published_of", || async move {

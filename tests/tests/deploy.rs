@@ -49,7 +49,7 @@ fn install_puts_binaries_units_and_config_in_place_and_systemd_accepts_the_units
     // systemd's own checker, on the units as installed: their ExecStart points at the binaries
     // just installed under the test root.
     let units: Vec<PathBuf> = std::fs::read_dir(etc.join("systemd/system")).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(units.len(), 12, "service, timer and watch service per stage: {units:?}");
+    assert_eq!(units.len(), 14, "service, timer and watch service per stage, and gc's service and timer: {units:?}");
     let dir = tempfile::tempdir().unwrap();
     let mut rewritten = Vec::new();
     for u in &units {
@@ -107,11 +107,19 @@ fn kubernetes_manifests_pass_the_schema_check() {
     assert_eq!(files.len(), 3);
     let out = Command::new("kubernetes-validate").arg("--strict").args(&files).output().unwrap();
     let text = ok(&out, "kubernetes-validate");
-    for kind in ["configmap/", "secret/", "persistentvolumeclaim/", "cronjob/ferry-extract", "cronjob/ferry-load", "deployment/ferry"] {
+    for kind in [
+        "configmap/",
+        "secret/",
+        "persistentvolumeclaim/",
+        "cronjob/ferry-extract",
+        "cronjob/ferry-load",
+        "cronjob/ferry-gc",
+        "deployment/ferry",
+    ] {
         assert!(text.contains(&format!("passed for resource {kind}")), "{kind}: {text}");
     }
     let cron = std::fs::read_to_string(deploy().join("kubernetes/ferry-cronjobs.yaml")).unwrap();
-    assert_eq!(cron.matches("concurrencyPolicy: Forbid").count(), 4);
+    assert_eq!(cron.matches("concurrencyPolicy: Forbid").count(), 5);
     // The validator is strict: a misspelt field fails.
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
@@ -124,7 +132,8 @@ fn kubernetes_manifests_pass_the_schema_check() {
 fn cron_lines_lock_and_run_each_stage_once() {
     let cron = std::fs::read_to_string(deploy().join("cron/ferry")).unwrap();
     let jobs: Vec<&str> = cron.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty() && !l.contains('=')).collect();
-    assert_eq!(jobs.len(), 4, "{jobs:?}");
+    assert_eq!(jobs.len(), 5, "{jobs:?}");
+    assert!(jobs[4].contains("flock -n /var/lib/ferry/gc.lock") && jobs[4].contains("exec ferry gc"), "{}", jobs[4]);
     for (job, st) in jobs.iter().zip(["extract", "transform", "copy", "load"]) {
         let fields: Vec<&str> = job.split_whitespace().collect();
         assert_eq!(&fields[..6], ["*", "*", "*", "*", "*", "ferry"], "minute, hour, day, month, weekday, user: {job}");

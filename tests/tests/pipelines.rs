@@ -188,3 +188,56 @@ fn prune_keeps_exactly_once() {
     all_stages(&p, &p.config);
     assert_eq!(p.table_digest()["rows"], before["rows"].as_i64().unwrap() + 100);
 }
+
+/// `ferry verify` finds a published file that went missing, one that changed size and one the
+/// ledger does not know; `--requeue` runs the damaged chunks again and the table is whole.
+/// `ferry gc` removes staged chunks past `transform.keep_staged`.
+#[test]
+fn verify_finds_and_requeues_damage_and_gc_removes_old_staged_chunks() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 2, 400, 8);
+    all_stages(&p, &p.config);
+    let before = p.table_digest();
+    let verify = |args: &[&str]| {
+        let out = p.command("ferry").arg("verify").args(args).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, text) = verify(&[]);
+    assert_eq!(code, Some(0), "{text}");
+    let files: Vec<PathBuf> = walk(&p.path("wh/events")).into_iter().filter(|f| f.extension().is_some_and(|e| e == "parquet")).collect();
+    assert!(files.len() >= 3, "{files:?}");
+    std::fs::remove_file(&files[0]).unwrap();
+    std::fs::write(&files[1], b"not parquet").unwrap();
+    let stray = files[2].with_file_name("part-somebody-else.parquet");
+    std::fs::copy(&files[2], &stray).unwrap();
+    let (code, text) = verify(&[]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(text.contains("1 missing, 1 of the wrong size, 1 extra"), "{text}");
+    let (code, text) = verify(&["--requeue"]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!((1..=2).contains(&text.matches("will run again").count()), "the damaged files' chunks: {text}");
+    std::fs::remove_file(&stray).unwrap();
+    all_stages(&p, &p.config);
+    let (code, text) = verify(&[]);
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(p.table_digest(), before, "whole again, nothing doubled");
+    // Staged chunks: kept within transform.keep_staged, removed by gc after it.
+    let staged = || walk(&p.path("staging")).len();
+    assert!(staged() > 0);
+    assert!(p.command("ferry").arg("gc").output().unwrap().status.success());
+    assert!(staged() > 0, "within keep_staged (7 days by default)");
+    let cfg = std::fs::read_to_string(&p.config).unwrap().replace("[transform]\n", "[transform]\nkeep_staged = \"0s\"\n");
+    std::fs::write(&p.config, cfg).unwrap();
+    let out = p.command("ferry").arg("gc").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(staged(), 0, "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+    }
+    out
+}
