@@ -152,7 +152,7 @@ impl Ledger {
     pub async fn rerun(&self, chunk: &str, from: Stage, dry_run: bool) -> Result<Vec<Stage>> {
         let now = self.now_ms();
         let plan: Vec<Stage> = std::iter::successors(Some(from), |s| s.next()).collect();
-        let stages: Vec<(String, String)> = self
+        let stages: (Vec<(String, String)>, bool) = self
             .call("rerun", || async move {
                 on_backend!(self, |pool, begin| {
                     let op = "rerun";
@@ -164,8 +164,28 @@ impl Ledger {
                             .fetch_all(&mut *tx)
                             .await
                             .map_err(db(op))?;
-                    let ready =
-                        rows.iter().any(|(s, _)| s == from.as_str()) && !rows.iter().any(|(_, st)| st == TaskState::Running.as_str());
+                    let running = rows.iter().any(|(_, st)| st == TaskState::Running.as_str());
+                    // `ferry prune` deletes the transform and copy tasks of published chunks:
+                    // a rerun from there recreates the task (a later stage shows the chunk got
+                    // past it), and each stage hands the chunk on as usual.
+                    let later = std::iter::successors(from.next(), |s| s.next()).any(|l| rows.iter().any(|(s, _)| s == l.as_str()));
+                    let missing = !rows.iter().any(|(s, _)| s == from.as_str()) && later;
+                    if missing && !running && !dry_run {
+                        sqlx::query(
+                            "INSERT INTO tasks (pipeline, chunk_id, stage, state, max_attempts, scheduled_at, created_at)
+                             SELECT pipeline, chunk_id, $2, $3, max_attempts, $4, $4 FROM tasks WHERE chunk_id = $1 AND pipeline = $5
+                             ORDER BY id LIMIT 1",
+                        )
+                        .bind(chunk)
+                        .bind(from.as_str())
+                        .bind(TaskState::Available.as_str())
+                        .bind(now)
+                        .bind(self.pipeline())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                    }
+                    let ready = (missing || rows.iter().any(|(s, _)| s == from.as_str())) && !running;
                     if ready && !dry_run {
                         sqlx::query(
                             "UPDATE tasks SET state = $3, attempt = 0, scheduled_at = $4, finalized_at = NULL,
@@ -182,10 +202,11 @@ impl Ledger {
                         sqlx::query("DELETE FROM skips WHERE chunk_id = $1").bind(chunk).execute(&mut *tx).await.map_err(db(op))?;
                     }
                     tx.commit().await.map_err(db(op))?;
-                    Ok(rows)
+                    Ok((rows, missing))
                 })
             })
             .await?;
+        let (stages, recreated) = stages;
         let bad = |m: String| crate::Error::Config(ferry_common::error::ConfigError::new("--chunk", m));
         if stages.is_empty() {
             return Err(bad(format!("no chunk {chunk} in pipeline {:?} of the ledger", self.pipeline())));
@@ -193,7 +214,7 @@ impl Ledger {
         if let Some((s, _)) = stages.iter().find(|(_, st)| st == TaskState::Running.as_str()) {
             return Err(bad(format!("chunk {chunk} is running in {s} now; wait for it (or stop that stage) and run this again")));
         }
-        if !stages.iter().any(|(s, _)| s == from.as_str()) {
+        if !recreated && !stages.iter().any(|(s, _)| s == from.as_str()) {
             return Err(bad(format!("chunk {chunk} has not reached {from} yet; it will run there by itself")));
         }
         Ok(plan)

@@ -181,6 +181,15 @@ fn prune_keeps_exactly_once() {
     // Every stage again: nothing is redone or doubled; a new file still flows.
     all_stages(&p, &p.config);
     assert_eq!(p.table_digest(), before, "nothing published twice");
+    // A pruned chunk can still be run again from transform (its staged copy is kept): the
+    // task is recreated and load replaces the chunk's own files.
+    let chunk = p.sql("SELECT id FROM chunks ORDER BY id LIMIT 1");
+    let out = p.command("ferry").args(["rerun", "--chunk", &chunk, "--from", "transform"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("transform -> copy -> load"), "{}", String::from_utf8_lossy(&out.stdout));
+    all_stages(&p, &p.config);
+    assert_eq!(p.count(&format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{chunk}' AND state = 'done'")), 3);
+    assert_eq!(p.table_digest(), before, "rerun after prune: the same table");
     p.generate("more", "jsonl", "null", 1, 100, 7);
     for e in std::fs::read_dir(p.path("more")).unwrap().flatten() {
         std::fs::rename(e.path(), p.path(&format!("in/more-{}", e.file_name().to_string_lossy()))).unwrap();
