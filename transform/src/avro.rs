@@ -119,6 +119,47 @@ impl<R: Read> Input<R> {
         Ok(&self.buf[self.pos..self.end])
     }
 
+    /// The next block of a file with `sync` and `codec` (`index` counts blocks, for errors),
+    /// `None` at the end. Its sizes are checked against `limit` and it must end with the sync
+    /// marker before anything is decompressed (into `scratch`, unless the codec is null).
+    /// The caller consumes `total` bytes when done with `data`.
+    fn block<'a>(
+        &'a mut self,
+        sync: &[u8; 16],
+        codec: Codec,
+        index: u64,
+        limit: usize,
+        scratch: &'a mut Vec<u8>,
+    ) -> Result<Option<Block<'a>>, TransformError> {
+        let at = self.offset;
+        let block_err = |what: &str| corrupt(format!("Avro block {index} at byte {at}: {what}"));
+        let head = self.ensure(20)?;
+        if head.is_empty() {
+            return Ok(None);
+        }
+        let b = match BlockHead::parse(head, index, at, limit) {
+            Parse::Done(b) => b,
+            Parse::Corrupt(m) => return Err(corrupt(m)),
+            Parse::More => return Err(block_err("truncated block header")),
+        };
+        let block = self.ensure(b.total())?;
+        if block.len() < b.total() {
+            return Err(block_err(&format!("truncated: the file ends inside the block ({} of {} bytes)", block.len(), b.total())));
+        }
+        if block[b.len + b.size..b.total()] != *sync {
+            return Err(block_err("does not end with the file's sync marker"));
+        }
+        let data = &block[b.len..b.len + b.size];
+        let data: &[u8] = match codec {
+            Codec::Null => data,
+            codec => {
+                decompress(codec, data, scratch, limit).map_err(|e| block_err(&format!("{}: {e}", codec.name())))?;
+                scratch
+            }
+        };
+        Ok(Some(Block { records: b.records, data, total: b.total() }))
+    }
+
     /// Reads whatever is left (normally nothing) so the hash covers the whole file.
     fn drain(mut self) -> Result<(), TransformError> {
         self.pos = self.end;
@@ -166,21 +207,17 @@ impl<R: Read> Reframe<R> {
     fn new(input: Input<R>, h: &Header, target: &SchemaRef, limit: usize) -> Result<Reframe<R>, TransformError> {
         let codec = Codec::parse(&h.codec)
             .ok_or_else(|| corrupt(format!("Avro codec {:?} is not supported (null, deflate, snappy, zstandard)", h.codec)))?;
+        // A container header and no blocks: what the writer writes for a file with no records.
         let header = |schema: &str| {
-            let mut out = ferry_formats::avro::MAGIC.to_vec();
-            ferry_formats::avro::write_long(&mut out, 2);
-            ferry_formats::avro::write_bytes(&mut out, b"avro.schema");
-            ferry_formats::avro::write_bytes(&mut out, schema.as_bytes());
-            ferry_formats::avro::write_bytes(&mut out, b"avro.codec");
-            ferry_formats::avro::write_bytes(&mut out, b"null");
-            ferry_formats::avro::write_long(&mut out, 0);
-            out.extend_from_slice(&h.sync);
-            out
+            ferry_formats::avro::Writer::new(Vec::new(), schema, Codec::Null, h.sync)
+                .and_then(|w| w.finish())
+                .map_err(TransformError::internal)
         };
         // Strings as bytes only where every column can be cast back to its own type.
-        let as_bytes = serde_json::from_str::<serde_json::Value>(&h.schema)
-            .ok()
-            .and_then(|mut v| strings_as_bytes(&mut v).then(|| header(&v.to_string())));
+        let as_bytes = match serde_json::from_str::<serde_json::Value>(&h.schema) {
+            Ok(mut v) => strings_as_bytes(&mut v).then(|| header(&v.to_string())).transpose()?,
+            Err(_) => None,
+        };
         let castable = |raw: &[u8]| {
             let Ok(r) = arrow_avro::reader::ReaderBuilder::new().build(raw) else { return false };
             let got = r.schema();
@@ -189,39 +226,23 @@ impl<R: Read> Reframe<R> {
         };
         let out = match as_bytes {
             Some(raw) if castable(&raw) => raw,
-            _ => header(&h.schema),
+            _ => header(&h.schema)?,
         };
         Ok(Reframe { input, codec, sync: h.sync, limit, out, pos: 0, scratch: Vec::new(), index: 0 })
     }
 
     /// The next block, uncompressed, into `out`; false at the end of the file.
     fn next_block(&mut self) -> Result<bool, TransformError> {
-        let (index, at) = (self.index, self.input.offset);
-        let block_err = |what: &str| corrupt(format!("Avro block {index} at byte {at}: {what}"));
-        let head = self.input.ensure(20)?;
-        if head.is_empty() {
+        let Some(b) = self.input.block(&self.sync, self.codec, self.index, self.limit, &mut self.scratch)? else {
             return Ok(false);
-        }
-        let b = match BlockHead::parse(head, index, at, self.limit) {
-            Parse::Done(b) => b,
-            Parse::Corrupt(m) => return Err(corrupt(m)),
-            Parse::More => return Err(block_err("truncated block header")),
         };
-        let block = self.input.ensure(b.total())?;
-        if block.len() < b.total() {
-            return Err(block_err(&format!("truncated: the file ends inside the block ({} of {} bytes)", block.len(), b.total())));
-        }
-        if block[b.len + b.size..b.total()] != self.sync {
-            return Err(block_err("does not end with the file's sync marker"));
-        }
-        decompress(self.codec, &block[b.len..b.len + b.size], &mut self.scratch, self.limit)
-            .map_err(|e| block_err(&format!("{}: {e}", self.codec.name())))?;
         self.out.clear();
         ferry_formats::avro::write_long(&mut self.out, b.records as i64);
-        ferry_formats::avro::write_bytes(&mut self.out, &self.scratch);
+        ferry_formats::avro::write_bytes(&mut self.out, b.data);
         self.out.extend_from_slice(&self.sync);
         self.pos = 0;
-        self.input.consume(b.total());
+        let total = b.total;
+        self.input.consume(total);
         self.index += 1;
         Ok(true)
     }
@@ -424,6 +445,15 @@ fn invalid_utf8(a: &BinaryArray) -> Vec<usize> {
     (0..a.len()).filter(|&i| a.is_valid(i) && std::str::from_utf8(a.value(i)).is_err()).collect()
 }
 
+/// One block's records, as [`Input::block`] found them.
+struct Block<'a> {
+    records: u64,
+    /// The records' bytes, decompressed.
+    data: &'a [u8],
+    /// Bytes the block takes in the file.
+    total: usize,
+}
+
 fn corrupt(msg: String) -> TransformError {
     TransformError::BadInput(msg)
 }
@@ -572,31 +602,9 @@ impl Plan {
         }
         loop {
             let at = input.offset;
-            let head = input.ensure(20)?;
-            if head.is_empty() {
-                break;
-            }
             let block_err = |what: &str| corrupt(format!("Avro block {index} at byte {at}: {what}"));
-            let (count, size, start) = match BlockHead::parse(head, index, at, limit) {
-                Parse::Done(b) => (b.records, b.size, b.len),
-                Parse::Corrupt(m) => return Err(corrupt(m)),
-                Parse::More => return Err(block_err("truncated block header")),
-            };
-            let total = start + size + 16;
-            let block = input.ensure(total)?;
-            if block.len() < total {
-                return Err(block_err(&format!("truncated: the file ends inside the block ({} of {total} bytes)", block.len())));
-            }
-            if block[start + size..total] != h.sync {
-                return Err(block_err("does not end with the file's sync marker"));
-            }
-            let data = &block[start..start + size];
-            let data: &[u8] = match codec {
-                Codec::Null => data,
-                codec => {
-                    decompress(codec, data, &mut scratch, limit).map_err(|e| block_err(&format!("{}: {e}", codec.name())))?;
-                    &scratch
-                }
+            let Some(Block { records: count, data, total }) = input.block(&h.sync, codec, index, limit, &mut scratch)? else {
+                break;
             };
             let mut cur = Cursor { data, pos: 0 };
             for i in 0..count {
