@@ -28,7 +28,8 @@
 //! does not retry; or a 412 that may be our own lost success) we HEAD the key and accept it
 //! only if size and blake3 match; otherwise the chunk is retried under a new temp key. A
 //! multipart upload that fails is aborted; one cut off by a watchdog is aborted from a
-//! background task; one orphaned by a crash is found by gc (`ferry gc`, or copy's start) with
+//! background task (each abort is repeated until the upload is no longer listed: a part in
+//! flight may land after the first); one orphaned by a crash is found by gc (`ferry gc`, or copy's start) with
 //! ListMultipartUploads under the store's root and aborted once older than a copy deadline
 //! plus two leases (no live upload is older: its watchdog ends it). With
 //! only instance credentials (no static keys to sign that request) a bucket lifecycle rule
@@ -57,6 +58,8 @@ use crate::error::{Error, Result};
 use ferry_common::config::StoreOptions;
 
 const HASH_META: &str = "blake3";
+/// How many times one multipart upload is aborted before gc is left to finish it.
+const ABORT_TRIES: u32 = 6;
 
 #[derive(Debug)]
 pub struct S3Store {
@@ -305,7 +308,7 @@ impl S3Store {
         }
     }
 
-    pub async fn upload(&self, local: &Path, rel: &str, expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
+    pub async fn upload(self: &Arc<Self>, local: &Path, rel: &str, expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
         let size = tokio::fs::metadata(local).await.map_err(|e| Error::io(local.display(), e))?.len();
         if size <= self.opts.s3.part_size.0 {
             return self.put_small(local, rel, expected, &progress).await;
@@ -362,30 +365,56 @@ impl S3Store {
 
     /// A multipart upload whose object carries `hash`; returns the hash of the bytes sent. If
     /// they differ from `hash` the upload is aborted, not completed.
-    async fn put_multipart(&self, local: &Path, rel: &str, hash: &str, progress: &Progress) -> Result<String> {
+    async fn put_multipart(self: &Arc<Self>, local: &Path, rel: &str, hash: &str, progress: &Progress) -> Result<String> {
         let key = self.key(rel);
         let opts = PutMultipartOptions { attributes: hash_attr(hash), ..Default::default() };
         let id = self.call("CreateMultipartUpload", rel, self.store.create_multipart_opts(&key, opts)).await?;
-        let guard = AbortOnDrop { store: self.store.clone(), key: key.clone(), id: id.clone(), armed: true };
+        let guard = AbortOnDrop { store: self.clone(), rel: rel.to_string(), id: id.clone(), armed: true };
         let res = self.send_parts(local, rel, &key, &id, hash, progress).await;
         let mut guard = guard;
+        guard.armed = false;
         match res {
             Ok(Some(sent)) => {
                 // Bytes differ from what the caller expects: never complete them.
-                guard.armed = false;
-                let _ = tokio::time::timeout(self.budget(), self.store.abort_multipart(&key, &id)).await;
+                self.abort_upload(rel, &id).await;
                 Ok(sent)
             }
-            Ok(None) => {
-                guard.armed = false;
-                Ok(hash.to_string())
-            }
+            Ok(None) => Ok(hash.to_string()),
             Err(e) => {
-                guard.armed = false;
-                let _ = tokio::time::timeout(self.budget(), self.store.abort_multipart(&key, &id)).await;
+                self.abort_upload(rel, &id).await;
                 Err(e)
             }
         }
+    }
+
+    /// Aborts one multipart upload and makes sure it is gone. A part still in flight when the
+    /// abort lands (a dropped request the server is still storing) may be stored after it and
+    /// bring the upload back: S3 says an abort may have to be repeated until the upload is no
+    /// longer listed. So: abort, look, and abort again, 0.25 s apart doubling, at most
+    /// `ABORT_TRIES` times. What is still left is logged and left to gc, which finds every
+    /// upload under the store's root. Never fails: the caller has its own outcome to report.
+    async fn abort_upload(&self, rel: &str, id: &str) {
+        let key = self.key(rel);
+        let mut wait = Duration::from_millis(250);
+        for attempt in 1..=ABORT_TRIES {
+            match self.call("AbortMultipartUpload", rel, self.store.abort_multipart(&key, &id.to_string())).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => tracing::debug!(key = %self.url(rel), upload = %id, attempt, error = %e, "abort failed"),
+            }
+            if self.credential.is_none() {
+                // Nothing to list with: the bucket's lifecycle rule is the backstop.
+                return;
+            }
+            tokio::time::sleep(wait).await;
+            wait *= 2;
+            match self.uploads(rel).await {
+                Ok(left) if !left.iter().any(|u| u.1 == id) => return,
+                Ok(_) => {}
+                Err(e) => tracing::debug!(key = %self.url(rel), upload = %id, error = %e, "cannot list multipart uploads"),
+            }
+        }
+        tracing::warn!(key = %self.url(rel), upload = %id, tries = ABORT_TRIES, "multipart upload still listed after aborting it; gc will abort it again");
     }
 
     /// Sends every part, hashing as it goes, and completes the upload if the hash is `hash`.
@@ -447,14 +476,26 @@ impl S3Store {
     }
 
     /// Multipart uploads under the store's root started before `cutoff_ms`, as (key, upload
-    /// id), from ListMultipartUploads (signed here: object_store has no call for it). Empty,
-    /// with a log line, when only instance credentials are available.
+    /// id). Empty, with a log line, when only instance credentials are available.
     pub async fn abandoned_uploads(&self, cutoff_ms: i64) -> Result<Vec<(String, String)>> {
-        let Some(cred) = &self.credential else {
+        if self.credential.is_none() {
             tracing::info!("no static S3 credentials: abandoned multipart uploads are left to the bucket's lifecycle rule");
             return Ok(vec![]);
-        };
+        }
         let prefix = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
+        Ok(self.list_uploads(&prefix).await?.into_iter().filter(|u| u.2 < cutoff_ms).map(|(k, id, _)| (k, id)).collect())
+    }
+
+    /// Multipart uploads of the key `rel`, as (key, upload id, started ms).
+    async fn uploads(&self, rel: &str) -> Result<Vec<(String, String, i64)>> {
+        let key = self.key_str(rel);
+        Ok(self.list_uploads(&key).await?.into_iter().filter(|u| u.0 == key).collect())
+    }
+
+    /// ListMultipartUploads for keys starting with `prefix` (signed here: object_store has no
+    /// call for it), as (key, upload id, started ms). Needs static credentials.
+    async fn list_uploads(&self, prefix: &str) -> Result<Vec<(String, String, i64)>> {
+        let Some(cred) = &self.credential else { return Ok(vec![]) };
         let enc: String = url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect();
         let uri = format!("{}?uploads&prefix={enc}", self.bucket_url);
         let what = format!("ListMultipartUploads {}", self.url(""));
@@ -486,9 +527,7 @@ impl S3Store {
             };
             let (Some(key), Some(id), Some(initiated)) = (field("Key"), field("UploadId"), field("Initiated")) else { continue };
             let started = chrono::DateTime::parse_from_rfc3339(&initiated).map(|t| t.timestamp_millis()).unwrap_or(i64::MAX);
-            if started < cutoff_ms {
-                out.push((key, id));
-            }
+            out.push((key, id, started));
         }
         Ok(out)
     }
@@ -528,8 +567,8 @@ fn hash_attr(hash: &str) -> Attributes {
 
 /// A multipart upload cut off by a watchdog (its future dropped) is aborted in the background.
 struct AbortOnDrop {
-    store: Arc<AmazonS3>,
-    key: Key,
+    store: Arc<S3Store>,
+    rel: String,
     id: String,
     armed: bool,
 }
@@ -539,11 +578,9 @@ impl Drop for AbortOnDrop {
         if !self.armed {
             return;
         }
-        let (store, key, id) = (self.store.clone(), self.key.clone(), self.id.clone());
+        let (store, rel, id) = (self.store.clone(), std::mem::take(&mut self.rel), std::mem::take(&mut self.id));
         if let Ok(h) = tokio::runtime::Handle::try_current() {
-            h.spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(60), store.abort_multipart(&key, &id)).await;
-            });
+            h.spawn(async move { store.abort_upload(&rel, &id).await });
         }
     }
 }

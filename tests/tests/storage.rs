@@ -199,9 +199,14 @@ fn s3_conditional_create_and_abandoned_multipart() {
         }
         task.abort();
         assert!(task.await.unwrap_err().is_cancelled());
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The abort runs in the background, and again while parts that were in flight still
+        // land (up to six tries, 0.25 s apart doubling: under 16 s plus the requests).
+        let gone = Instant::now() + Duration::from_secs(60);
+        while !store.abandoned_uploads(chrono_now_ms() + 60_000).await.unwrap().is_empty() {
+            assert!(Instant::now() < gone, "the cut-off upload aborted itself");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         assert!(store.head("_ferry/tmp/big.1.0").await.unwrap().is_none(), "never completed");
-        assert!(store.abandoned_uploads(chrono_now_ms() + 60_000).await.unwrap().is_empty(), "the cut-off upload aborted itself");
 
         // A crashed uploader's multipart upload (created here with object_store directly, then
         // left): gc lists it with ListMultipartUploads and aborts it, once old enough.
