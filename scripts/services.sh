@@ -23,7 +23,8 @@ ferry_apt() { # ferry_apt CMD PACKAGE...: installs PACKAGEs unless CMD already e
 ferry_pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
 
 # Starts a throwaway PostgreSQL on 127.0.0.1 and exports FERRY_TEST_POSTGRES. Stopped by
-# ferry_stop_postgres (the caller traps EXIT).
+# ferry_stop_postgres (the caller traps EXIT). With FERRY_PG_ALSO="ADDRESS SUBNET" it also
+# listens on ADDRESS and trusts clients from SUBNET (network namespaces behind a bridge).
 ferry_start_postgres() {
   ferry_apt initdb postgresql
   local bin; bin=$(ferry_pg_bin)
@@ -32,8 +33,14 @@ ferry_start_postgres() {
   local as=(); [ "$(id -u)" = 0 ] && as=(runuser -u postgres --)
   FERRY_PG_PORT=${FERRY_PG_PORT:-$(( 20000 + RANDOM % 20000 ))}
   "${as[@]}" "$bin/initdb" -D "$FERRY_PG_DIR/data" -U postgres --auth=trust -E UTF8 >/dev/null
+  local listen=127.0.0.1
+  if [ -n "${FERRY_PG_ALSO:-}" ]; then
+    set -- $FERRY_PG_ALSO
+    listen="$listen,$1"
+    echo "host all all $2 trust" >> "$FERRY_PG_DIR/data/pg_hba.conf"
+  fi
   "${as[@]}" "$bin/pg_ctl" -D "$FERRY_PG_DIR/data" -l "$FERRY_PG_DIR/log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -p $FERRY_PG_PORT -c unix_socket_directories=$FERRY_PG_DIR -c max_connections=200" start >/dev/null
+    -o "-c listen_addresses=$listen -p $FERRY_PG_PORT -c unix_socket_directories=$FERRY_PG_DIR -c max_connections=200" start >/dev/null
   export FERRY_PG_DIR FERRY_PG_PORT
   export FERRY_TEST_POSTGRES="postgres://postgres@127.0.0.1:$FERRY_PG_PORT/postgres"
   echo "postgres on 127.0.0.1:$FERRY_PG_PORT ($FERRY_PG_DIR)" >&2

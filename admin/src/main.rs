@@ -137,8 +137,13 @@ enum Cmd {
     /// each later stage runs again after it. Load replaces the chunk's published files.
     /// `--from transform` needs the staged chunk, `copy` the spool file, `load` the landed one.
     Rerun {
+        #[arg(long, required_unless_present = "spool_node", conflicts_with = "spool_node")]
+        chunk: Option<String>,
+        /// Every chunk waiting for a copy on this spool node (a host that is gone for good,
+        /// its spool with it): each is transformed again wherever a transform runs. Needs
+        /// `--from transform`.
         #[arg(long)]
-        chunk: String,
+        spool_node: Option<String>,
         /// transform, copy or load.
         #[arg(long)]
         from: Stage,
@@ -269,11 +274,25 @@ async fn run(cli: Cli) -> Result<i32, Error> {
                 println!("{verb} {n} task(s)");
             }
         }
-        Cmd::Rerun { chunk, from, dry_run } => {
+        Cmd::Rerun { chunk, spool_node, from, dry_run } => {
             let ledger = existing_ledger(&url).await?;
-            let plan = ledger.rerun(&chunk, from, dry_run).await?;
             let verb = if dry_run { "would run" } else { "will run" };
-            println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
+            let chunks = match (chunk, spool_node) {
+                (Some(c), _) => vec![c],
+                (None, Some(node)) => {
+                    if from != Stage::Transform {
+                        return Err(ConfigError::new("--from", "--spool-node needs --from transform: the spool's Parquet is gone").into());
+                    }
+                    let chunks = ledger.copies_waiting_on(&node).await?;
+                    println!("pipeline {}: {} chunk(s) wait for a copy on spool node {node:?}", ledger.pipeline(), chunks.len());
+                    chunks
+                }
+                (None, None) => unreachable!("clap requires --chunk or --spool-node"),
+            };
+            for chunk in chunks {
+                let plan = ledger.rerun(&chunk, from, dry_run).await?;
+                println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
+            }
         }
         Cmd::Verify { requeue } => {
             let cfg = Config::load(config()?)?;

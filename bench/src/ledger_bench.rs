@@ -3,6 +3,9 @@
 //! `ledger-bench --ledger URL --workers N --batch B --tasks T` seeds T tasks, then N concurrent
 //! workers claim B at a time and complete each (one transaction per claim, one per complete,
 //! each complete writing the attempt history and the next stage's task, as the stages do).
+//!
+//! For several hosts on one ledger (`bench/scaleout.sh`): `--phase seed` only seeds, then one
+//! `--phase work` per host claims and completes until nothing is left.
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +23,9 @@ struct Args {
     batch: i64,
     #[arg(long, default_value_t = 20_000)]
     tasks: i64,
+    /// all (seed, then work), seed or work.
+    #[arg(long, default_value = "all", value_parser = ["all", "seed", "work"])]
+    phase: String,
 }
 
 #[tokio::main]
@@ -32,7 +38,8 @@ async fn main() {
 
     let t = Instant::now();
     let per_file = 1000;
-    for f in 0..(args.tasks + per_file - 1) / per_file {
+    let seed = args.phase != "work";
+    for f in 0..if seed { (args.tasks + per_file - 1) / per_file } else { 0 } {
         let hash = blake3::hash(format!("{run}-{f}").as_bytes()).to_hex().to_string();
         let file = ledger
             .register_file(&NewSourceFile {
@@ -62,6 +69,10 @@ async fn main() {
         ledger.record_chunks(file.id, &chunks, Stage::Transform).await.expect("chunks");
     }
     let seeded = t.elapsed();
+    if args.phase == "seed" {
+        println!("backend={} tasks={} seed={:.2}s", ledger.backend_name(), args.tasks, seeded.as_secs_f64());
+        return;
+    }
 
     let t = Instant::now();
     let mut workers = Vec::new();
@@ -69,7 +80,7 @@ async fn main() {
         let ledger = ledger.clone();
         let batch = args.batch;
         workers.push(tokio::spawn(async move {
-            let me = format!("bench-{w}");
+            let me = format!("bench-{}-{w}", std::process::id());
             let mut done = 0u64;
             loop {
                 let leases = ledger.claim(Stage::Transform, &me, batch).await.expect("claim");

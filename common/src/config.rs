@@ -615,6 +615,22 @@ impl Default for S3Options {
 pub struct SpoolSection {
     /// Local disk where transform writes Parquet for copy to ship.
     pub dir: PathBuf,
+    /// The name of this spool (by default the host's name). Only a copy on the same node as
+    /// the transform that wrote a chunk claims that chunk: another host cannot read this disk.
+    /// Give every host its own name; hosts that mount one shared spool (NFS, one Kubernetes
+    /// volume for a pod whose name changes at each restart) share one fixed name.
+    #[serde(default = "host_name")]
+    pub node: String,
+}
+
+/// The machine's host name, the default spool node.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -802,6 +818,9 @@ impl Config {
             || !self.pipeline.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
         {
             return Err(format!("pipeline: {:?} must be 1-64 letters, digits, '_', '-' or '.'", self.pipeline));
+        }
+        if self.spool.node.trim().is_empty() || self.spool.node.len() > 255 {
+            return Err(format!("spool.node: {:?} must be 1-255 characters", self.spool.node));
         }
         if self.source.disposition == Disposition::Archive && self.source.archive_url.is_none() {
             return Err("source.archive_url: required when source.disposition = \"archive\"".into());

@@ -144,6 +144,25 @@ impl Ledger {
         .await
     }
 
+    /// The chunks of this pipeline whose copy waits for spool node `node` (not running):
+    /// what `ferry rerun --spool-node` sends back to transform when that node is gone.
+    pub async fn copies_waiting_on(&self, node: &str) -> Result<Vec<String>> {
+        self.call("copies_waiting_on", || async move {
+            on_backend!(self, |pool, _begin| {
+                sqlx::query_scalar(
+                    "SELECT chunk_id FROM tasks WHERE pipeline = $1 AND stage = 'copy' AND node = $2
+                       AND state IN ('available', 'retryable') ORDER BY chunk_id",
+                )
+                .bind(self.pipeline())
+                .bind(node)
+                .fetch_all(pool)
+                .await
+                .map_err(db("copies_waiting_on"))
+            })
+        })
+        .await
+    }
+
     /// Runs `chunk` again from stage `from` on: that stage's task becomes available with a
     /// fresh budget (whatever its state); each later stage's task is reset when the stage
     /// before it completes (the `tasks_on_done` trigger), and load replaces the chunk's
@@ -478,29 +497,36 @@ impl Ledger {
                     .await
                     .map_err(db(op))?;
                     let recent = sqlx::query_as(
-                        "SELECT stage, COUNT(*), CAST(COALESCE(SUM(records), 0) AS BIGINT), CAST(COALESCE(SUM(bytes), 0) AS BIGINT)
-                         FROM attempts WHERE outcome = $2 AND ended_at >= $1 GROUP BY stage",
+                        "SELECT a.stage, COUNT(*), CAST(COALESCE(SUM(a.records), 0) AS BIGINT), CAST(COALESCE(SUM(a.bytes), 0) AS BIGINT)
+                         FROM attempts a JOIN chunks c ON c.id = a.chunk_id JOIN source_files f ON f.id = c.file_id
+                         WHERE a.outcome = $2 AND a.ended_at >= $1 AND f.pipeline = $3 GROUP BY a.stage",
                     )
                     .bind(now - window_ms)
                     .bind(AttemptOutcome::Done.as_str())
+                    .bind(self.pipeline())
                     .fetch_all(pool)
                     .await
                     .map_err(db(op))?;
                     let redone = sqlx::query_as(
-                        "SELECT stage, CAST(SUM(attempts) AS BIGINT), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM redone_work GROUP BY stage",
+                        "SELECT stage, CAST(SUM(attempts) AS BIGINT), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM redone_work
+                         WHERE pipeline = $1 GROUP BY stage",
                     )
+                    .bind(self.pipeline())
                     .fetch_all(pool)
                     .await
                     .map_err(db(op))?;
                     let stuck = sqlx::query_as(
-                        "SELECT task_id, chunk_id, stage, lease_owner, lease_expires_at FROM stuck_leases ORDER BY lease_expires_at",
+                        "SELECT s.task_id, s.chunk_id, s.stage, s.lease_owner, s.lease_expires_at FROM stuck_leases s
+                         JOIN tasks t ON t.id = s.task_id WHERE t.pipeline = $1 ORDER BY s.lease_expires_at",
                     )
+                    .bind(self.pipeline())
                     .fetch_all(pool)
                     .await
                     .map_err(db(op))?;
                     let failures = sqlx::query_as(
-                        "SELECT ended_at, stage, chunk_id, attempt, worker, outcome, error FROM recent_failures LIMIT 10",
+                        "SELECT ended_at, stage, chunk_id, attempt, worker, outcome, error FROM recent_failures WHERE pipeline = $1 LIMIT 10",
                     )
+                    .bind(self.pipeline())
                     .fetch_all(pool)
                     .await
                     .map_err(db(op))?;
@@ -514,12 +540,16 @@ impl Ledger {
                 .call("overview", || async move {
                     on_backend!(self, |pool, begin| {
                         // Newest first along the ended_at index: stops at the first match.
-                        sqlx::query_scalar("SELECT ended_at FROM attempts WHERE stage = $1 AND outcome = $2 ORDER BY ended_at DESC LIMIT 1")
-                            .bind(stage.as_str())
-                            .bind(AttemptOutcome::Done.as_str())
-                            .fetch_optional(pool)
-                            .await
-                            .map_err(db("overview"))
+                        sqlx::query_scalar(
+                            "SELECT a.ended_at FROM attempts a JOIN chunks c ON c.id = a.chunk_id JOIN source_files f ON f.id = c.file_id
+                             WHERE a.stage = $1 AND a.outcome = $2 AND f.pipeline = $3 ORDER BY a.ended_at DESC LIMIT 1",
+                        )
+                        .bind(stage.as_str())
+                        .bind(AttemptOutcome::Done.as_str())
+                        .bind(self.pipeline())
+                        .fetch_optional(pool)
+                        .await
+                        .map_err(db("overview"))
                     })
                 })
                 .await?;

@@ -87,9 +87,9 @@ pub use schemas::{SchemaColumn, TableSchema};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 /// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 7)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 8)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
@@ -221,13 +221,18 @@ pub struct Ledger {
     link: Arc<std::sync::Mutex<Link>>,
     /// The pipeline whose work this handle registers, claims and reports.
     pipeline: Arc<str>,
+    /// The spool node this handle's claims are bound to (see `with_node`).
+    node: Arc<str>,
 }
 
 /// Which binaries still work on a ledger with each migration: (version, oldest binary schema,
 /// note), as the migrations themselves record them in `ledger_compat` (a test keeps the two
 /// equal). `ferry migrate --check` reads pending ones from here.
-pub const COMPAT: &[(i64, i64, &str)] =
-    &[(6, 5, "additive: table_schemas, chunk_notes"), (7, 7, "pipelines: an older binary would claim every pipeline's tasks")];
+pub const COMPAT: &[(i64, i64, &str)] = &[
+    (6, 5, "additive: table_schemas, chunk_notes"),
+    (7, 7, "pipelines: an older binary would claim every pipeline's tasks"),
+    (8, 8, "spool nodes: an older copy would claim chunks spooled on another host"),
+];
 
 /// The pipeline of a config without `pipeline`, and of every row from before pipelines.
 pub const DEFAULT_PIPELINE: &str = "default";
@@ -308,6 +313,7 @@ impl Ledger {
             completions: Arc::default(),
             link: Arc::default(),
             pipeline: Arc::from(DEFAULT_PIPELINE),
+            node: Arc::from(""),
         })
     }
 
@@ -353,6 +359,20 @@ impl Ledger {
     /// The pipeline this handle works for.
     pub fn pipeline(&self) -> &str {
         &self.pipeline
+    }
+
+    /// This handle, on spool node `node` (config `spool.node`): the transform tasks it claims
+    /// are stamped with it, and it claims only copy tasks of that node (or of none), whose
+    /// Parquet is on this host's spool (see `migrations/*/0008_spool_nodes.sql`).
+    pub fn with_node(mut self, node: &str) -> Ledger {
+        self.node = Arc::from(node);
+        self
+    }
+
+    /// The spool node of this handle ("" until `with_node`: then it claims only copy tasks
+    /// bound to no node).
+    pub fn node(&self) -> &str {
+        &self.node
     }
 
     /// Records that this handle's pipeline feeds `table`, or checks that it already does: two
@@ -520,6 +540,6 @@ fn db(op: &'static str) -> impl Fn(sqlx::Error) -> Error {
 /// A name for this process as a lease owner: host, pid and a random suffix, so two
 /// processes on one host (or a restarted one with a reused pid) never share a name.
 pub fn worker_name(stage: &str) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into());
+    let host = ferry_common::config::host_name();
     format!("{stage}@{host}:{}:{:04x}", std::process::id(), rand::random::<u16>())
 }

@@ -23,15 +23,34 @@ use crate::observe::{self, Health, Observer, names};
 use crate::{Error, FailOutcome, Lease, Ledger, LedgerOptions, Result, Stage, TaskState, Work};
 
 /// What every stage binary does first: load the config (flags and env win), connect to the
-/// ledger and migrate it.
+/// ledger and migrate it. Under `--watch` a ledger that cannot be reached (a host that boots
+/// while the network or Postgres is still down, a partition) is waited for, probed with
+/// capped, jittered backoff up to `ledger.outage_probe_max`: a service heals by itself instead
+/// of exiting. Anything else (a bad URL, a refused login, an incompatible schema) ends it.
 pub async fn open_stage(common: &CommonArgs, args: &StageArgs) -> Result<(Config, Ledger)> {
     let mut cfg = Config::load(&args.config)?;
     if let Some(url) = &common.ledger {
         cfg.ledger.url = url.clone();
     }
-    let ledger = Ledger::connect(&cfg.ledger.url, LedgerOptions::from_config(&cfg.ledger)).await?.with_pipeline(&cfg.pipeline);
-    ledger.register_pipeline(&cfg.table.name).await?;
-    Ok((cfg, ledger))
+    let mut delays = probe_schedule(Duration::from_secs(1), cfg.ledger.outage_probe_max.0);
+    loop {
+        let opened = async {
+            let ledger = Ledger::connect(&cfg.ledger.url, LedgerOptions::from_config(&cfg.ledger))
+                .await?
+                .with_pipeline(&cfg.pipeline)
+                .with_node(&cfg.spool.node);
+            ledger.register_pipeline(&cfg.table.name).await?;
+            Ok::<_, Error>(ledger)
+        };
+        match opened.await {
+            Err(e) if args.watch && e.is_unreachable() => {
+                let d = delays.next().unwrap_or(Duration::from_secs(1));
+                tracing::error!(error = %e, retry_in = ?d, "ledger unreachable at start; waiting for it");
+                tokio::time::sleep(d).await;
+            }
+            r => return r.map(|ledger| (cfg, ledger)),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -19,13 +19,15 @@ macro_rules! claim_sql {
             "WITH picked AS (
                 SELECT id FROM tasks
                 WHERE pipeline = $7 AND stage = $1 AND state IN ('available', 'retryable') AND scheduled_at <= $2
+                  AND (stage <> 'copy' OR node IS NULL OR node = $8)
                 ORDER BY scheduled_at, id
                 LIMIT $3 ",
             $lock,
             ")
             UPDATE tasks
             SET state = $6, attempt = attempt + 1, epoch = epoch + 1,
-                lease_owner = $4, lease_expires_at = $5, attempted_at = $2
+                lease_owner = $4, lease_expires_at = $5, attempted_at = $2,
+                node = CASE WHEN stage = 'transform' THEN $8 ELSE node END
             WHERE id IN (SELECT id FROM picked)
             RETURNING id, chunk_id, attempt, max_attempts, epoch"
         )
@@ -132,7 +134,8 @@ impl Ledger {
                     .bind(worker)
                     .bind(expires)
                     .bind(TaskState::Running.as_str())
-                    .bind(self.pipeline());
+                    .bind(self.pipeline())
+                    .bind(self.node());
                 // One statement is atomic on its own, on both backends, so a claim is a single
                 // round trip. On SQLite an UPDATE takes the write lock as it starts, before it
                 // reads (the same as BEGIN IMMEDIATE: no lock upgrade half-way, waits bounded by

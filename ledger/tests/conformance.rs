@@ -55,6 +55,7 @@ conformance!(
     release_does_not_count_an_attempt,
     registration_is_idempotent_and_versions_changes,
     views_and_constraints,
+    copies_stay_on_the_spool_node_of_their_transform,
 );
 
 async fn racing_workers_each_task_held_once_none_lost(db: Db) {
@@ -312,6 +313,43 @@ async fn complete_is_idempotent_and_enqueues_next_stage(db: Db) {
     ledger.complete(&load[0], Work::default()).await.unwrap();
     assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE state = 'done'").await, 3);
     assert_eq!(ledger.pending(Stage::Load).await.unwrap(), 0);
+}
+
+async fn copies_stay_on_the_spool_node_of_their_transform(db: Db) {
+    let t = TestDb::new(db).await;
+    let clock = ManualClock::new(T0);
+    let a = t.ledger(opts(), Some(&clock)).await.with_node("host-a");
+    let b = a.clone().with_node("host-b");
+    let ids = seed(&a, "nodes", 3).await;
+    // Host A transforms two chunks, host B the third.
+    let on_a: Vec<Lease> = a.claim(Stage::Transform, "ta", 2).await.unwrap();
+    let on_b: Vec<Lease> = b.claim(Stage::Transform, "tb", 5).await.unwrap();
+    assert_eq!((on_a.len(), on_b.len()), (2, 1));
+    for l in on_a.iter().chain(&on_b) {
+        a.complete(l, Work::default()).await.unwrap();
+    }
+    // Each host copies only what its own spool holds.
+    let copies_b = b.claim(Stage::Copy, "cb", 5).await.unwrap();
+    assert_eq!(copies_b.iter().map(|l| &l.chunk_id).collect::<Vec<_>>(), vec![&on_b[0].chunk_id]);
+    assert!(b.claim(Stage::Copy, "cb", 5).await.unwrap().is_empty(), "A's chunks are not B's to copy");
+    assert_eq!(t.scalar("SELECT chunks FROM copy_backlog_by_node WHERE node = 'host-a'").await, 2);
+    // A is gone for good: its chunks go back to transform, and then belong to whoever does it.
+    let mut waiting = a.copies_waiting_on("host-a").await.unwrap();
+    waiting.sort();
+    let mut want: Vec<String> = on_a.iter().map(|l| l.chunk_id.clone()).collect();
+    want.sort();
+    assert_eq!(waiting, want);
+    for c in &waiting {
+        b.rerun(c, Stage::Transform, false).await.unwrap();
+    }
+    let again = b.claim(Stage::Transform, "tb", 5).await.unwrap();
+    assert_eq!(again.len(), 2);
+    for l in &again {
+        b.complete(l, Work::default()).await.unwrap();
+    }
+    assert_eq!(b.claim(Stage::Copy, "cb", 5).await.unwrap().len(), 2, "B copies them now");
+    assert!(a.copies_waiting_on("host-a").await.unwrap().is_empty());
+    assert_eq!(ids.len(), 3);
 }
 
 async fn release_does_not_count_an_attempt(db: Db) {

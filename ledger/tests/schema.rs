@@ -111,6 +111,7 @@ async fn sqlite_claim_uses_the_partial_index() {
         .bind(0i64)
         .bind("running")
         .bind("default")
+        .bind("node-a")
         .fetch_all(&mut c)
         .await
         .unwrap();
@@ -135,6 +136,7 @@ async fn postgres_claim_uses_the_partial_index() {
         .bind(0i64)
         .bind("running")
         .bind("default")
+        .bind("node-a")
         .fetch_all(&mut c)
         .await
         .unwrap();

@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub mod clusters;
-/// The directory holding the workspace's binaries (`cargo build --workspace --bins` first;
-/// the test command does).
+pub mod netns;
 pub mod postgres;
 pub mod proxy;
 
+/// The directory holding the workspace's binaries (`cargo build --workspace --bins` first;
+/// the test command does).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
@@ -113,14 +114,15 @@ max_bad_records = 5
     /// Starts `binary --watch` with a short poll, its log read as it comes (a full pipe would
     /// block the service); [`Service::stop`] sends SIGTERM and returns the exit code and log.
     pub fn watch(&self, binary: &str, extra: &[&str]) -> Service {
-        let mut child = self
-            .command(binary)
-            .env("RUST_LOG", "info")
-            .args(["--watch", "--poll", "200ms"])
-            .args(extra)
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        self.watch_on(binary, extra, |c| c)
+    }
+
+    /// [`Pipeline::watch`], its command first passed through `wrap` (to run it on another
+    /// host, say: [`netns::Host::run`]).
+    pub fn watch_on(&self, binary: &str, extra: &[&str], wrap: impl FnOnce(Command) -> Command) -> Service {
+        let mut c = self.command(binary);
+        c.env("RUST_LOG", "info").args(["--watch", "--poll", "200ms"]).args(extra);
+        let mut child = wrap(c).stderr(std::process::Stdio::piped()).spawn().unwrap();
         let mut stderr = child.stderr.take().unwrap();
         let log = std::thread::spawn(move || {
             let mut s = String::new();

@@ -12,6 +12,8 @@ pub struct Postgres {
     bin: PathBuf,
     /// With TLS: the CA that signed the server's certificate.
     pub ca: Option<PathBuf>,
+    /// Addresses listened on besides 127.0.0.1 (a bridge to network namespaces).
+    listen: Vec<String>,
 }
 
 fn pg_bin() -> PathBuf {
@@ -45,6 +47,12 @@ impl Postgres {
     /// Starts a server on 127.0.0.1:<free port>. With `tls`, it makes a CA and a server
     /// certificate and accepts TLS connections only.
     pub fn start(tls: bool) -> Postgres {
+        Postgres::start_on(tls, &[])
+    }
+
+    /// [`Postgres::start`], also listening on each `(address, subnet)` and trusting clients
+    /// from that subnet: the host side of a bridge that network namespaces reach it through.
+    pub fn start_on(tls: bool, also: &[(&str, &str)]) -> Postgres {
         let bin = pg_bin();
         let dir = tempfile::Builder::new().prefix("ferry-pg-").tempdir().unwrap();
         let _ = Command::new("chown").args(["-R", "postgres"]).arg(dir.path()).status();
@@ -82,15 +90,29 @@ impl Postgres {
             .unwrap();
             ca = Some(d.join("ca.pem"));
         }
-        let pg = Postgres { dir, port, bin, ca };
+        if !also.is_empty() {
+            let hba = data.join("pg_hba.conf");
+            let mut text = std::fs::read_to_string(&hba).unwrap();
+            for (_, subnet) in also {
+                text += &format!("\nhost all all {subnet} trust\n");
+            }
+            std::fs::write(&hba, text).unwrap();
+        }
+        let listen = also.iter().map(|(a, _)| a.to_string()).collect();
+        let pg = Postgres { dir, port, bin, ca, listen };
         pg.start_again();
         pg
     }
 
     fn options(&self) -> String {
         let d = self.dir.path();
-        let mut o =
-            format!("-c listen_addresses=127.0.0.1 -p {} -c unix_socket_directories={} -c max_connections=100", self.port, d.display());
+        let listen: Vec<&str> = std::iter::once("127.0.0.1").chain(self.listen.iter().map(String::as_str)).collect();
+        let mut o = format!(
+            "-c listen_addresses={} -p {} -c unix_socket_directories={} -c max_connections=200",
+            listen.join(","),
+            self.port,
+            d.display()
+        );
         if self.ca.is_some() {
             o += &format!(" -c ssl=on -c ssl_cert_file={0}/server.pem -c ssl_key_file={0}/server.key", d.display());
         }
@@ -100,6 +122,11 @@ impl Postgres {
     /// The URL of the `postgres` database (add TLS parameters when started with TLS).
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The URL of the `postgres` database at `address` (one of those given to `start_on`).
+    pub fn url_at(&self, address: &str) -> String {
+        format!("postgres://postgres@{address}:{}/postgres", self.port)
     }
 
     fn pg_ctl(&self, args: &[&str]) -> Command {

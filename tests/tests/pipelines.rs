@@ -119,7 +119,8 @@ fn binaries_run_on_a_compatible_newer_ledger_and_refuse_the_rest() {
             "INSERT INTO _sqlx_migrations (version, description, installed_on, success, checksum, execution_time)
              VALUES ({next}, 'from a newer binary', CURRENT_TIMESTAMP, 1, x'00', 1);
              CREATE TABLE newer_things (x INTEGER);
-             INSERT INTO ledger_compat (version, oldest_binary, note) VALUES ({next}, 7, 'additive: newer_things');"
+             INSERT INTO ledger_compat (version, oldest_binary, note) VALUES ({next}, {}, 'additive: newer_things');",
+            ferry_ledger::SCHEMA_VERSION
         ),
     );
     p.generate("in", "jsonl", "null", 1, 50, 5);
@@ -147,7 +148,7 @@ fn binaries_run_on_a_compatible_newer_ledger_and_refuse_the_rest() {
     let check = Command::new(bin("ferry")).env("FERRY_CONFIG", &p.config).args(["migrate", "--check"]).output().unwrap();
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
-    assert!(text.contains(&format!("ledger schema {}", ferry_ledger::SCHEMA_VERSION - 1)) && text.contains("pipelines"), "{text}");
+    assert!(text.contains(&format!("ledger schema {}", ferry_ledger::SCHEMA_VERSION - 1)) && text.contains("spool nodes"), "{text}");
     assert!(text.contains("must be stopped"), "{text}");
 }
 
@@ -249,4 +250,40 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
         if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
     }
     out
+}
+
+/// A host gone for good with its spool: its chunks wait for a copy on its node, nobody else's
+/// copy takes them, and `ferry rerun --spool-node` has them transformed again elsewhere.
+#[test]
+fn a_lost_spool_node_is_rerun_elsewhere() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 2, 400, 8);
+    let on = |stage: &str, node: &str| {
+        let out = p
+            .command(stage)
+            .env("FERRY_SPOOL_NODE", node)
+            .env("FERRY_SPOOL_DIR", p.path(&format!("spool-{node}")))
+            .arg("--once")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{stage} on {node}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    on("ferry-extract", "gone");
+    on("ferry-transform", "gone");
+    std::fs::remove_dir_all(p.path("spool-gone")).unwrap();
+    on("ferry-copy", "here");
+    let waiting = p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'copy' AND node = 'gone' AND state = 'available'");
+    assert!(waiting > 1, "{waiting}");
+    assert_eq!(p.count("SELECT chunks FROM copy_backlog_by_node WHERE node = 'gone'"), waiting);
+    let out = p.command("ferry").args(["rerun", "--spool-node", "gone", "--from", "transform"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&format!("{waiting} chunk(s) wait for a copy on spool node \"gone\"")), "{text}");
+    let refused = p.command("ferry").args(["rerun", "--spool-node", "gone", "--from", "copy"]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{}", String::from_utf8_lossy(&refused.stderr));
+    for s in ["ferry-transform", "ferry-copy", "ferry-load"] {
+        on(s, "here");
+    }
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0);
+    assert_eq!(table_digest(&p.path("wh/events"))["rows"], 800);
 }
