@@ -599,6 +599,9 @@ impl Ledger {
     }
 }
 
+/// Rows of attempts and of tasks `ferry prune` deletes per transaction.
+const PRUNE_BATCH: i64 = 5000;
+
 /// What `ferry prune` deleted (or would).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pruned {
@@ -622,44 +625,82 @@ impl Ledger {
         const OLD_TASK: &str = "tasks.pipeline = $1 AND tasks.state = 'done' AND tasks.finalized_at < $2
              AND tasks.stage IN ('transform', 'copy')
              AND EXISTS (SELECT 1 FROM tasks l WHERE l.chunk_id = tasks.chunk_id AND l.stage = 'load' AND l.state = 'done')";
-        self.call("prune", || async move {
-            on_backend!(self, |pool, begin| {
-                let op = "prune";
-                let (_write, mut tx) = write_tx!(self, pool, begin, op);
-                let count = |q: String| q.replacen("DELETE", "SELECT COUNT(*)", 1);
-                let attempts_sql = format!(
-                    "DELETE FROM attempts WHERE task_id IN (SELECT id FROM tasks WHERE {OLD_TASK})
-                        OR (ended_at < $2 AND task_id IN (SELECT id FROM tasks WHERE pipeline = $1 AND state = 'done'))"
-                );
-                let tasks_sql = format!("DELETE FROM tasks WHERE {OLD_TASK}");
-                let outages_sql = "DELETE FROM outages WHERE ended_at IS NOT NULL AND ended_at < $2 AND $1 = $1".to_string();
-                let notes_sql = "DELETE FROM chunk_notes WHERE noted_at < $2 AND chunk_id IN
-                    (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.pipeline = $1)"
-                    .to_string();
-                let mut n = [0u64; 4];
-                for (i, q) in [attempts_sql, tasks_sql, outages_sql, notes_sql].into_iter().enumerate() {
-                    n[i] = if dry_run {
-                        let c: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count(q)))
-                            .bind(self.pipeline())
-                            .bind(cutoff_ms)
-                            .fetch_one(&mut *tx)
-                            .await
-                            .map_err(db(op))?;
-                        c as u64
-                    } else {
-                        sqlx::query(sqlx::AssertSqlSafe(q))
-                            .bind(self.pipeline())
-                            .bind(cutoff_ms)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(db(op))?
-                            .rows_affected()
-                    };
-                }
-                tx.commit().await.map_err(db(op))?;
-                Ok(Pruned { attempts: n[0], tasks: n[1], outages: n[2], notes: n[3] })
-            })
-        })
-        .await
+        let old_attempt = format!(
+            "attempts.task_id IN (SELECT id FROM tasks WHERE {OLD_TASK})
+             OR (attempts.ended_at < $2 AND attempts.task_id IN (SELECT id FROM tasks WHERE pipeline = $1 AND state = 'done'))"
+        );
+        // Deleted PRUNE_BATCH rows at a time, one transaction each: the first prune of a year
+        // of history holds the write lock (SQLite) or its row locks (Postgres) for one batch at
+        // a time, and stages keep claiming in between. A task goes once its attempts have.
+        let attempts_sql =
+            format!("DELETE FROM attempts WHERE id IN (SELECT attempts.id FROM attempts WHERE {old_attempt} LIMIT {PRUNE_BATCH})");
+        let tasks_sql = format!(
+            "DELETE FROM tasks WHERE {OLD_TASK} AND id IN (SELECT tasks.id FROM tasks WHERE {OLD_TASK}
+               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.task_id = tasks.id) LIMIT {PRUNE_BATCH})"
+        );
+        let outages_sql = "DELETE FROM outages WHERE ended_at IS NOT NULL AND ended_at < $2 AND $1 = $1".to_string();
+        let notes_sql = "DELETE FROM chunk_notes WHERE noted_at < $2 AND chunk_id IN
+            (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.pipeline = $1)"
+            .to_string();
+        if dry_run {
+            let counts = [
+                format!("SELECT COUNT(*) FROM attempts WHERE {old_attempt}"),
+                format!("SELECT COUNT(*) FROM tasks WHERE {OLD_TASK}"),
+                outages_sql.replacen("DELETE", "SELECT COUNT(*)", 1),
+                notes_sql.replacen("DELETE", "SELECT COUNT(*)", 1),
+            ];
+            let n: Vec<i64> = self
+                .call("prune", || {
+                    let counts = counts.clone();
+                    async move {
+                        on_backend!(self, |pool, begin| {
+                            let mut n = Vec::new();
+                            for q in &counts {
+                                let c: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(q.clone()))
+                                    .bind(self.pipeline())
+                                    .bind(cutoff_ms)
+                                    .fetch_one(pool)
+                                    .await
+                                    .map_err(db("prune"))?;
+                                n.push(c);
+                            }
+                            Ok(n)
+                        })
+                    }
+                })
+                .await?;
+            return Ok(Pruned { attempts: n[0] as u64, tasks: n[1] as u64, outages: n[2] as u64, notes: n[3] as u64 });
+        }
+        let mut total = Pruned::default();
+        loop {
+            let batch = [&attempts_sql, &tasks_sql, &outages_sql, &notes_sql];
+            let n: [u64; 4] = self
+                .call("prune", || async move {
+                    on_backend!(self, |pool, begin| {
+                        let op = "prune";
+                        let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                        let mut n = [0u64; 4];
+                        for (i, q) in batch.into_iter().enumerate() {
+                            n[i] = sqlx::query(sqlx::AssertSqlSafe(q.clone()))
+                                .bind(self.pipeline())
+                                .bind(cutoff_ms)
+                                .execute(&mut *tx)
+                                .await
+                                .map_err(db(op))?
+                                .rows_affected();
+                        }
+                        tx.commit().await.map_err(db(op))?;
+                        Ok(n)
+                    })
+                })
+                .await?;
+            total.attempts += n[0];
+            total.tasks += n[1];
+            total.outages += n[2];
+            total.notes += n[3];
+            if n[0] == 0 && n[1] == 0 {
+                return Ok(total);
+            }
+        }
     }
 }

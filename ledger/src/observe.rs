@@ -125,7 +125,7 @@ impl Observer {
     /// fresh, feeds systemd's watchdog while healthy, and tells systemd the stage is ready.
     pub async fn start(stage: &'static str, args: &StageArgs, ledger: &Ledger) -> Result<Observer> {
         let health = Health::new(args.health_window);
-        let handle = if args.metrics_addr.is_some() || args.metrics_textfile.is_some() { Some(install()?) } else { None };
+        let handle = if args.metrics_addr.is_some() || args.metrics_textfile.is_some() { Some(install(ledger.pipeline())?) } else { None };
         if let Some(dir) = &args.metrics_textfile {
             // Fail at start, not after the run, when the directory cannot take the file.
             if !dir.is_dir() {
@@ -182,11 +182,14 @@ impl Observer {
     }
 }
 
-/// The process-wide recorder (metrics macros are no-ops until it is installed).
-fn install() -> Result<PrometheusHandle> {
+/// The process-wide recorder (metrics macros are no-ops until it is installed). Every series
+/// carries the `pipeline` label: several pipelines' stages may run on one host and report to
+/// one Prometheus.
+fn install(pipeline: &str) -> Result<PrometheusHandle> {
     // Seconds: a ledger-only attempt takes milliseconds, a big copy minutes.
     let buckets = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
     let handle = PrometheusBuilder::new()
+        .add_global_label("pipeline", pipeline)
         .set_buckets_for_metric(Matcher::Full(names::ATTEMPT_SECONDS.into()), &buckets)
         .and_then(|b| b.install_recorder())
         .map_err(|e| Error::Internal(format!("cannot set up metrics: {e}")))?;

@@ -217,7 +217,7 @@ fn a_once_run_leaves_a_textfile_node_exporter_reads() {
     for s in ["extract", "transform", "copy", "load"] {
         let f = dir.join(format!("ferry_{s}.prom"));
         let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        assert!(text.contains(&format!("ferry_last_run_exit_code{{stage=\"{s}\"}} 0")), "{text}");
+        assert!(text.contains(&format!("ferry_last_run_exit_code{{pipeline=\"default\",stage=\"{s}\"}} 0")), "{text}");
         assert!(text.contains("ferry_last_run_timestamp_seconds"), "{text}");
         // node_exporter's parser, by way of promtool (lint included).
         let mut check = Command::new("promtool")
@@ -233,8 +233,8 @@ fn a_once_run_leaves_a_textfile_node_exporter_reads() {
     }
     let load = std::fs::read_to_string(dir.join("ferry_load.prom")).unwrap();
     let chunks = p.count("SELECT COUNT(*) FROM chunks");
-    assert!(load.contains(&format!("ferry_chunks_total{{stage=\"load\",outcome=\"done\"}} {chunks}")), "{load}");
-    assert!(load.contains("ferry_backlog_chunks{stage=\"load\",state=\"done\"}"), "{load}");
+    assert!(load.contains(&format!("ferry_chunks_total{{pipeline=\"default\",stage=\"load\",outcome=\"done\"}} {chunks}")), "{load}");
+    assert!(load.contains("ferry_backlog_chunks{pipeline=\"default\",stage=\"load\",state=\"done\"}"), "{load}");
     // Nothing but the files: the temp names are gone.
     let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names.len(), 4, "{names:?}");

@@ -74,8 +74,8 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
     assert!(probes >= 3, "probed with backoff: {probes}");
     assert!(p.count("SELECT MAX(attempt) FROM tasks WHERE stage = 'copy'") <= 3, "attempts while down are not counted");
     let m = metrics(port);
-    assert!(m.contains("ferry_store_down{stage=\"copy\",store=\"destination\"} 1"), "{m}");
-    assert!(m.contains("ferry_store_outages_total{stage=\"copy\",store=\"destination\"} 1"), "{m}");
+    assert!(m.contains("ferry_store_down{pipeline=\"default\",stage=\"copy\",store=\"destination\"} 1"), "{m}");
+    assert!(m.contains("ferry_store_outages_total{pipeline=\"default\",stage=\"copy\",store=\"destination\"} 1"), "{m}");
     let check = Command::new(bin("ferry")).args(["--ledger", &p.ledger_url(), "status", "--check"]).output().unwrap();
     let line = String::from_utf8_lossy(&check.stdout);
     assert_eq!(check.status.code(), Some(1), "{line}");
