@@ -84,6 +84,11 @@ impl Backend {
             LedgerUrl::Sqlite(path) => {
                 let lock = lock_beside(path).await?;
                 let backend = Backend::connect_sqlite(path, opts).await?;
+                if opts.migrate
+                    && let Backend::Sqlite(pool) = &backend
+                {
+                    record_unrecorded_rebuild(pool).await?;
+                }
                 if backend.needs_migration(opts.migrate).await?
                     && let Backend::Sqlite(pool) = &backend
                 {
@@ -262,10 +267,51 @@ impl Backend {
             Backend::Postgres(pool, _) => Ok(POSTGRES_MIGRATIONS.run(pool).await?),
             Backend::Sqlite(pool) => {
                 let _lock = lock_beside(pool.connect_options().get_filename()).await?;
+                record_unrecorded_rebuild(pool).await?;
                 Ok(SQLITE_MIGRATIONS.run(pool).await?)
             }
         }
     }
+}
+
+/// The SQLite migration that runs outside sqlx's transaction: it rebuilds `source_files` with
+/// foreign keys off, which SQLite allows only outside a transaction, so it commits its own
+/// transaction and sqlx records it afterwards.
+const SQLITE_REBUILD: i64 = 7;
+
+/// A crash between that migration's COMMIT and sqlx's record of it leaves it applied but
+/// unrecorded, and running it again would fail on the column it already added: the ledger
+/// could never open again. Its last change (`tasks.pipeline`) tells it was applied; then the
+/// record sqlx would have written is written here. Runs under the migration lock.
+async fn record_unrecorded_rebuild(pool: &SqlitePool) -> Result<()> {
+    let op = |e: sqlx::Error| Error::Database { op: "record_unrecorded_rebuild", source: e };
+    let tracked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
+        .fetch_one(pool)
+        .await
+        .map_err(op)?;
+    if tracked == 0 {
+        return Ok(());
+    }
+    let recorded: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations WHERE version = $1")
+        .bind(SQLITE_REBUILD)
+        .fetch_one(pool)
+        .await
+        .map_err(op)?;
+    let applied: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM pragma_table_info('tasks') WHERE name = 'pipeline'").fetch_one(pool).await.map_err(op)?;
+    if recorded > 0 || applied == 0 {
+        return Ok(());
+    }
+    let Some(m) = SQLITE_MIGRATIONS.iter().find(|m| m.version == SQLITE_REBUILD) else { return Ok(()) };
+    tracing::warn!(version = SQLITE_REBUILD, "ledger migration applied but not recorded (a crash right after it): recording it");
+    sqlx::query("INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES ($1, $2, TRUE, $3, -1)")
+        .bind(m.version)
+        .bind(&*m.description)
+        .bind(&*m.checksum)
+        .execute(pool)
+        .await
+        .map_err(op)?;
+    Ok(())
 }
 
 /// Creates the database's directory and takes an exclusive lock on `<db>.migrate-lock`
