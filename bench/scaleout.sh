@@ -53,7 +53,7 @@ for h in $HOSTS; do
     ip netns exec "$host" "$BIN/ledger-bench" --ledger "$(pg_url "$db")" --phase work --workers "$WORKERS" --batch "$BATCH" > "$DIR/ledger.$h.$host" &
     PIDS+=($!)
   done
-  wait "${PIDS[@]}"; PIDS=()
+  for p in "${PIDS[@]}"; do wait "$p"; done; PIDS=()
   secs=$(echo "$(now) - $t0" | bc -l)
   cycles=$(sed -n 's/.* cycles=\([0-9]*\) .*/\1/p' "$DIR"/ledger."$h".* | paste -sd+ | bc)
   [ "$cycles" -eq "$TASKS" ] || { echo "ledger: $cycles cycles for $TASKS tasks" >&2; exit 1; }
@@ -83,10 +83,15 @@ for h in $HOSTS; do
   until [ "$(q "SELECT COUNT(*) FROM source_files WHERE state <> 'registered'")" = "$FILES" ] \
      && [ "$(q "SELECT COUNT(*) FROM tasks WHERE state <> 'done'")" = 0 ] \
      && [ "$(q "SELECT COUNT(*) FROM tasks WHERE stage = 'load'")" = "$(q "SELECT COUNT(*) FROM chunks")" ]; do
+    if [ "$(echo "$(now) - $t0 > 900" | bc)" = 1 ]; then
+      echo "pipeline with $h host(s): not published within 15 minutes; logs in $run" >&2
+      q "SELECT stage, state, COUNT(*) FROM tasks GROUP BY stage, state" >&2
+      exit 1
+    fi
     sleep 0.2
   done
   secs=$(echo "$(now) - $t0" | bc -l); read -r b1 a1 < <(busy)
-  for p in "${PIDS[@]}"; do kill -TERM "$p"; done; wait "${PIDS[@]}" || true; PIDS=()
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait "${PIDS[@]}" || true; PIDS=()
   rows=$(q "SELECT SUM(records) FROM published")
   [ "$rows" = "$N" ] || { echo "pipeline: $rows rows published for $N events" >&2; exit 1; }
   redone=$(q "SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'")

@@ -18,6 +18,8 @@ ferry_netns_up() {
   ip link set "fbr$FERRY_NET_TAG" up
   for k in $(seq 0 $((n - 1))); do
     local host=ferry${FERRY_NET_TAG}h$k
+    # Listed first, so that ferry_netns_down removes what a failure half-way leaves.
+    FERRY_NET_HOSTS="$FERRY_NET_HOSTS $host"
     ip netns add "$host"
     ip link add "fv${FERRY_NET_TAG}h$k" type veth peer name "fv${FERRY_NET_TAG}n$k"
     ip link set "fv${FERRY_NET_TAG}n$k" netns "$host"
@@ -26,7 +28,6 @@ ferry_netns_up() {
     ip -n "$host" addr add "198.18.$net.$((10 + k))/24" dev "fv${FERRY_NET_TAG}n$k"
     ip -n "$host" link set "fv${FERRY_NET_TAG}n$k" up
     ip -n "$host" link set lo up
-    FERRY_NET_HOSTS="$FERRY_NET_HOSTS $host"
   done
   export FERRY_NET_TAG FERRY_NET_GW FERRY_NET_SUBNET FERRY_NET_HOSTS
 }

@@ -37,7 +37,7 @@ ferry_start_postgres() {
   if [ -n "${FERRY_PG_ALSO:-}" ]; then
     set -- $FERRY_PG_ALSO
     listen="$listen,$1"
-    echo "host all all $2 trust" >> "$FERRY_PG_DIR/data/pg_hba.conf"
+    echo "host all all ${2:?FERRY_PG_ALSO wants an address and a subnet} trust" >> "$FERRY_PG_DIR/data/pg_hba.conf"
   fi
   "${as[@]}" "$bin/pg_ctl" -D "$FERRY_PG_DIR/data" -l "$FERRY_PG_DIR/log" -w -t 60 \
     -o "-c listen_addresses=$listen -p $FERRY_PG_PORT -c unix_socket_directories=$FERRY_PG_DIR -c max_connections=200" start >/dev/null

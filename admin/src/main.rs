@@ -278,7 +278,11 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             let ledger = existing_ledger(&url).await?;
             let verb = if dry_run { "would run" } else { "will run" };
             let chunks = match (chunk, spool_node) {
-                (Some(c), _) => vec![c],
+                (Some(chunk), _) => {
+                    let plan = ledger.rerun(&chunk, from, dry_run).await?;
+                    println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
+                    return Ok(exit::OK);
+                }
                 (None, Some(node)) => {
                     if from != Stage::Transform {
                         return Err(ConfigError::new("--from", "--spool-node needs --from transform: the spool's Parquet is gone").into());
@@ -289,9 +293,22 @@ async fn run(cli: Cli) -> Result<i32, Error> {
                 }
                 (None, None) => unreachable!("clap requires --chunk or --spool-node"),
             };
+            // Each chunk on its own: one that cannot run again (it became running meanwhile)
+            // does not keep the others back; the exit code says some did not.
+            let mut failed = 0;
             for chunk in chunks {
-                let plan = ledger.rerun(&chunk, from, dry_run).await?;
-                println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
+                match ledger.rerun(&chunk, from, dry_run).await {
+                    Ok(plan) => {
+                        println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "))
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("chunk {chunk}: {e}");
+                    }
+                }
+            }
+            if failed > 0 {
+                return Ok(exit::FATAL);
             }
         }
         Cmd::Verify { requeue } => {

@@ -144,14 +144,16 @@ impl Ledger {
         .await
     }
 
-    /// The chunks of this pipeline whose copy waits for spool node `node` (not running):
-    /// what `ferry rerun --spool-node` sends back to transform when that node is gone.
+    /// The chunks of this pipeline whose copy waits for spool node `node`, or was quarantined
+    /// there (a lease of the dead node that expired once too often): what `ferry rerun
+    /// --spool-node` sends back to transform when that node is gone. Running ones are not
+    /// listed: their node is alive.
     pub async fn copies_waiting_on(&self, node: &str) -> Result<Vec<String>> {
         self.call("copies_waiting_on", || async move {
             on_backend!(self, |pool, _begin| {
                 sqlx::query_scalar(
                     "SELECT chunk_id FROM tasks WHERE pipeline = $1 AND stage = 'copy' AND node = $2
-                       AND state IN ('available', 'retryable') ORDER BY chunk_id",
+                       AND state IN ('available', 'retryable', 'quarantined') ORDER BY chunk_id",
                 )
                 .bind(self.pipeline())
                 .bind(node)

@@ -86,6 +86,12 @@ impl Error {
         self.class() == ErrorClass::Transient
     }
 
+    /// A TLS failure talking to the ledger (a certificate that does not verify, a name that
+    /// does not match): a configuration to fix, not an outage to wait out at start.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Error::Database { source: sqlx::Error::Tls(_), .. })
+    }
+
     /// The ledger's server could not be reached or dropped the connection (not a busy
     /// database or a conflict): the ledger is down while this lasts.
     pub fn is_unreachable(&self) -> bool {

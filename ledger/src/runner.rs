@@ -26,7 +26,8 @@ use crate::{Error, FailOutcome, Lease, Ledger, LedgerOptions, Result, Stage, Tas
 /// ledger and migrate it. Under `--watch` a ledger that cannot be reached (a host that boots
 /// while the network or Postgres is still down, a partition) is waited for, probed with
 /// capped, jittered backoff up to `ledger.outage_probe_max`: a service heals by itself instead
-/// of exiting. Anything else (a bad URL, a refused login, an incompatible schema) ends it.
+/// of exiting. Anything else (a bad URL, a refused login, a certificate that does not verify,
+/// an incompatible schema) ends it.
 pub async fn open_stage(common: &CommonArgs, args: &StageArgs) -> Result<(Config, Ledger)> {
     let mut cfg = Config::load(&args.config)?;
     if let Some(url) = &common.ledger {
@@ -43,10 +44,17 @@ pub async fn open_stage(common: &CommonArgs, args: &StageArgs) -> Result<(Config
             Ok::<_, Error>(ledger)
         };
         match opened.await {
-            Err(e) if args.watch && e.is_unreachable() => {
+            Err(e) if args.watch && e.is_unreachable() && !e.is_tls() => {
                 let d = delays.next().unwrap_or(Duration::from_secs(1));
                 tracing::error!(error = %e, retry_in = ?d, "ledger unreachable at start; waiting for it");
-                tokio::time::sleep(d).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(d) => {}
+                    _ = shutdown_signal() => {
+                        // Nothing was claimed yet: a stop now is a clean one.
+                        tracing::info!("shutdown requested before the ledger answered");
+                        std::process::exit(exit::OK);
+                    }
+                }
             }
             r => return r.map(|ledger| (cfg, ledger)),
         }

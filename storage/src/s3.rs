@@ -372,8 +372,9 @@ impl S3Store {
         let guard = AbortOnDrop { store: self.clone(), rel: rel.to_string(), id: id.clone(), armed: true };
         let res = self.send_parts(local, rel, &key, &id, hash, progress).await;
         let mut guard = guard;
-        guard.armed = false;
-        match res {
+        // The guard stays armed while the abort runs: cut off half-way (a watchdog), it
+        // finishes the abort in the background.
+        let res = match res {
             Ok(Some(sent)) => {
                 // Bytes differ from what the caller expects: never complete them.
                 self.abort_upload(rel, &id).await;
@@ -384,7 +385,9 @@ impl S3Store {
                 self.abort_upload(rel, &id).await;
                 Err(e)
             }
-        }
+        };
+        guard.armed = false;
+        res
     }
 
     /// Aborts one multipart upload and makes sure it is gone. A part still in flight when the
