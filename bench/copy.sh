@@ -3,11 +3,12 @@
 # a user would pick instead, and again under faults.
 #
 #   bench/copy.sh hdfs [EVENTS]   ferry-copy -> MiniDFS "A"  vs  hdfs dfs -put (Hadoop's FsShell);
-#                                 then a NameNode reset on 1 chunk in 20 (fault proxy)
+#                                 then resets and swallowed replies on NameNode RPCs (fault proxy)
 #   bench/copy.sh s3 [EVENTS]     ferry-copy -> versitygw over TLS  vs  rclone copy --checksum;
-#                                 then 1 new connection in 8 hung (accepted, never answered)
+#                                 then 10% hung, 5% reset-at-any-byte, 5% trickling connections
 #
-# Reports MB/s, peak RSS, and under faults: faults injected, chunks redone, redone bytes.
+# Reports MB/s, peak RSS, and under faults: faults injected, attempts redone, bytes redone (from
+# the ledger's attempts.redone_bytes), parts sent again inside an attempt, hedges started / won.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BACKEND=${1:?hdfs or s3}; EVENTS=${2:-600000}
@@ -109,17 +110,25 @@ for r in $(seq 1 "$REPEAT"); do run_copy "ferry-copy (blake3 on every byte)" "cl
 case $BACKEND in
   # Clients are pooled (a few connections carry all chunks), so the reset is aimed at requests:
   # right after 1 complete() in 20 (1 file in 20) went out, as in seed 001.
-  hdfs) FAULTS=(--reset-on complete 0.05); WHAT="NameNode RST after 1 complete() in 20" ;;
-  s3) FAULTS=(--hang 0.125); WHAT="1 new connection in 8 hung (accepted, never answered)" ;;
+  hdfs) FAULTS=(--reset-on complete 0.05 --silence-on complete 0.02 --reset-on addBlock 0.02 --silence-on rename2 0.02)
+        WHAT="NameNode: RST after 5% of complete(), 2% of addBlock; no reply to 2% of complete(), rename2" ;;
+  s3) FAULTS=(--hang 0.10 --reset 0.05 --reset-within 1048576 --reset-any-byte --trickle 0.05)
+      WHAT="new connections: 10% hung, 5% RST at any byte, 5% trickling" ;;
 esac
 coproc PROXY { "$BIN/faultproxy" "$TARGET" "${FAULTS[@]}" --seed 7 --stats "$DIR/proxy.json"; }
 PROXY_PID=$PROXY_PID
 read -r _ PADDR <&"${PROXY[0]}"
+injected() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(v for k, v in d.items() if k != "connections"))' "$DIR/proxy.json"; }
+sleep 0.3
+BEFORE=$(injected)
 for r in $(seq 1 "$REPEAT"); do
   run_copy "ferry-copy, $WHAT" "faults-$r" "$PADDR"
   sleep 0.3
-  echo "  faults so far: $(cat "$DIR/proxy.json")"
-  sqlite3 "$DIR/ledger.db" "SELECT '  chunks redone: ' || COUNT(DISTINCT a.chunk_id) || ', failed attempts: ' || COUNT(*) FROM attempts a WHERE a.stage = 'copy' AND a.outcome <> 'done'"
-  sqlite3 "$DIR/ledger.db" "SELECT '  redone bytes: ' || COALESCE(SUM(bytes), 0) || ' (a chunk averages ' || (SELECT CAST(AVG(b) AS INTEGER) FROM (SELECT SUM(bytes) b FROM parts GROUP BY chunk_id)) || ' bytes)' FROM parts WHERE chunk_id IN (SELECT chunk_id FROM attempts WHERE stage = 'copy' AND outcome <> 'done')"
-  echo "  ambiguous closes settled in place: $(grep -c "ambiguous close settled" "$DIR/copy.log" || true); hedges: $(grep -c "starting a hedged upload" "$DIR/copy.log" || true)"
+  NOW=$(injected)
+  echo "  faults injected in this run: $((NOW - BEFORE)) ($(cat "$DIR/proxy.json"))"
+  BEFORE=$NOW
+  sqlite3 "$DIR/ledger.db" "SELECT '  attempts redone: ' || COUNT(*) || ' on ' || COUNT(DISTINCT chunk_id) || ' chunks' FROM attempts WHERE stage = 'copy' AND outcome <> 'done'"
+  sqlite3 "$DIR/ledger.db" "SELECT '  bytes redone: ' || COALESCE(SUM(redone_bytes), 0) || ' (a chunk averages ' || (SELECT CAST(AVG(b) AS INTEGER) FROM (SELECT SUM(bytes) b FROM parts GROUP BY chunk_id)) || ' bytes)' FROM attempts WHERE stage = 'copy'"
+  echo "  parts sent again inside an attempt: $(grep -c "part copy failed; sending it again" "$DIR/copy.log" || true); ambiguous closes settled in place: $(grep -c "ambiguous close settled" "$DIR/copy.log" || true)"
+  echo "  hedges started: $(grep -c "starting a hedged upload" "$DIR/copy.log" || true), won: $(grep -c "the hedged upload won" "$DIR/copy.log" || true)"
 done

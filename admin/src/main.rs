@@ -342,20 +342,28 @@ async fn run(cli: Cli) -> Result<i32, Error> {
 
 /// Staged chunks transform committed more than `transform.keep_staged` ago (their chunk ids
 /// are the file names under `<staging>/<table>/`).
-async fn remove_old_staged(cfg: &Config, ledger: &Ledger, staging: &Store) -> Result<usize, String> {
+async fn remove_old_staged(cfg: &Config, ledger: &Ledger, staging: &Store) -> Result<usize, (usize, String)> {
     let cutoff = chrono::Utc::now().timestamp_millis() - cfg.transform.keep_staged.0.as_millis() as i64;
-    let done = ledger.transformed_before(cutoff).await.map_err(|e| e.to_string())?;
-    let mut n = 0;
-    for e in staging.list(&cfg.table.name).await.map_err(|e| e.to_string())? {
+    let done = ledger.transformed_before(cutoff).await.map_err(|e| (0, e.to_string()))?;
+    let (mut n, mut first) = (0, None);
+    for e in staging.list(&cfg.table.name).await.map_err(|e| (0, e.to_string()))? {
         let name = e.rel.rsplit('/').next().unwrap_or_default();
         let Some((chunk, _)) = name.split_once('.') else { continue };
         if done.contains(chunk) {
             let rel = format!("{}/{name}", cfg.table.name);
-            staging.delete(&rel).await.map_err(|e| format!("{rel}: {e}"))?;
-            n += 1;
+            // One that cannot go now does not keep the others.
+            match staging.delete(&rel).await {
+                Ok(()) => n += 1,
+                Err(e) => {
+                    first.get_or_insert(format!("{rel}: {e}"));
+                }
+            }
         }
     }
-    Ok(n)
+    match first {
+        None => Ok(n),
+        Some(e) => Err((n, e)),
+    }
 }
 
 /// `ferry verify`: the table on the destination against what the ledger says is published.
@@ -425,7 +433,8 @@ async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>) ->
     let ledger = existing_ledger(url).await?.with_pipeline(&cfg.pipeline);
     // Each place on its own: one store that is down does not stop the others' cleanup.
     let (mut n, mut failed) = (0, 0);
-    let text = |r: Result<usize, ferry_storage::Error>| r.map_err(|e| e.to_string());
+    // A place that failed part-way still counts what it removed.
+    let text = |r: Result<usize, ferry_storage::Error>| r.map_err(|e| (e.removed(), e.to_string()));
     for (what, r) in [
         ("staging", text(staging.remove_stale_temps(table, cutoff).await)),
         ("destination temp files and uploads", text(dest.gc(paths::COPY_TEMP_DIR, cutoff).await)),
@@ -433,13 +442,14 @@ async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>) ->
         ("spool", text(spool.remove_stale_temps(table, cutoff).await)),
         (
             "landed copies of published chunks",
-            ferry_load::remove_stray_landed(&ledger, &dest, table, cutoff).await.map_err(|e| e.to_string()),
+            ferry_load::remove_stray_landed(&ledger, &dest, table, cutoff).await.map_err(|e| (e.removed(), e.to_string())),
         ),
         ("staged chunks past transform.keep_staged", remove_old_staged(cfg, &ledger, &staging).await),
     ] {
         match r {
             Ok(k) => n += k,
-            Err(e) => {
+            Err((k, e)) => {
+                n += k;
                 failed += 1;
                 eprintln!("gc of {what} failed: {e}");
             }

@@ -88,7 +88,7 @@ async fn main() {
                     return done;
                 }
                 for l in leases {
-                    ledger.complete(&l, Work { bytes: 1000, records: 100 }).await.expect("complete");
+                    ledger.complete(&l, Work::new(1000, 100)).await.expect("complete");
                     done += 1;
                 }
             }

@@ -567,8 +567,9 @@ pub struct S3Options {
     /// No bytes read for this long ends the request (object_store's `read_timeout`).
     pub read_timeout: HumanDuration,
     /// object_store's own retries of retryable requests (5xx, 429, connect errors and
-    /// timeouts of idempotent requests), and their time budget. Ferry adds no second loop:
-    /// what fails after these goes back to the ledger as a failed chunk attempt.
+    /// timeouts of idempotent requests), and their time budget. Ferry resends, as many
+    /// times, the requests object_store leaves alone although they are safe: one that never
+    /// went out (its connect or handshake timed out), a delete, an abort.
     pub max_retries: usize,
     pub retry_timeout: HumanDuration,
     /// Files larger than this go multipart, in parts of `part_size`.
@@ -763,6 +764,11 @@ pub struct CopySection {
     /// 0 turns hedging off.
     pub hedge_multiple: f64,
     pub hedge_min: HumanDuration,
+    /// A part whose upload fails on a transient error (a reset, a hung connection, a lost
+    /// reply) is sent again this many times inside the attempt, on a new connection and to a
+    /// new temp name, with capped, jittered backoff: a fault on one connection costs one
+    /// retry of one part, not an attempt of the chunk.
+    pub retries: u32,
 }
 
 impl Default for CopySection {
@@ -776,6 +782,7 @@ impl Default for CopySection {
             // "one connection's worth of delay". See the copy stage's design note.
             hedge_multiple: 3.0,
             hedge_min: HumanDuration(Duration::from_secs(1)),
+            retries: 3,
         }
     }
 }

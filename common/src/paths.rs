@@ -124,9 +124,10 @@ pub fn rejects_file(spool: &Path, table: &str, chunk: &str) -> PathBuf {
     spool.join("rejects").join(table).join(format!("{chunk}.jsonl"))
 }
 
-/// `_ferry/tmp/<chunk>.<epoch>.<i>`: part `i` of a chunk in flight to the destination.
-pub fn copy_temp(chunk: &str, epoch: i64, part: usize) -> String {
-    format!("{COPY_TEMP_DIR}/{chunk}.{epoch}.{part}")
+/// `_ferry/tmp/<chunk>.<epoch>.<i>.<try>`: part `i` of a chunk in flight to the destination,
+/// sent for the `try`-th time in the attempt whose lease has `epoch` (no two tries share one).
+pub fn copy_temp(chunk: &str, epoch: i64, part: usize, try_no: u32) -> String {
+    format!("{COPY_TEMP_DIR}/{chunk}.{epoch}.{part}.{try_no}")
 }
 
 /// The hedged upload's own temp name beside `copy_temp`.
@@ -134,16 +135,16 @@ pub fn hedge_temp(copy_temp: &str) -> String {
     format!("{copy_temp}.h")
 }
 
-/// What a copy temp name says: (chunk, epoch, part, is the hedge).
-pub fn parse_copy_temp(rel: &str) -> Option<(&str, i64, usize, bool)> {
+/// What a copy temp name says: (chunk, epoch, part, try, is the hedge).
+pub fn parse_copy_temp(rel: &str) -> Option<(&str, i64, usize, u32, bool)> {
     let name = rel.strip_prefix(COPY_TEMP_DIR)?.strip_prefix('/')?;
     let (name, hedge) = match name.strip_suffix(".h") {
         Some(n) => (n, true),
         None => (name, false),
     };
     let mut it = name.split('.');
-    let (chunk, epoch, part) = (it.next()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
-    it.next().is_none().then_some((chunk, epoch, part, hedge))
+    let (chunk, epoch, part, try_no) = (it.next()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+    it.next().is_none().then_some((chunk, epoch, part, try_no, hedge))
 }
 
 /// `_ferry/landed/<table>`: every landed file of a table is below it.
@@ -230,9 +231,9 @@ mod tests {
         assert_eq!(parse_landed("event", &l), None, "another table's prefix");
         assert_eq!(parse_landed("events", &landed_dir("events")), None);
 
-        let t = copy_temp(CHUNK, 17, 3);
-        assert_eq!(parse_copy_temp(&t), Some((CHUNK, 17, 3, false)));
-        assert_eq!(parse_copy_temp(&hedge_temp(&t)), Some((CHUNK, 17, 3, true)));
+        let t = copy_temp(CHUNK, 17, 3, 2);
+        assert_eq!(parse_copy_temp(&t), Some((CHUNK, 17, 3, 2, false)));
+        assert_eq!(parse_copy_temp(&hedge_temp(&t)), Some((CHUNK, 17, 3, 2, true)));
         assert_eq!(parse_copy_temp("_ferry/tmp/x.y.z"), None);
 
         assert_eq!(staged_chunk("events", CHUNK, Format::Jsonl), format!("events/{CHUNK}.jsonl"));

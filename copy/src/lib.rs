@@ -7,8 +7,8 @@
 //!  spool/<table>/<chunk>/<k=v>/part-<chunk>.parquet
 //!     │ upload under a deadline and a no-progress watchdog, hashing every byte
 //!     ▼
-//!  dest/_ferry/tmp/<chunk>.<epoch>.<i>           (the lease's epoch: two attempts never share it)
-//!     │ size and hash equal what transform recorded? else delete, retry the chunk
+//!  dest/_ferry/tmp/<chunk>.<epoch>.<i>.<try>     (the lease's epoch and the try: never shared)
+//!     │ size and hash equal what transform recorded? else delete, quarantine (the spool is bad)
 //!     ▼ rename without overwrite
 //!  dest/_ferry/landed/<table>/<chunk>/<k=v>/part-<chunk>.parquet
 //! ```
@@ -19,6 +19,16 @@
 //! next run removes once it is older than a copy deadline plus two leases. What "rename" means
 //! on each backend, and how an ambiguous failure is settled there, is in `ferry_storage::{hdfs, s3}`;
 //! every name above is built in `ferry_common::paths`.
+//!
+//! # Retries inside an attempt
+//!
+//! A part whose upload fails on a transient error (a reset, a connection that hung until its
+//! call timeout, a reply that never came) is first looked for (an ambiguous failure may have
+//! landed it), then sent again, up to `copy.retries` times with capped, jittered backoff, to a
+//! new temp name and on a new connection. A fault on one connection costs one retry of one part,
+//! not an attempt of the chunk. The temp file of a try that failed is removed at once, on a new
+//! connection and bounded by the call timeout; what cannot be removed is left to gc. Every byte
+//! a try sent that did not land is the attempt's redone work (`attempts.redone_bytes`).
 //!
 //! # Hedged copies
 //!
@@ -39,8 +49,8 @@ use ferry_common::config::Config;
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
 use ferry_common::paths;
 use ferry_ledger::observe::names;
-use ferry_ledger::{Lease, Ledger, Part, Stage, Work};
-use ferry_storage::{Progress, Store, watched};
+use ferry_ledger::{Lease, Ledger, Part, Stage, Tally, Work};
+use ferry_storage::{Backoff, Progress, Store, watched};
 
 /// The copy stage's one error type; [`Classified::class`] decides retry-or-not.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +109,25 @@ pub struct Copier {
     dest: Store,
     recent: Recent,
     hedges: std::sync::atomic::AtomicU64,
+    hedges_won: std::sync::atomic::AtomicU64,
+}
+
+/// What one upload sent, added to the attempt's tally when it ends in any way (also when its
+/// future is dropped: a hedge that lost); `kept` once its bytes are the ones that landed.
+struct Sent<'a> {
+    progress: Progress,
+    tally: &'a Tally,
+    kept: bool,
+}
+
+impl Drop for Sent<'_> {
+    fn drop(&mut self) {
+        let n = self.progress.bytes();
+        self.tally.moved(n);
+        if self.kept {
+            self.tally.kept(n);
+        }
+    }
 }
 
 /// Seconds per byte of the last successful part copies, for the hedge delay.
@@ -137,7 +166,7 @@ pub fn landed_path(table: &str, p: &Part) -> String {
 impl Copier {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Copier, CopyError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-        Ok(Copier { cfg, ledger, dest, recent: Recent::default(), hedges: Default::default() })
+        Ok(Copier { cfg, ledger, dest, recent: Recent::default(), hedges: Default::default(), hedges_won: Default::default() })
     }
 
     fn spool_dir(&self, chunk: &str) -> PathBuf {
@@ -151,85 +180,149 @@ impl Copier {
         let dest = self.dest.isolated()?;
         for (i, p) in parts.iter().enumerate() {
             let landed = landed_path(&self.cfg.table.name, p);
-            if let Some(h) = dest.head(&landed).await? {
-                if h.size as i64 == p.bytes && dest.hash(&landed).await?.1 == p.content_hash {
-                    continue; // an earlier attempt landed it
-                }
-                dest.delete(&landed).await?;
+            // The chunk's work is all of its parts, also those an earlier attempt landed.
+            work.bytes += p.bytes;
+            work.records += p.records;
+            if self.landed_whole(&dest, &landed, p).await? {
+                continue; // an earlier attempt landed it
             }
             let src = paths::spool_part(&self.cfg.spool.dir, &self.cfg.table.name, &p.chunk_id, &p.rel_path());
             if !src.exists() {
                 return Err(CopyError::Spool(format!("{} is missing; transform the chunk again (ferry requeue)", src.display())));
             }
-            // The lease's epoch, not its attempt number: only the epoch never repeats (a released
-            // or requeued task gets an attempt number again, and may find its old temp file).
-            let tmp = paths::copy_temp(&lease.chunk_id, lease.epoch, i);
-            self.ship_hedged(&dest, &src, &tmp, &landed, p).await?;
-            work.bytes += p.bytes;
-            work.records += p.records;
+            self.ship_retrying(&dest, &lease, i, &src, &landed, p).await?;
         }
+        work.redone_bytes = lease.tally.redone_bytes();
         Ok(work)
+    }
+
+    /// Whether `landed` holds the part whole. A file there with other bytes is removed.
+    async fn landed_whole(&self, dest: &Store, landed: &str, p: &Part) -> Result<bool, CopyError> {
+        if let Some(h) = dest.head(landed).await? {
+            if h.size as i64 == p.bytes && dest.hash(landed).await?.1 == p.content_hash {
+                return Ok(true);
+            }
+            dest.delete(landed).await?;
+        }
+        Ok(false)
+    }
+
+    /// [`Copier::ship_hedged`], sent again after a transient failure up to `copy.retries` times,
+    /// each time to a new temp name (the try number is in it) and on a new connection (a hung
+    /// HDFS client is retired by the call that gave up on it; S3 never reuses a connection that
+    /// failed). The attempt fails only when every try did.
+    async fn ship_retrying(&self, dest: &Store, lease: &Lease, part: usize, src: &Path, landed: &str, p: &Part) -> Result<(), CopyError> {
+        let retries = self.cfg.copy.retries;
+        let mut backoff = Backoff::new(std::time::Duration::from_millis(250), std::time::Duration::from_secs(5));
+        let mut try_no = 0u32;
+        loop {
+            let tmp = paths::copy_temp(&lease.chunk_id, lease.epoch, part, try_no);
+            match self.ship_hedged(dest, src, &tmp, landed, p, &lease.tally).await {
+                Ok(()) => return Ok(()),
+                Err(e) if try_no < retries && e.class() == ErrorClass::Transient => {
+                    // An ambiguous failure (a lost reply) may have landed it after all.
+                    if matches!(self.landed_whole(dest, landed, p).await, Ok(true)) {
+                        return Ok(());
+                    }
+                    try_no += 1;
+                    let d = backoff.next_delay();
+                    tracing::warn!(
+                        chunk = %p.chunk_id, part = %p.rel_path(), retry = try_no, of = retries, error = %e, retry_in = ?d,
+                        "part copy failed; sending it again on a new connection"
+                    );
+                    metrics::counter!(names::REQUEST_RETRIES, "stage" => "copy").increment(1);
+                    tokio::time::sleep(d).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// [`Copier::ship`], hedged: if it runs past the hedge delay for its size, a second one
     /// starts on new connections to `<tmp>.h`; the first to land wins and the other is
-    /// cancelled, its temp file removed. Without hedging (or before the delay) it is one ship.
-    async fn ship_hedged(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part) -> Result<(), CopyError> {
+    /// cancelled, its temp file removed before this returns (a `--once` run never exits
+    /// ahead of it). Without hedging (or before the delay) it is one ship.
+    async fn ship_hedged(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part, tally: &Tally) -> Result<(), CopyError> {
         let started = std::time::Instant::now();
-        let first = self.ship(dest, src, tmp, landed, p, dest.uploads_in_place());
-        tokio::pin!(first);
-        let res = match self.hedge_delay(p.bytes as u64) {
-            None => first.await,
-            Some(delay) => {
-                tokio::select! {
-                    r = &mut first => r,
-                    _ = tokio::time::sleep(delay) => {
-                        let hedge_tmp = paths::hedge_temp(tmp);
-                        let hedge_dest = dest.isolated()?;
-                        tracing::info!(chunk = %p.chunk_id, part = %p.rel_path(), after = ?delay, "copy is slow; starting a hedged upload");
-                        self.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        metrics::counter!(names::HEDGES_STARTED).increment(1);
-                        // Always to its own temp name, even where the first went in place.
-                        let second = self.ship(&hedge_dest, src, &hedge_tmp, landed, p, false);
-                        tokio::pin!(second);
-                        // First success wins; a failure waits for the other one.
-                        let (r, loser) = tokio::select! {
-                            r = &mut first => match r {
-                                Ok(()) => (Ok(()), Some((hedge_dest.clone(), hedge_tmp.clone()))),
-                                Err(e) => {
-                                    tracing::info!(error = %e, "first upload failed; the hedge carries on");
-                                    ((&mut second).await, None)
-                                }
-                            },
-                            r = &mut second => match r {
-                                Ok(()) => {
-                                    tracing::info!(chunk = %p.chunk_id, "the hedged upload won");
-                                    metrics::counter!(names::HEDGES_WON).increment(1);
-                                    (Ok(()), Some((dest.clone(), tmp.to_string())))
-                                }
-                                Err(e) => {
-                                    tracing::info!(error = %e, "hedged upload failed; waiting for the first");
-                                    ((&mut first).await, None)
-                                }
-                            },
-                        };
-                        if let Some((store, name)) = loser {
-                            // The loser's future is dropped with this scope (cancelled); its
-                            // temp file goes in the background, bounded by the store's deadlines.
-                            tokio::spawn(async move {
-                                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                                let _ = store.delete(&name).await;
-                            });
-                        }
-                        r
-                    }
-                }
-            }
+        let in_place = dest.uploads_in_place();
+        let (res, loser) = match self.hedge_delay(p.bytes as u64) {
+            None => (self.ship(dest, src, tmp, landed, p, in_place, tally).await, None),
+            Some(delay) => self.race(dest, src, (tmp, landed), p, tally, delay).await,
         };
+        // Both uploads' futures are gone by now (the loser cancelled): its temp file goes.
+        if let Some(name) = loser {
+            self.remove_temp(&name).await;
+        }
         if res.is_ok() {
             self.recent.record(started.elapsed().as_secs_f64() / (p.bytes.max(1) as f64));
         }
         res
+    }
+
+    /// The first ship, and after `delay` a hedge beside it. Returns the outcome and the temp
+    /// name of a loser that may have left a file.
+    async fn race(
+        &self,
+        dest: &Store,
+        src: &Path,
+        (tmp, landed): (&str, &str),
+        p: &Part,
+        tally: &Tally,
+        delay: std::time::Duration,
+    ) -> (Result<(), CopyError>, Option<String>) {
+        let in_place = dest.uploads_in_place();
+        let first = self.ship(dest, src, tmp, landed, p, in_place, tally);
+        tokio::pin!(first);
+        tokio::select! {
+            r = &mut first => return (r, None),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        let hedge_tmp = paths::hedge_temp(tmp);
+        let Ok(hedge_dest) = dest.isolated() else { return ((&mut first).await, None) };
+        tracing::info!(chunk = %p.chunk_id, part = %p.rel_path(), after = ?delay, "copy is slow; starting a hedged upload");
+        self.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!(names::HEDGES_STARTED).increment(1);
+        // Always to its own temp name, even where the first went in place.
+        let second = self.ship(&hedge_dest, src, &hedge_tmp, landed, p, false, tally);
+        tokio::pin!(second);
+        // First success wins; a failure waits for the other one.
+        tokio::select! {
+            r = &mut first => match r {
+                Ok(()) => (Ok(()), Some(hedge_tmp.clone())),
+                Err(e) => {
+                    tracing::info!(error = %e, "first upload failed; the hedge carries on");
+                    ((&mut second).await, None)
+                }
+            },
+            r = &mut second => match r {
+                Ok(()) => {
+                    tracing::info!(chunk = %p.chunk_id, "the hedged upload won");
+                    self.hedges_won.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    metrics::counter!(names::HEDGES_WON).increment(1);
+                    (Ok(()), (!in_place).then(|| tmp.to_string()))
+                }
+                Err(e) => {
+                    tracing::info!(error = %e, "hedged upload failed; waiting for the first");
+                    ((&mut first).await, None)
+                }
+            },
+        }
+    }
+
+    /// Removes a temp file of a try that failed or lost, on a new connection (the try's own may
+    /// be the hung one), bounded by the store's call timeout. Never fails: what cannot be
+    /// removed now is logged and left to gc; it never costs the part that landed.
+    async fn remove_temp(&self, name: &str) {
+        let bound = self.cfg.destination.store.call_timeout.0;
+        for _ in 0..2 {
+            let Ok(store) = self.dest.isolated() else { break };
+            match tokio::time::timeout(bound, store.delete(name)).await {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => tracing::debug!(file = %store.url(name), error = %e, "cannot remove a temp file"),
+                Err(_) => tracing::debug!(file = %store.url(name), "removing a temp file got no answer"),
+            }
+        }
+        tracing::warn!(file = %self.dest.url(name), "cannot remove a temp file now; gc will");
     }
 
     /// When a hedge for a part of `bytes` starts: `hedge_multiple` x the recent p95 seconds per
@@ -252,9 +345,21 @@ impl Copier {
     /// One upload of a part to `tmp` under the deadline and the watchdog, verified against
     /// what transform recorded, then renamed (without overwrite) to `landed`. With `in_place`
     /// (S3, where an upload appears whole or not at all) it goes straight to `landed`, and a
-    /// mismatching hash is caught before the upload completes.
-    async fn ship(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part, in_place: bool) -> Result<(), CopyError> {
+    /// mismatching hash is caught before the upload completes. What it sends is added to
+    /// `tally`, and kept only if this upload is the one that landed.
+    #[allow(clippy::too_many_arguments)]
+    async fn ship(
+        &self,
+        dest: &Store,
+        src: &Path,
+        tmp: &str,
+        landed: &str,
+        p: &Part,
+        in_place: bool,
+        tally: &Tally,
+    ) -> Result<(), CopyError> {
         let progress = Progress::default();
+        let mut sent = Sent { progress: progress.clone(), tally, kept: false };
         let c = &self.cfg.copy;
         let target = if in_place { landed } else { tmp };
         let what = format!("copy of {} to {}", src.display(), dest.url(target));
@@ -264,7 +369,7 @@ impl Copier {
             Ok(v) => v,
             Err(e) => {
                 if !in_place {
-                    let _ = dest.delete(tmp).await;
+                    self.remove_temp(tmp).await;
                 }
                 // Our own upload's target vanished mid-way (another process's gc, an operator):
                 // worth another attempt, not a quarantine.
@@ -276,7 +381,7 @@ impl Copier {
         };
         if n as i64 != p.bytes || hash != p.content_hash {
             if !in_place {
-                dest.delete(tmp).await?;
+                self.remove_temp(tmp).await;
             }
             // These are the bytes read from the spool file: it is not what transform wrote, and
             // no retry of the copy changes that.
@@ -287,19 +392,36 @@ impl Copier {
                 p.content_hash
             )));
         }
-        if !in_place && !dest.rename_noreplace(tmp, landed).await? {
-            // Another attempt (or our hedge) landed it first; keep theirs if it is right.
-            dest.delete(tmp).await?;
-            if dest.hash(landed).await?.1 != p.content_hash {
-                return Err(CopyError::Verify(format!("{landed} exists with other content")));
+        if !in_place {
+            let renamed = match dest.rename_noreplace(tmp, landed).await {
+                Ok(r) => r,
+                Err(e) => {
+                    // mkdirs or rename failed: the temp file must not outlive this try.
+                    self.remove_temp(tmp).await;
+                    return Err(e.into());
+                }
+            };
+            if !renamed {
+                // Another attempt (or our hedge) landed it first; keep theirs if it is right.
+                self.remove_temp(tmp).await;
+                if dest.hash(landed).await?.1 != p.content_hash {
+                    return Err(CopyError::Verify(format!("{landed} exists with other content")));
+                }
+                return Ok(());
             }
         }
+        sent.kept = true;
         Ok(())
     }
 
     /// Hedged uploads started by this process.
     pub fn hedges(&self) -> u64 {
         self.hedges.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Hedged uploads that landed first.
+    pub fn hedges_won(&self) -> u64 {
+        self.hedges_won.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Removes spool directories of chunks already copied (left by a crash between the

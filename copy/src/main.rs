@@ -34,8 +34,8 @@ async fn run(args: Args) -> Result<i32, CopyError> {
     let concurrency = cfg.copy_concurrency();
     let c = Arc::new(Copier::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
     runner::cleanup(c.gc()).await;
-    let (work, after) = (c.clone(), c);
-    Ok(runner::serve(
+    let (work, after) = (c.clone(), c.clone());
+    let code = runner::serve(
         &ledger,
         &args.stage,
         Stage::Copy,
@@ -44,5 +44,14 @@ async fn run(args: Args) -> Result<i32, CopyError> {
         move |lease| Box::pin(work.clone().chunk(lease)),
         Arc::new(move |lease| after.remove_spool(lease)),
     )
-    .await?)
+    .await?;
+    if c.hedges() > 0 {
+        tracing::info!(started = c.hedges(), won = c.hedges_won(), "hedged uploads");
+    }
+    // Aborts of cut-off uploads still running in the background finish before the exit.
+    let left = ferry_storage::background_settled(std::time::Duration::from_secs(30)).await;
+    if left > 0 {
+        tracing::warn!(left, "background cleanups did not finish; gc will");
+    }
+    Ok(code)
 }

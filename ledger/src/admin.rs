@@ -356,8 +356,10 @@ impl Ledger {
                             .map_err(db(op))?;
                     // The `redone_work` view's totals, for this pipeline.
                     let redone: (i64, i64) = sqlx::query_as(
-                        "SELECT CAST(COUNT(*) AS BIGINT), CAST(COALESCE(SUM(a.bytes), 0) AS BIGINT)
-                         FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.outcome <> 'done' AND t.pipeline = $1",
+                        "SELECT CAST(COALESCE(SUM(CASE WHEN a.outcome <> 'done' THEN 1 ELSE 0 END), 0) AS BIGINT),
+                                CAST(COALESCE(SUM(a.redone_bytes), 0) AS BIGINT)
+                         FROM attempts a JOIN tasks t ON t.id = a.task_id
+                         WHERE (a.outcome <> 'done' OR a.redone_bytes > 0) AND t.pipeline = $1",
                     )
                     .bind(self.pipeline())
                     .fetch_one(pool)
@@ -510,7 +512,8 @@ impl Ledger {
                     .await
                     .map_err(db(op))?;
                     let redone = sqlx::query_as(
-                        "SELECT stage, CAST(SUM(attempts) AS BIGINT), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM redone_work
+                        "SELECT stage, CAST(SUM(CASE WHEN outcome <> 'done' THEN attempts ELSE 0 END) AS BIGINT),
+                                CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM redone_work
                          WHERE pipeline = $1 GROUP BY stage",
                     )
                     .bind(self.pipeline())

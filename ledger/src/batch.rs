@@ -29,12 +29,12 @@ async fn flush_completions(pool: &sqlx::SqlitePool, batch: &[Completion]) -> Res
     let mut sql = String::from(
         "UPDATE tasks SET state = $2, finalized_at = $1, lease_owner = NULL,
             lease_expires_at = NULL, last_error = NULL, last_error_class = NULL,
-            bytes = v.column3, records = v.column4
+            bytes = v.column3, records = v.column4, redone_bytes = v.column5
          FROM (VALUES ",
     );
     for i in 0..batch.len() {
-        let b = 4 * i + 3;
-        let _ = write!(sql, "{}(${}, ${}, ${}, ${})", if i > 0 { ", " } else { "" }, b + 1, b + 2, b + 3, b + 4);
+        let b = 5 * i + 3;
+        let _ = write!(sql, "{}(${}, ${}, ${}, ${}, ${})", if i > 0 { ", " } else { "" }, b + 1, b + 2, b + 3, b + 4, b + 5);
     }
     sql.push_str(
         ") AS v WHERE tasks.id = v.column1 AND tasks.epoch = v.column2 AND tasks.state = $3
@@ -44,7 +44,7 @@ async fn flush_completions(pool: &sqlx::SqlitePool, batch: &[Completion]) -> Res
     let mut q =
         sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql)).bind(now).bind(TaskState::Done.as_str()).bind(TaskState::Running.as_str());
     for c in batch {
-        q = q.bind(c.lease.task_id).bind(c.lease.epoch).bind(c.work.bytes).bind(c.work.records);
+        q = q.bind(c.lease.task_id).bind(c.lease.epoch).bind(c.work.bytes).bind(c.work.records).bind(c.work.redone_bytes);
     }
     q.fetch_all(pool).await.map_err(db("complete"))
 }

@@ -87,9 +87,9 @@ pub use schemas::{SchemaColumn, TableSchema};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 /// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 8)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 9)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
@@ -189,6 +189,8 @@ pub struct Lease {
     pub epoch: i64,
     pub worker: String,
     pub started_at: i64,
+    /// What the holder has sent so far (the runner records it however the attempt ends).
+    pub tally: Tally,
 }
 
 /// What a finished attempt did, for the history and the throughput view.
@@ -196,7 +198,46 @@ pub struct Lease {
 pub struct Work {
     pub bytes: i64,
     pub records: i64,
+    /// Bytes the attempt sent that did not end in place (see [`Tally`]).
+    pub redone_bytes: i64,
 }
+
+impl Work {
+    pub fn new(bytes: i64, records: i64) -> Work {
+        Work { bytes, records, redone_bytes: 0 }
+    }
+}
+
+/// What an attempt has moved so far, kept by the stage as it goes, so that an attempt that
+/// fails (or succeeds after retrying a request) still records what it sent: `moved` is every
+/// byte sent, `kept` the bytes that ended in place (a landed part). The rest was redone work.
+#[derive(Debug, Clone, Default)]
+pub struct Tally(Arc<(AtomicI64, AtomicI64)>);
+
+impl Tally {
+    pub fn moved(&self, n: u64) {
+        self.0.0.fetch_add(n as i64, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn kept(&self, n: u64) {
+        self.0.1.fetch_add(n as i64, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// Bytes sent so far.
+    pub fn moved_bytes(&self) -> i64 {
+        self.0.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Bytes sent that did not end in place.
+    pub fn redone_bytes(&self) -> i64 {
+        (self.moved_bytes() - self.0.1.load(std::sync::atomic::Ordering::Relaxed)).max(0)
+    }
+}
+
+/// Two leases are equal when they are the same claim: the tally is what the holder did with it.
+impl PartialEq for Tally {
+    fn eq(&self, _: &Tally) -> bool {
+        true
+    }
+}
+impl Eq for Tally {}
 
 /// Where a failed task went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +273,7 @@ pub const COMPAT: &[(i64, i64, &str)] = &[
     (6, 5, "additive: table_schemas, chunk_notes"),
     (7, 7, "pipelines: an older binary would claim every pipeline's tasks"),
     (8, 8, "spool nodes: an older copy would claim chunks spooled on another host"),
+    (9, 8, "additive: redone bytes per attempt"),
 ];
 
 /// The pipeline of a config without `pipeline`, and of every row from before pipelines.

@@ -39,6 +39,10 @@ pub mod names {
     /// Source files extract looked at, by `outcome` (chunked, quarantined, unfinished, skipped).
     pub const FILES: &str = "ferry_files_total";
     /// Hedged uploads started and won by copy.
+    /// Bytes sent again (counter, by stage): retried requests, lost hedges, failed attempts.
+    pub const BYTES_REDONE: &str = "ferry_bytes_redone_total";
+    /// Requests (a part's upload) sent again inside an attempt on a new connection.
+    pub const REQUEST_RETRIES: &str = "ferry_request_retries_total";
     pub const HEDGES_STARTED: &str = "ferry_hedges_started_total";
     pub const HEDGES_WON: &str = "ferry_hedges_won_total";
     /// From the ledger: tasks and bytes to move per `stage` and `state`.

@@ -123,6 +123,8 @@ pub struct Summary {
     pub quarantined: u64,
     pub lost: u64,
     pub released: u64,
+    /// Bytes sent twice: retried requests, lost hedges, what failed attempts sent.
+    pub redone_bytes: i64,
     /// Tasks of this stage left quarantined in the ledger (not only by this run).
     pub quarantined_total: i64,
     /// Tasks of this stage still waiting (e.g. for a retry's backoff).
@@ -134,7 +136,7 @@ pub struct Summary {
 impl Summary {
     pub fn line(&self, stage: Stage, elapsed: Duration) -> String {
         format!(
-            "{stage}: {} chunks done, {} records, {} bytes in {:.1}s; {} retried, {} quarantined ({} in ledger), {} leases lost, {} released, {} pending",
+            "{stage}: {} chunks done, {} records, {} bytes in {:.1}s; {} retried, {} quarantined ({} in ledger), {} leases lost, {} released, {} pending, {} bytes redone",
             self.done,
             self.records,
             self.bytes,
@@ -144,7 +146,8 @@ impl Summary {
             self.quarantined_total,
             self.lost,
             self.released,
-            self.pending
+            self.pending,
+            self.redone_bytes
         ) + &self.stalled.as_ref().filter(|_| self.done == 0).map(|why| format!("; no progress: {why}")).unwrap_or_default()
     }
 
@@ -165,8 +168,8 @@ pub type TaskFuture<E> = Pin<Box<dyn Future<Output = std::result::Result<Work, E
 
 enum Ended {
     Done(Work),
-    /// The outcome, the task and the error.
-    Failed(FailOutcome, i64, String),
+    /// The outcome, the task, the error and the bytes redone.
+    Failed(FailOutcome, i64, String, i64),
     Lost,
     Released,
 }
@@ -359,7 +362,7 @@ where
             joined = set.join_next(), if !set.is_empty() => {
                 if let Some(joined) = joined {
                     let (ended, took) = joined.map_err(|e| Error::Internal(format!("{stage} task failed: {e}")))??;
-                    if let Ended::Failed(_, id, msg) = &ended {
+                    if let Ended::Failed(_, id, msg, _) = &ended {
                         failed_here.insert(*id);
                         last_error = Some(msg.clone());
                     }
@@ -499,6 +502,15 @@ fn tally(s: &mut Summary, stage: Stage, ended: Ended, took: Duration) {
         metrics::counter!(names::RECORDS, "stage" => st).increment(w.records.max(0) as u64);
         metrics::counter!(names::BYTES, "stage" => st).increment(w.bytes.max(0) as u64);
     }
+    let redone = match &ended {
+        Ended::Done(w) => w.redone_bytes,
+        Ended::Failed(.., redone) => *redone,
+        _ => 0,
+    };
+    if redone > 0 {
+        metrics::counter!(names::BYTES_REDONE, "stage" => st).increment(redone as u64);
+        s.redone_bytes += redone;
+    }
     match ended {
         Ended::Done(w) => {
             s.done += 1;
@@ -572,9 +584,12 @@ where
         }
     };
     let stage = lease.stage;
+    // What an attempt that did not finish had sent: recorded, so redone work is counted.
+    let unfinished = Work { bytes: lease.tally.moved_bytes(), records: 0, redone_bytes: lease.tally.redone_bytes() };
     let record = Recorder { ledger: &ledger, lease: &lease, stop: stop.clone(), once: opts.once, cap: opts.outage_probe_max };
     let outcome = match failed {
-        Ok(w) => {
+        Ok(mut w) => {
+            w.redone_bytes = w.redone_bytes.max(lease.tally.redone_bytes());
             let back = breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
             for (store, down_for) in back {
                 let label = opts.label(store);
@@ -591,7 +606,7 @@ where
             let verdict = breakers.lock().unwrap_or_else(|e| e.into_inner()).failed(store, (lease.task_id, lease.epoch));
             let at_ms = |at: Instant| ledger.now_ms() + at.saturating_duration_since(Instant::now()).as_millis() as i64;
             match verdict {
-                Verdict::Counted => record.failed(ErrorClass::Transient, &msg).await,
+                Verdict::Counted => record.failed(ErrorClass::Transient, &msg, unfinished).await,
                 Verdict::Tripped { refund, retry_at } => {
                     let label = opts.label(store);
                     tracing::error!(%stage, store = %label, error = %msg, "store is down: every chunk fails on it and none gets through; claims stop, probes follow, attempts are not counted");
@@ -600,18 +615,18 @@ where
                     best_effort("record the outage", ledger.outage_open(&label, stage, &msg)).await;
                     best_effort("give back the attempts spent on the outage", ledger.refund_attempts(&refund)).await;
                     record
-                        .retrying("fail", || ledger.fail_uncounted(&lease, &msg, Work::default(), at_ms(retry_at)))
+                        .retrying("fail", || ledger.fail_uncounted(&lease, &msg, unfinished, at_ms(retry_at)))
                         .await
-                        .map(|o| Ended::Failed(o, lease.task_id, msg.clone()))
+                        .map(|o| Ended::Failed(o, lease.task_id, msg.clone(), unfinished.redone_bytes))
                 }
                 Verdict::StillDown { retry_at, probes } => {
                     let label = opts.label(store);
                     tracing::warn!(%stage, store = %label, probes, error = %msg, "store still down");
                     best_effort("count the probe", ledger.outage_probe(&label, stage, &msg)).await;
                     record
-                        .retrying("fail", || ledger.fail_uncounted(&lease, &msg, Work::default(), at_ms(retry_at)))
+                        .retrying("fail", || ledger.fail_uncounted(&lease, &msg, unfinished, at_ms(retry_at)))
                         .await
-                        .map(|o| Ended::Failed(o, lease.task_id, msg.clone()))
+                        .map(|o| Ended::Failed(o, lease.task_id, msg.clone(), unfinished.redone_bytes))
                 }
             }
         }
@@ -620,7 +635,7 @@ where
                 // The store answered (with a refusal): it is not down.
                 breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
             }
-            record.failed(class, &msg).await
+            record.failed(class, &msg, unfinished).await
         }
     };
     match outcome {
@@ -704,9 +719,9 @@ impl Recorder<'_> {
 
     /// Records a failed attempt; logs what the ledger made of it (a zombie whose lease was
     /// taken over has quarantined nothing, and says so instead).
-    async fn failed(&self, class: ErrorClass, msg: &str) -> Result<Ended> {
+    async fn failed(&self, class: ErrorClass, msg: &str, work: Work) -> Result<Ended> {
         let lease = self.lease;
-        let outcome = self.retrying("failure", || self.ledger.fail(lease, class, msg, Work::default())).await?;
+        let outcome = self.retrying("failure", || self.ledger.fail(lease, class, msg, work)).await?;
         match outcome {
             FailOutcome::Retry { .. } => {
                 tracing::warn!(chunk = %lease.chunk_id, stage = %lease.stage, attempt = lease.attempt, error = %msg, "chunk failed; will retry")
@@ -719,7 +734,7 @@ impl Recorder<'_> {
                 );
             }
         }
-        Ok(Ended::Failed(outcome, lease.task_id, msg.to_string()))
+        Ok(Ended::Failed(outcome, lease.task_id, msg.to_string(), work.redone_bytes))
     }
 }
 

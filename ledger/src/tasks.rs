@@ -8,7 +8,7 @@ use ferry_common::error::ErrorClass;
 use crate::backend::{Backend, Begin};
 use crate::batch::Completion;
 use crate::state::{AttemptOutcome, Stage, TaskState};
-use crate::{Error, FailOutcome, Lease, Ledger, Result, Work, db};
+use crate::{Error, FailOutcome, Lease, Ledger, Result, Tally, Work, db};
 
 /// The claim statement; `$lock` is the row-locking clause of the backend. Its state list must
 /// stay textually identical to the `tasks_due` partial index's predicate, or the planner stops
@@ -84,6 +84,7 @@ macro_rules! insert_attempt {
             .bind(error)
             .bind(work.bytes)
             .bind(work.records)
+            .bind(work.redone_bytes)
             .execute($tx)
             .await
             .map_err(db("insert_attempt"))
@@ -93,13 +94,14 @@ macro_rules! insert_attempt {
 /// Finishing a task: the `tasks_on_done` trigger appends the history row and enqueues the
 /// chunk's next stage inside this same statement. `$6` is `done`, `$7` is `running`.
 pub(crate) const COMPLETE: &str = "UPDATE tasks SET state = $6, finalized_at = $3, lease_owner = NULL,
-        lease_expires_at = NULL, last_error = NULL, last_error_class = NULL, bytes = $4, records = $5
+        lease_expires_at = NULL, last_error = NULL, last_error_class = NULL, bytes = $4, records = $5,
+        redone_bytes = $8
     WHERE id = $1 AND epoch = $2 AND state = $7";
 
 const INSERT_ATTEMPT: &str = "INSERT INTO attempts
     (task_id, chunk_id, stage, attempt, epoch, worker, started_at, ended_at, outcome,
-     error_class, error, bytes, records)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+     error_class, error, bytes, records, redone_bytes)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 
 /// Ends a running task at the caller's epoch: `$3` state, `$4` scheduled_at, `$5` error,
 /// `$6` error class, `$7` the time; `$8` is `running` and `$9` `quarantined`; `$10` is 1 to
@@ -154,6 +156,7 @@ impl Ledger {
                         epoch: r.epoch,
                         worker: worker.to_string(),
                         started_at: now,
+                        tally: Tally::default(),
                     })
                     .collect();
                 leases.sort_by_key(|l| l.task_id);
@@ -206,6 +209,7 @@ impl Ledger {
                         .bind(work.records)
                         .bind(TaskState::Done.as_str())
                         .bind(TaskState::Running.as_str())
+                        .bind(work.redone_bytes)
                         .execute(pool)
                         .await
                         .map(|r| r.rows_affected() == 1)
@@ -374,6 +378,7 @@ impl Ledger {
                         epoch: r.epoch,
                         worker: r.lease_owner,
                         started_at: r.attempted_at.unwrap_or(now),
+                        tally: Tally::default(),
                     };
                     let exhausted = lease.attempt >= lease.max_attempts;
                     let state = if exhausted { TaskState::Quarantined } else { TaskState::Retryable };

@@ -85,7 +85,7 @@ async fn racing_workers_each_task_held_once_none_lost(db: Db) {
                 tokio::task::yield_now().await;
                 for l in leases {
                     held.lock().unwrap().remove(&l.task_id);
-                    ledger.complete(&l, Work { bytes: 100, records: 10 }).await.unwrap();
+                    ledger.complete(&l, Work::new(100, 10)).await.unwrap();
                     completed.lock().unwrap().push(l.task_id);
                 }
             }
@@ -301,9 +301,9 @@ async fn complete_is_idempotent_and_enqueues_next_stage(db: Db) {
     let ledger = t.ledger(opts(), Some(&clock)).await;
     let ids = seed(&ledger, "next", 1).await;
     let l = claim_one(&ledger, "a").await.unwrap();
-    ledger.complete(&l, Work { bytes: 100, records: 10 }).await.unwrap();
+    ledger.complete(&l, Work::new(100, 10)).await.unwrap();
     // A retry of the same call (its reply was lost) is a success and records nothing more.
-    ledger.complete(&l, Work { bytes: 100, records: 10 }).await.unwrap();
+    ledger.complete(&l, Work::new(100, 10)).await.unwrap();
     assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts").await, 1);
     let copy = ledger.claim(Stage::Copy, "c", 5).await.unwrap();
     assert_eq!(copy.len(), 1);
@@ -414,17 +414,20 @@ async fn views_and_constraints(db: Db) {
     let ledger = t.ledger(opts(), None).await;
     seed(&ledger, "views", 3).await;
     let leases = ledger.claim(Stage::Transform, "v", 3).await.unwrap();
-    ledger.complete(&leases[0], Work { bytes: 100, records: 10 }).await.unwrap();
-    ledger.fail(&leases[1], ErrorClass::Transient, "timeout", Work { bytes: 40, records: 0 }).await.unwrap();
+    // A done attempt that sent 7 bytes twice (a retried request), a failed one that sent 40.
+    ledger.complete(&leases[0], Work { bytes: 100, records: 10, redone_bytes: 7 }).await.unwrap();
+    ledger.fail(&leases[1], ErrorClass::Transient, "timeout", Work { bytes: 40, records: 0, redone_bytes: 40 }).await.unwrap();
     assert_eq!(t.scalar("SELECT COUNT(*) FROM backlog").await, 4); // transform done/retryable/running, copy available
     assert_eq!(t.scalar("SELECT tasks FROM backlog WHERE stage = 'transform' AND state = 'running'").await, 1);
-    assert_eq!(t.scalar("SELECT bytes FROM redone_work WHERE stage = 'transform'").await, 40);
+    assert_eq!(t.scalar("SELECT bytes FROM redone_work WHERE stage = 'transform' AND outcome = 'retryable'").await, 40);
+    assert_eq!(t.scalar("SELECT bytes FROM redone_work WHERE stage = 'transform' AND outcome = 'done'").await, 7);
+    assert_eq!(t.scalar("SELECT redone_bytes FROM attempts WHERE outcome = 'done'").await, 7);
     assert_eq!(t.scalar("SELECT records FROM throughput WHERE stage = 'transform'").await, 10);
     assert_eq!(t.scalar("SELECT COUNT(*) FROM recent_failures").await, 1);
     assert_eq!(t.scalar("SELECT COUNT(*) FROM stuck_leases").await, 0);
     let st = ledger.status().await.unwrap();
     assert_eq!(st.redone_attempts, 1);
-    assert_eq!(st.redone_bytes, 40);
+    assert_eq!(st.redone_bytes, 47);
     // The CHECK constraints hold the state machine together.
     assert!(t.try_execute("UPDATE tasks SET state = 'bogus'").await.is_err());
     assert!(t.try_execute("UPDATE tasks SET state = 'running', lease_owner = NULL WHERE state = 'available'").await.is_err());

@@ -24,7 +24,7 @@ async fn a_panicking_chunk_fails_its_attempt_and_the_stage_goes_on() {
             if lease.chunk_id == bad {
                 panic!("boom in {}", lease.chunk_id);
             }
-            Ok(Work { bytes: 100, records: 10 })
+            Ok(Work::new(100, 10))
         })
     };
     let summary = run(&ledger, &opts, work, Arc::new(|_: &Lease| {})).await.expect("the stage survives the panic");

@@ -54,6 +54,16 @@ pub enum LoadError {
     Storage(#[from] ferry_storage::Error),
 }
 
+impl LoadError {
+    /// What a cleanup that failed part-way had removed already.
+    pub fn removed(&self) -> usize {
+        match self {
+            LoadError::Storage(e) => e.removed(),
+            _ => 0,
+        }
+    }
+}
+
 impl Classified for LoadError {
     fn class(&self) -> ErrorClass {
         match self {
@@ -88,16 +98,24 @@ pub async fn remove_stray_landed(ledger: &Ledger, dest: &Store, table: &str, cut
         return Ok(0);
     }
     let done: std::collections::HashSet<String> = ledger.done_chunks(Stage::Load).await?.into_iter().collect();
-    let mut n = 0;
+    let (mut n, mut first) = (0, None);
     for e in landed {
         let chunk = paths::parse_landed(table, &e.rel).map_or("", |(chunk, _)| chunk);
         if e.mtime_ms < cutoff && done.contains(chunk) {
             tracing::info!(file = %dest.url(&e.rel), "removing a landed copy of a published chunk");
-            dest.delete(&e.rel).await?;
-            n += 1;
+            // One that cannot go now does not keep the others.
+            match dest.delete(&e.rel).await {
+                Ok(()) => n += 1,
+                Err(err) => {
+                    first.get_or_insert(err.to_string());
+                }
+            }
         }
     }
-    Ok(n)
+    match first {
+        None => Ok(n),
+        Some(reason) => Err(LoadError::Storage(ferry_storage::Error::Incomplete { removed: n, reason })),
+    }
 }
 
 /// Where one part of a chunk stands before load moves it (see [`Loader::check_part`]).
@@ -139,19 +157,19 @@ impl Loader {
     /// Removes from the table the files of older versions of this chunk's source file, and
     /// then their `published` rows. Idempotent: a crash between the two is finished by the
     /// next chunk of the new version (or its retry).
-    async fn retract_older_versions(&self, chunk_id: &str) -> Result<(), LoadError> {
+    async fn retract_older_versions(&self, dest: &Store, chunk_id: &str) -> Result<(), LoadError> {
         let old = self.ledger.older_versions_published(chunk_id).await?;
         if old.is_empty() {
             return Ok(());
         }
         for (path, chunk) in &old {
-            tracing::info!(file = %self.dest.url(path), old_chunk = %chunk, "removing an older version's rows from the table");
-            self.dest.delete(path).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
+            tracing::info!(file = %dest.url(path), old_chunk = %chunk, "removing an older version's rows from the table");
+            dest.delete(path).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
         }
         let chunks: std::collections::BTreeSet<&String> = old.iter().map(|(_, c)| c).collect();
         for chunk in chunks {
             let manifest = paths::manifest(&self.cfg.table.name, chunk);
-            self.dest.delete(&manifest).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
+            dest.delete(&manifest).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
         }
         let paths: Vec<String> = old.into_iter().map(|(p, _)| p).collect();
         self.ledger.retract_published(&paths).await?;
@@ -162,15 +180,15 @@ impl Loader {
     /// Where part `p` stands: its table file absent (the landed file waiting), already this
     /// part (a retry after the rename), or this chunk's own earlier output (a rerun). Anything
     /// else is an error, found before any part of the chunk moves.
-    async fn check_part(&self, p: &Part, before: &[(String, String)]) -> Result<Place, LoadError> {
+    async fn check_part(&self, dest: &Store, p: &Part, before: &[(String, String)]) -> Result<Place, LoadError> {
         let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
         let target = self.table_path(p);
-        match self.dest.head(&target).await? {
-            Some(h) if h.size as i64 == p.bytes && self.dest.hash(&target).await?.1 == p.content_hash => Ok(Place::Published),
+        match dest.head(&target).await? {
+            Some(h) if h.size as i64 == p.bytes && dest.hash(&target).await?.1 == p.content_hash => Ok(Place::Published),
             Some(_) if before.iter().any(|(path, _)| *path == target) => Ok(Place::Ours),
-            Some(_) => Err(self.conflict(&target, &p.chunk_id)),
-            None if self.dest.head(&landed).await?.is_some() => Ok(Place::Absent),
-            None => Err(self.missing(&landed, &target, &p.chunk_id)),
+            Some(_) => Err(self.conflict(dest, &target, &p.chunk_id)),
+            None if dest.head(&landed).await?.is_some() => Ok(Place::Absent),
+            None => Err(self.missing(dest, &landed, &target, &p.chunk_id)),
         }
     }
 
@@ -178,6 +196,7 @@ impl Loader {
     /// moved by this call; Ok(false): it was in place already.
     async fn publish_part(
         &self,
+        dest: &Store,
         lease: &Lease,
         p: &Part,
         (landed, target): (&str, &str),
@@ -186,27 +205,27 @@ impl Loader {
     ) -> Result<bool, LoadError> {
         let place = match place {
             Place::Absent
-                if self.dest.rename_noreplace(landed, target).await.or_else(|e| if e.is_not_found() { Ok(false) } else { Err(e) })? =>
+                if dest.rename_noreplace(landed, target).await.or_else(|e| if e.is_not_found() { Ok(false) } else { Err(e) })? =>
             {
                 return Ok(true);
             }
             // It changed since the check (a retry of our own, another writer): look again.
-            Place::Absent => match self.check_part(p, before).await? {
-                Place::Absent => return Err(self.missing(landed, target, &p.chunk_id)),
+            Place::Absent => match self.check_part(dest, p, before).await? {
+                Place::Absent => return Err(self.missing(dest, landed, target, &p.chunk_id)),
                 place => place,
             },
             place => place,
         };
         match place {
             Place::Published => {
-                let _ = self.dest.delete(landed).await;
+                let _ = dest.delete(landed).await;
                 Ok(false)
             }
             Place::Ours => {
-                tracing::info!(chunk = %lease.chunk_id, file = ?self.dest.url(target), "replacing the chunk's earlier output");
-                self.dest.delete(target).await?;
-                if !self.dest.rename_noreplace(landed, target).await? {
-                    return Err(LoadError::Conflict(format!("{} reappeared while it was being replaced", self.dest.url(target))));
+                tracing::info!(chunk = %lease.chunk_id, file = ?dest.url(target), "replacing the chunk's earlier output");
+                dest.delete(target).await?;
+                if !dest.rename_noreplace(landed, target).await? {
+                    return Err(LoadError::Conflict(format!("{} reappeared while it was being replaced", dest.url(target))));
                 }
                 Ok(true)
             }
@@ -214,15 +233,15 @@ impl Loader {
         }
     }
 
-    fn conflict(&self, target: &str, chunk: &str) -> LoadError {
-        LoadError::Conflict(format!("{} holds other content than chunk {chunk}", self.dest.url(target)))
+    fn conflict(&self, dest: &Store, target: &str, chunk: &str) -> LoadError {
+        LoadError::Conflict(format!("{} holds other content than chunk {chunk}", dest.url(target)))
     }
 
-    fn missing(&self, landed: &str, target: &str, chunk: &str) -> LoadError {
+    fn missing(&self, dest: &Store, landed: &str, target: &str, chunk: &str) -> LoadError {
         LoadError::Missing(format!(
             "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {chunk} --from transform)",
-            self.dest.url(landed),
-            self.dest.url(target)
+            dest.url(landed),
+            dest.url(target)
         ))
     }
 
@@ -233,6 +252,9 @@ impl Loader {
     pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, LoadError> {
         let table = &self.cfg.table.name;
         let replace = self.cfg.source.versions == Versions::Replace;
+        // Its own connections: a hung one holds back this chunk only (hdfs-native sends every
+        // call of a client over one NameNode connection).
+        let dest = self.dest.isolated()?;
         // A chunk of a file that has since been corrected (a newer version at the same path)
         // is not published: the newer version's rows replace its.
         if replace && let Some(v) = self.ledger.newer_version(&lease.chunk_id).await? {
@@ -243,14 +265,14 @@ impl Loader {
         let before = self.ledger.published_of(&lease.chunk_id).await?;
         // Before this version's rows go in, the older versions' go out: never both.
         if replace {
-            self.retract_older_versions(&lease.chunk_id).await?;
+            self.retract_older_versions(&dest, &lease.chunk_id).await?;
         }
         let parts = self.ledger.parts(&lease.chunk_id).await?;
         // All or nothing: every part is checked before any goes in, so a conflict on the
         // second partition cannot leave the first one's rows visible and unrecorded.
         let mut places = Vec::with_capacity(parts.len());
         for p in &parts {
-            places.push(self.check_part(p, &before).await?);
+            places.push(self.check_part(&dest, p, &before).await?);
         }
         let mut published = Vec::with_capacity(parts.len());
         let mut moved: Vec<(String, String)> = Vec::new(); // (table file, landed file) moved by this attempt
@@ -258,15 +280,15 @@ impl Loader {
         for (p, place) in parts.iter().zip(places) {
             let landed = paths::landed(table, &p.chunk_id, &p.rel_path());
             let target = self.table_path(p);
-            match self.publish_part(&lease, p, (&landed, &target), place, &before).await {
+            match self.publish_part(&dest, &lease, p, (&landed, &target), place, &before).await {
                 Ok(true) => moved.push((target.clone(), landed)),
                 Ok(false) => {}
                 Err(e @ (LoadError::Conflict(_) | LoadError::Missing(_))) => {
                     // Something changed between the check and the move (another writer):
                     // take back what this attempt put in, so the chunk stays invisible.
                     for (t, l) in moved.iter().rev() {
-                        if let Err(err) = self.dest.rename_noreplace(t, l).await {
-                            tracing::error!(chunk = %lease.chunk_id, file = ?self.dest.url(t), error = %err, "could not take a part back out of the table");
+                        if let Err(err) = dest.rename_noreplace(t, l).await {
+                            tracing::error!(chunk = %lease.chunk_id, file = ?dest.url(t), error = %err, "could not take a part back out of the table");
                         }
                     }
                     return Err(e);
@@ -279,8 +301,8 @@ impl Loader {
         }
         // Earlier output of this chunk that the new parts do not cover (another partition).
         for (path, _) in before.iter().filter(|(path, _)| !published.iter().any(|(t, _)| t == path)) {
-            tracing::info!(chunk = %lease.chunk_id, file = %self.dest.url(path), "removing the chunk's earlier output");
-            self.dest.delete(path).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
+            tracing::info!(chunk = %lease.chunk_id, file = %dest.url(path), "removing the chunk's earlier output");
+            dest.delete(path).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
         }
         let manifest = serde_json::json!({
             "chunk": lease.chunk_id,
@@ -288,7 +310,7 @@ impl Loader {
                 "path": path, "partition": p.partition, "records": p.records, "bytes": p.bytes, "blake3": p.content_hash,
             })).collect::<Vec<_>>(),
         });
-        self.dest.put_atomic(&paths::manifest(table, &lease.chunk_id), serde_json::to_vec_pretty(&manifest).unwrap_or_default()).await?;
+        dest.put_atomic(&paths::manifest(table, &lease.chunk_id), serde_json::to_vec_pretty(&manifest).unwrap_or_default()).await?;
         self.ledger.record_published(&lease, table, &published).await?;
         self.write_ddl().await?;
         Ok(work)

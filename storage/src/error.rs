@@ -44,6 +44,10 @@ pub enum Error {
     #[error("{what}: {reason}")]
     Stalled { what: String, reason: String },
 
+    /// A cleanup that removed `removed` files and could not remove or list the rest.
+    #[error("removed {removed}, then: {reason}")]
+    Incomplete { removed: usize, reason: String },
+
     #[error("{0}")]
     Other(String),
 }
@@ -58,7 +62,7 @@ impl Error {
     /// The single retry-or-not decision for storage.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::Stalled { .. } | Error::Ambiguous { .. } => ErrorClass::Transient,
+            Error::Stalled { .. } | Error::Ambiguous { .. } | Error::Incomplete { .. } => ErrorClass::Transient,
             Error::Hdfs { source, .. } => hdfs_error_class(source),
             Error::ObjectStore { source, .. } => object_store_error_class(source),
             Error::Io { source, .. } => io_error_class(source),
@@ -68,6 +72,14 @@ impl Error {
 
     pub fn is_transient(&self) -> bool {
         self.class() == ErrorClass::Transient
+    }
+
+    /// What a cleanup that failed part-way had removed already.
+    pub fn removed(&self) -> usize {
+        match self {
+            Error::Incomplete { removed, .. } => *removed,
+            _ => 0,
+        }
     }
 
     /// The file or object is not there, whichever backend said so.

@@ -3,7 +3,7 @@
 //! # Publish protocol
 //!
 //! ```text
-//!  create  <dest>/_ferry/tmp/<chunk>.<attempt>.<i>   (overwrite = false; attempt-unique)
+//!  create  <dest>/_ferry/tmp/<chunk>.<epoch>.<i>.<try> (overwrite = false; unique per try)
 //!  write   blocks, under the caller's deadline and no-progress watchdog
 //!  close   = NameNode complete()                      <- seed 001: a reset here is ambiguous
 //!  check   length == bytes sent
@@ -18,7 +18,7 @@
 //!    says the file is closed: this fences our own writer and finalizes the last block;
 //! 2. compare its length with what we sent, then read it back and compare the hash;
 //! 3. equal: the chunk is written, carry on to the rename. Different or not closable in time:
-//!    an error, and the ledger retries this one chunk (to a new attempt-unique temp name).
+//!    an error, and copy sends this one part again (to a new temp name, on a new client).
 //!
 //! An ambiguous `rename` is settled by looking at both names (the temp name is ours alone, so
 //! "temp gone, target there" means our rename went through). A crash at any step leaves at most
@@ -29,8 +29,11 @@
 //! calls of one client over one NameNode connection, so a connection that hangs would otherwise
 //! stall every chunk. Clients are pooled, not built per chunk: hdfs-native never frees a client
 //! that has written a file (its lease-renewal task holds it), so one client per chunk would leak
-//! a NameNode connection per chunk in a long-running service. A call that misses its deadline
-//! retires the client it used (its connection may be hung); only those few are left behind.
+//! a NameNode connection per chunk in a long-running service. Any call that was given up on
+//! (its deadline passed, or its caller dropped it: a watchdog, a hedge that lost) retires the
+//! client it used, and so does a file write that did not close cleanly, `close()` included:
+//! its connection may be hung, and the next call goes out on a new one. Only those few
+//! clients are left behind.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -139,11 +142,20 @@ impl HdfsStore {
     {
         let c = self.client();
         let deadline = self.opts.call_timeout.0;
-        match tokio::time::timeout(deadline, f(c.clone())).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::Hdfs { op, path: self.url_of_path(path), source: e }),
+        // A call given up on, by its deadline or by its caller (a hedge that lost, a watchdog),
+        // may have left its connection hung: that client is retired, never reused.
+        let mut guard = RetireOnDrop { store: self, client: Some(c.clone()) };
+        match tokio::time::timeout(deadline, f(c)).await {
+            Ok(Ok(v)) => {
+                guard.client = None;
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                guard.client = None;
+                Err(Error::Hdfs { op, path: self.url_of_path(path), source: e })
+            }
             Err(_) => {
-                self.retire(&c);
+                drop(guard);
                 Err(Error::Stalled {
                     what: format!("HDFS {op} {}", self.url_of_path(path)),
                     reason: format!("no answer within {deadline:?} (store.call_timeout)"),
@@ -233,7 +245,14 @@ impl HdfsStore {
             wo = wo.replication(r);
         }
         let p = path.clone();
-        let mut w = self.call("create", &path, |c| async move { c.create(&p, wo).await }).await?;
+        let mut w = {
+            let _waiting = progress.in_call();
+            self.call("create", &path, |c| async move { c.create(&p, wo).await }).await?
+        };
+        // Until the NameNode has closed the file, the writer's client is retired on any way
+        // out (an error, a timeout, the watchdog dropping this future): its connection may be
+        // the hung one, and the next call of this chunk must not wait behind it.
+        let mut retire = RetireOnDrop { store: self, client: Some(self.client()) };
         let mut h = blake3::Hasher::new();
         let mut n = 0u64;
         while let Some(b) = next().await? {
@@ -250,16 +269,25 @@ impl HdfsStore {
         }
         let hash = h.finalize().to_hex().to_string();
         let deadline = self.opts.call_timeout.0;
+        // complete() is a bounded call, not a stall: the settle below needs its turn.
+        let waiting = progress.in_call();
         let closed = match tokio::time::timeout(deadline, w.close()).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(format!("close failed: {e}")),
             Err(_) => Err(format!("close (complete) got no answer within {deadline:?}")),
         };
         drop(w);
+        if closed.is_ok() {
+            retire.client = None;
+        } else {
+            // Retired now, before the settle: every later call goes out on a new connection.
+            drop(retire);
+        }
         if let Err(reason) = closed {
             tracing::warn!(file = %self.url(rel), %reason, "ambiguous close; recovering the lease to see what the NameNode kept");
             self.settle_ambiguous_close(rel, n, &hash, &reason).await?;
         }
+        drop(waiting);
         match self.head(rel).await? {
             Some(e) if e.size == n => Ok((n, hash)),
             Some(e) => Err(Error::Ambiguous {
@@ -327,7 +355,28 @@ impl HdfsStore {
         self.write_new(rel, next, &progress).await
     }
 
+    /// Writes a small file whole or not at all (a manifest, the DDL). A try that fails on a
+    /// transient error (a reset, a NameNode that did not answer: its client is retired) is
+    /// made again under a new temp name, up to 3 times: a lost reply costs a retry, not the
+    /// caller's attempt.
     pub async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let bytes = Bytes::from(bytes);
+        let mut backoff = super::Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
+        let mut tries = 0;
+        loop {
+            match self.put_atomic_once(rel, bytes.clone()).await {
+                Err(e) if tries < 3 && e.is_transient() => {
+                    tries += 1;
+                    let d = backoff.next_delay();
+                    tracing::info!(file = %self.url(rel), error = %e, retry_in = ?d, "HDFS write failed; writing it again");
+                    tokio::time::sleep(d).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn put_atomic_once(&self, rel: &str, bytes: Bytes) -> Result<()> {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -341,7 +390,7 @@ impl HdfsStore {
         // the no-progress watchdog.
         let deadline = self.opts.call_timeout.0 * 2 + Duration::from_secs(bytes.len() as u64 >> 20);
         // In pieces, so the watchdog sees bytes move while a large chunk is written.
-        let mut rest = Bytes::from(bytes);
+        let mut rest = bytes;
         let next = move || {
             let b = if rest.is_empty() { None } else { Some(rest.split_to(rest.len().min(4 << 20))) };
             Box::pin(async move { Ok(b) }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Bytes>>> + Send>>
@@ -409,6 +458,21 @@ impl HdfsStore {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// Retires the client it holds when dropped (see [`HdfsStore::retire`]); taken out when the
+/// client's call ended well.
+struct RetireOnDrop<'a> {
+    store: &'a HdfsStore,
+    client: Option<Arc<Client>>,
+}
+
+impl Drop for RetireOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take() {
+            self.store.retire(&c);
         }
     }
 }

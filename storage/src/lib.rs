@@ -18,13 +18,49 @@ use ferry_common::paths;
 mod error;
 pub mod hdfs;
 mod local;
+mod retry;
 pub mod s3;
 mod transfer;
 
 pub use error::{Error, Result};
 pub use local::{LocalStore, hash_file, write_atomic};
-pub use transfer::{Progress, watched};
+pub use retry::Backoff;
+pub use transfer::{InCall, Progress, watched};
 use transfer::{StreamReader, drain, drain_hash};
+
+/// Cleanups a store runs in the background (an abort of a multipart upload that a watchdog
+/// cut off), counted so that a process can let them finish before it exits.
+static BACKGROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One background cleanup in flight, while it lives.
+pub(crate) struct Background;
+
+impl Background {
+    pub(crate) fn start() -> Background {
+        BACKGROUND.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Background
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        BACKGROUND.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Waits, at most `limit`, until no background cleanup of any store is running: a `--once`
+/// run calls it before it exits, so an abort it started is not cut off with the process.
+/// Returns how many were still running.
+pub async fn background_settled(limit: std::time::Duration) -> usize {
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        let n = BACKGROUND.load(std::sync::atomic::Ordering::SeqCst);
+        if n == 0 || tokio::time::Instant::now() >= until {
+            return n;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
 
 #[derive(Debug, Clone)]
 pub enum Store {
@@ -102,11 +138,15 @@ impl Store {
     }
 
     /// Removes what crashed writers left behind below `dir`: temp files older than
-    /// `cutoff_ms` and, on S3, multipart uploads started before it. Returns how many went.
+    /// `cutoff_ms` and, on S3, multipart uploads started before it. Returns how many went; a
+    /// failure part-way is [`Error::Incomplete`], which still says how many went.
     pub async fn gc(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
-        let mut n = self.remove_old(dir, cutoff_ms, |_| true).await?;
+        let n = self.remove_old(dir, cutoff_ms, |_| true).await?;
         if let Store::S3(s) = self {
-            n += s.abort_uploads(cutoff_ms).await?;
+            return match s.abort_uploads(cutoff_ms).await {
+                Ok(k) => Ok(n + k),
+                Err(e) => Err(Error::Incomplete { removed: n + e.removed(), reason: e.to_string() }),
+            };
         }
         Ok(n)
     }
@@ -223,18 +263,38 @@ impl Store {
         self.remove_old(dir, cutoff_ms, paths::is_temp).await
     }
 
-    /// Deletes the files below `dir` older than `cutoff_ms` whose base name passes `take`.
+    /// Deletes the files below `dir` older than `cutoff_ms` whose base name passes `take`. The
+    /// listing is asked again once after a transient failure (a hung connection costs a retry,
+    /// not the cleanup); a file that cannot be deleted is skipped, the others still go, and the
+    /// result says how many went ([`Error::Incomplete`]).
     async fn remove_old(&self, dir: &str, cutoff_ms: i64, take: impl Fn(&str) -> bool) -> Result<usize> {
-        let mut n = 0;
-        for e in self.list(dir).await? {
+        let listed = match self.list(dir).await {
+            Err(e) if e.is_transient() => {
+                tracing::info!(dir = %self.url(dir), error = %e, "listing failed; asking again");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                self.list(dir).await?
+            }
+            r => r?,
+        };
+        let (mut n, mut failed, mut first) = (0, 0, None);
+        for e in listed {
             let base = e.rel.rsplit('/').next().unwrap_or(&e.rel);
             if e.mtime_ms < cutoff_ms && take(base) {
                 tracing::info!(file = %self.url(&e.rel), "removing an abandoned temp file");
-                self.delete(&e.rel).await?;
-                n += 1;
+                match self.delete(&e.rel).await {
+                    Ok(()) => n += 1,
+                    Err(err) => {
+                        tracing::warn!(file = %self.url(&e.rel), error = %err, "cannot remove an abandoned temp file; the next gc will try again");
+                        failed += 1;
+                        first.get_or_insert(err.to_string());
+                    }
+                }
             }
         }
-        Ok(n)
+        match first {
+            None => Ok(n),
+            Some(reason) => Err(Error::Incomplete { removed: n, reason: format!("{failed} file(s) not removed, the first: {reason}") }),
+        }
     }
 
     /// Hashes a stored file (to check a landed or published file after an ambiguous failure).

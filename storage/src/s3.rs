@@ -35,9 +35,14 @@
 //! only instance credentials (no static keys to sign that request) a bucket lifecycle rule
 //! (AbortIncompleteMultipartUpload) does it instead.
 //!
-//! Retries: object_store retries what is safe to retry (5xx, 429, connect errors, timeouts
-//! of idempotent requests) within `max_retries` / `retry_timeout`. Ferry adds no second loop
-//! around it; what still fails goes back to the ledger as one failed chunk attempt.
+//! Retries: object_store retries what is safe to retry (5xx, 429, refused connections, timeouts
+//! of idempotent requests) within `max_retries` / `retry_timeout`. It does not resend a
+//! non-idempotent request (a conditional PUT, DeleteObjects) whose connect or TLS handshake
+//! timed out, although such a request never went out. Ferry resends those itself ([`Resend`]):
+//! a request that failed before it was sent is always sent again, whatever its method; a
+//! delete or an abort, whose repetition changes nothing, is sent again after any transport
+//! failure; a conditional PUT whose outcome is unknown is settled by a HEAD and hash instead.
+//! What still fails goes back to copy, which resends the part on a new connection.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -195,6 +200,27 @@ impl S3Store {
         s3.retry_timeout.0 + s3.request_timeout.0 + s3.connect_timeout.0
     }
 
+    /// [`S3Store::call`], sent again (at most `max_retries` times, with capped, jittered
+    /// backoff) when `resend` allows it for the failure.
+    async fn call_resending<T, Fut>(&self, op: &'static str, rel: &str, resend: Resend, f: impl Fn() -> Fut) -> Result<T>
+    where
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
+        let mut backoff = super::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut tries = 0;
+        loop {
+            match self.call(op, rel, f()).await {
+                Err(e) if tries < self.opts.s3.max_retries && resend.allows(&e) => {
+                    tries += 1;
+                    let d = backoff.next_delay();
+                    tracing::info!(key = %self.url(rel), error = %e, try_ = tries, retry_in = ?d, "S3 {op} failed before an answer; sending it again");
+                    tokio::time::sleep(d).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
     async fn call<T>(&self, op: &'static str, rel: &str, fut: impl std::future::Future<Output = object_store::Result<T>>) -> Result<T> {
         match tokio::time::timeout(self.budget(), fut).await {
             Ok(Ok(v)) => Ok(v),
@@ -297,12 +323,17 @@ impl S3Store {
             });
         }
         self.call("COPY", to, self.store.copy(&self.key(from), &self.key(to))).await?;
-        self.delete(from).await?;
+        // The data is in place: a source that cannot be removed now is left to gc (a landed
+        // copy of a published chunk, a temp object), never a reason to undo the step.
+        if let Err(e) = self.delete(from).await {
+            tracing::warn!(key = %self.url(from), error = %e, "cannot remove the source of a finished copy; gc will");
+        }
         Ok(true)
     }
 
     pub async fn delete(&self, rel: &str) -> Result<()> {
-        match self.call("DELETE", rel, self.store.delete(&self.key(rel))).await {
+        let key = self.key(rel);
+        match self.call_resending("DELETE", rel, Resend::Always, || self.store.delete(&key)).await {
             Err(e) if e.is_not_found() => Ok(()),
             r => r,
         }
@@ -338,8 +369,16 @@ impl S3Store {
         if expected.is_some_and(|e| e != hash) {
             return Ok((size, hash));
         }
-        let opts = PutOptions { mode: PutMode::Create, attributes: hash_attr(&hash), ..Default::default() };
-        let res = self.call("PUT", rel, self.store.put_opts(&self.key(rel), PutPayload::from(bytes), opts)).await;
+        let payload = PutPayload::from(Bytes::from(bytes));
+        let key = self.key(rel);
+        // Waiting for one bounded request: not a stall (its bytes count once it is done).
+        let _waiting = progress.in_call();
+        let res = self
+            .call_resending("PUT", rel, Resend::Unsent, || {
+                let opts = PutOptions { mode: PutMode::Create, attributes: hash_attr(&hash), ..Default::default() };
+                self.store.put_opts(&key, payload.clone(), opts)
+            })
+            .await;
         match res {
             Ok(_) => {
                 progress.add(size);
@@ -354,10 +393,16 @@ impl S3Store {
                         progress.add(size);
                         Ok((size, hash))
                     }
+                    // The body may have gone out whole before the failure: counted as sent, so
+                    // the retry's redone work is not under-reported.
                     _ if e.is_already_exists() => {
+                        progress.add(size);
                         Err(Error::Ambiguous { what: format!("PUT {}", self.url(rel)), reason: "the key holds other bytes".into() })
                     }
-                    _ => Err(e),
+                    _ => {
+                        progress.add(size);
+                        Err(e)
+                    }
                 }
             }
         }
@@ -400,7 +445,8 @@ impl S3Store {
         let key = self.key(rel);
         let mut wait = Duration::from_millis(250);
         for attempt in 1..=ABORT_TRIES {
-            match self.call("AbortMultipartUpload", rel, self.store.abort_multipart(&key, &id.to_string())).await {
+            let upload = id.to_string();
+            match self.call_resending("AbortMultipartUpload", rel, Resend::Always, || self.store.abort_multipart(&key, &upload)).await {
                 Ok(()) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => tracing::debug!(key = %self.url(rel), upload = %id, attempt, error = %e, "abort failed"),
@@ -468,6 +514,7 @@ impl S3Store {
         if sent != hash {
             return Ok(Some(sent));
         }
+        let _waiting = progress.in_call();
         match self.call("CompleteMultipartUpload", rel, self.store.complete_multipart(key, id, parts)).await {
             Ok(_) => Ok(None),
             Err(e) => match self.hash(rel).await {
@@ -498,6 +545,23 @@ impl S3Store {
     /// ListMultipartUploads for keys starting with `prefix` (signed here: object_store has no
     /// call for it), as (key, upload id, started ms). Needs static credentials.
     async fn list_uploads(&self, prefix: &str) -> Result<Vec<(String, String, i64)>> {
+        // A GET: sent again after any transport failure, as object_store does with its own.
+        let mut backoff = super::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut tries = 0;
+        loop {
+            match self.list_uploads_once(prefix).await {
+                Err(e) if tries < self.opts.s3.max_retries && e.is_transient() => {
+                    tries += 1;
+                    let d = backoff.next_delay();
+                    tracing::info!(prefix, error = %e, retry_in = ?d, "ListMultipartUploads failed; sending it again");
+                    tokio::time::sleep(d).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn list_uploads_once(&self, prefix: &str) -> Result<Vec<(String, String, i64)>> {
         let Some(cred) = &self.credential else { return Ok(vec![]) };
         let enc: String = url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect();
         let uri = format!("{}?uploads&prefix={enc}", self.bucket_url);
@@ -510,18 +574,21 @@ impl S3Store {
         object_store::aws::AwsAuthorizer::new(cred, "s3", &self.region)
             .try_authorize(&mut req, None)
             .map_err(|e| Error::Other(format!("{what}: cannot sign: {e}")))?;
+        // A transport failure is transient; an HTTP error status is what the server decided.
         let body = tokio::time::timeout(self.budget(), async {
-            let resp = self.http.execute(req).await.map_err(|e| format!("{e}"))?;
+            let resp = self.http.execute(req).await.map_err(|e| Error::Stalled { what: what.clone(), reason: e.to_string() })?;
             let status = resp.status();
-            let body = resp.into_body().bytes().await.map_err(|e| format!("{e}"))?;
+            let body = resp.into_body().bytes().await.map_err(|e| Error::Stalled { what: what.clone(), reason: e.to_string() })?;
+            if status.is_server_error() || status.as_u16() == 429 {
+                return Err(Error::Stalled { what: what.clone(), reason: format!("HTTP {status}") });
+            }
             if !status.is_success() {
-                return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
+                return Err(Error::Other(format!("{what}: HTTP {status}: {}", String::from_utf8_lossy(&body))));
             }
             Ok(body)
         })
         .await
-        .map_err(|_| Error::Stalled { what: what.clone(), reason: format!("not done within {:?}", self.budget()) })?
-        .map_err(|e| Error::Other(format!("{what}: {e}")))?;
+        .map_err(|_| Error::Stalled { what: what.clone(), reason: format!("not done within {:?}", self.budget()) })??;
         let text = String::from_utf8_lossy(&body);
         let mut out = Vec::new();
         for upload in text.split("<Upload>").skip(1) {
@@ -547,7 +614,8 @@ impl S3Store {
             }
             for (key, id) in batch {
                 tracing::info!(key = %format!("s3://{}/{key}", self.bucket), upload = %id, "aborting an abandoned multipart upload");
-                match self.call("AbortMultipartUpload", &key, self.store.abort_multipart(&Key::from(key.clone()), &id)).await {
+                let k = Key::from(key.clone());
+                match self.call_resending("AbortMultipartUpload", &key, Resend::Always, || self.store.abort_multipart(&k, &id)).await {
                     Ok(()) => n += 1,
                     Err(e) if e.is_not_found() => {}
                     Err(e) => return Err(e),
@@ -556,6 +624,49 @@ impl S3Store {
         }
         Ok(n)
     }
+}
+
+/// Which failures of a request Ferry sends again itself (see the module note).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// Only a request that never went out: its connect or TLS handshake failed or timed out.
+    Unsent,
+    /// After any transport failure or timeout: sending it twice changes nothing (a delete, an abort).
+    Always,
+}
+
+impl Resend {
+    fn allows(self, e: &Error) -> bool {
+        match e {
+            // Our own belt ran out: the request may be stuck anywhere.
+            Error::Stalled { .. } => self == Resend::Always,
+            Error::ObjectStore { source, .. } => match self {
+                Resend::Unsent => failed_before_send(source),
+                Resend::Always => matches!(source, object_store::Error::Generic { .. }),
+            },
+            _ => false,
+        }
+    }
+}
+
+/// Whether the request failed while connecting (TCP connect, TLS handshake; refused, reset or
+/// timed out), so that the server never saw it. object_store files a connect that timed out
+/// as a timeout, not a connect error; hyper's connector error ("client error (Connect)") is
+/// in the chain either way.
+fn failed_before_send(e: &object_store::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<object_store::client::HttpError>()
+            && matches!(h.kind(), object_store::client::HttpErrorKind::Connect)
+        {
+            return true;
+        }
+        if err.to_string().starts_with("client error (Connect)") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 fn xml_unescape(s: &str) -> String {
@@ -583,7 +694,11 @@ impl Drop for AbortOnDrop {
         }
         let (store, rel, id) = (self.store.clone(), std::mem::take(&mut self.rel), std::mem::take(&mut self.id));
         if let Ok(h) = tokio::runtime::Handle::try_current() {
-            h.spawn(async move { store.abort_upload(&rel, &id).await });
+            let job = super::Background::start();
+            h.spawn(async move {
+                store.abort_upload(&rel, &id).await;
+                drop(job);
+            });
         }
     }
 }

@@ -6,27 +6,57 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-/// Bytes moved by a transfer, shared with its watchdog; also carries cancellation.
+/// Bytes moved by a transfer, shared with its watchdog; also carries cancellation, and
+/// whether the transfer is waiting on a bounded metadata call right now.
 #[derive(Debug, Clone, Default)]
-pub struct Progress(std::sync::Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicBool)>);
+pub struct Progress(std::sync::Arc<ProgressState>);
+
+#[derive(Debug, Default)]
+pub struct ProgressState {
+    bytes: std::sync::atomic::AtomicU64,
+    cancelled: std::sync::atomic::AtomicBool,
+    /// Bounded calls in flight (a NameNode `complete()`, a conditional PUT waiting for its
+    /// answer): each has its own deadline, so the no-progress watchdog does not count them.
+    in_calls: std::sync::atomic::AtomicUsize,
+}
 
 impl Progress {
     pub fn add(&self, n: u64) {
-        self.0.0.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        self.0.bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
     pub fn bytes(&self) -> u64 {
-        self.0.0.load(std::sync::atomic::Ordering::Relaxed)
+        self.0.bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
     pub fn cancel(&self) {
-        self.0.1.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.0.cancelled.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     pub fn cancelled(&self) -> bool {
-        self.0.1.load(std::sync::atomic::Ordering::Relaxed)
+        self.0.cancelled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Marks a wait on a call that has a deadline of its own, until the guard drops: time spent
+    /// there is not a stall (a silent `complete()` is settled by its own timeout, not killed
+    /// as "no progress" before the settle can run).
+    pub fn in_call(&self) -> InCall {
+        self.0.in_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InCall(self.clone())
+    }
+    fn waiting_on_call(&self) -> bool {
+        self.0.in_calls.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+}
+
+/// See [`Progress::in_call`].
+pub struct InCall(Progress);
+
+impl Drop for InCall {
+    fn drop(&mut self) {
+        self.0.0.in_calls.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
 /// Runs `fut` under a total `deadline` and a no-progress watchdog: if `progress` does not move
-/// for `stall`, the transfer is abandoned. Either way the error is transient (retry the chunk).
+/// for `stall` (outside bounded calls, see [`Progress::in_call`]), the transfer is abandoned.
+/// Either way the error is transient.
 pub async fn watched<T>(
     what: &str,
     deadline: Duration,
@@ -43,7 +73,7 @@ pub async fn watched<T>(
             loop {
                 tokio::time::sleep(tick).await;
                 let now = progress.bytes();
-                if now == last {
+                if now == last && !progress.waiting_on_call() {
                     idle += tick
                 } else {
                     idle = Duration::ZERO
@@ -175,6 +205,30 @@ mod tests {
         assert!(matches!(e, Error::Stalled { .. }) && e.to_string().contains("no progress for 30s"), "{e}");
         assert!(e.is_transient());
         assert!(p.cancelled(), "the transfer is told to stop");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bounded_call_is_not_a_stall() {
+        let p = Progress::default();
+        // 40 s inside a call with its own deadline (a silent complete() being settled), with a
+        // 10 s watchdog: not killed; then 10 s of silence outside any call: killed.
+        let settle = {
+            let p = p.clone();
+            async move {
+                p.add(1);
+                {
+                    let _waiting = p.in_call();
+                    tokio::time::sleep(Duration::from_secs(40)).await;
+                }
+                p.add(1);
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        };
+        let t = tokio::time::Instant::now();
+        let e = watched::<()>("copy z", Duration::from_secs(600), Duration::from_secs(10), p, settle).await.unwrap_err();
+        assert!(e.to_string().contains("no progress for 10s after 2 bytes"), "{e}");
+        assert!(t.elapsed() >= Duration::from_secs(50), "{:?}", t.elapsed());
     }
 
     #[tokio::test(start_paused = true)]

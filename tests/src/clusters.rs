@@ -190,6 +190,18 @@ impl S3Server {
         o
     }
 
+    /// A whole `[destination]` section for `s3://<bucket>/<prefix>` on this server at
+    /// `endpoint`, with short timeouts for tests behind a fault proxy (`max_retries`, `retry_timeout`).
+    pub fn destination_toml(&self, prefix: &str, endpoint: &str, max_retries: u32, retry_timeout: &str) -> String {
+        format!(
+            "[destination]\nurl = \"s3://{}/{prefix}\"\n[destination.store]\ncall_timeout = \"5s\"\nread_stall = \"5s\"\n\
+             [destination.store.s3]\n{}connect_timeout = \"1s\"\nrequest_timeout = \"10s\"\nread_timeout = \"3s\"\n\
+             max_retries = {max_retries}\nretry_timeout = \"{retry_timeout}\"\n",
+            self.bucket,
+            self.store_toml(endpoint)
+        )
+    }
+
     /// A `[... .store.s3]` TOML body for this server at `endpoint` (the server itself, or a
     /// proxy in front of it).
     pub fn store_toml(&self, endpoint: &str) -> String {

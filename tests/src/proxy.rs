@@ -7,6 +7,9 @@
 //!   ambiguous `complete()`);
 //! - **hang**: the connection is accepted and then nothing, ever (no bytes forwarded either
 //!   way; a TLS handshake never completes: seed 000);
+//! - **silence**: right after a client request that contains a given byte pattern has been
+//!   forwarded, the connection goes quiet both ways and stays open (the server acted on the
+//!   request; its reply never comes): a NameNode that swallows one named RPC's answer;
 //! - **trickle**: the server's bytes reach the client one small piece at a time.
 //!
 //! Every decision is counted, so a test can print and check what it injected.
@@ -27,6 +30,9 @@ pub struct Faults {
     pub hang: f64,
     /// These connections (0 = the first the proxy accepts) hang, whatever the odds say.
     pub hang_connections: Vec<u64>,
+    /// These connections are reset as soon as the client sends its first bytes (in the middle
+    /// of a TLS handshake), whatever the odds say.
+    pub reset_connections: Vec<u64>,
     /// Probability that a new connection trickles the server's bytes (64 B every 200 ms).
     pub trickle: f64,
     /// Probability that a new connection is reset after a random number of client bytes in
@@ -36,6 +42,12 @@ pub struct Faults {
     /// Reset right after forwarding a client read that contains this pattern, with this
     /// probability (counted once per matching read).
     pub reset_on: Option<(Vec<u8>, f64)>,
+    /// More request rules: after forwarding a client read that contains the pattern, with the
+    /// probability, reset (true) or go silent (false). The first rule that fires wins.
+    pub on_request: Vec<(Vec<u8>, f64, bool)>,
+    /// Random resets count the bytes of both directions (a reset can land in a reply too),
+    /// not only the client's.
+    pub reset_both_ways: bool,
     /// Faults only start after this many connections (let a warm-up through).
     pub after_connections: u64,
     /// The first connection whose client sends more than this many bytes stops forwarding
@@ -53,6 +65,8 @@ pub struct Counters {
     pub pattern_resets: AtomicU64,
     pub hangs: AtomicU64,
     pub trickles: AtomicU64,
+    /// Requests whose reply was swallowed (see `Faults::on_request`).
+    pub silences: AtomicU64,
 }
 
 struct State {
@@ -128,15 +142,17 @@ impl FaultProxy {
             + c.pattern_resets.load(Ordering::SeqCst)
             + c.hangs.load(Ordering::SeqCst)
             + c.trickles.load(Ordering::SeqCst)
+            + c.silences.load(Ordering::SeqCst)
     }
 
     pub fn summary(&self) -> String {
         let c = &self.state.counters;
         format!(
-            "{} connections: {} random resets, {} request resets, {} hangs, {} trickles",
+            "{} connections: {} random resets, {} request resets, {} silenced replies, {} hangs, {} trickles",
             c.connections.load(Ordering::SeqCst),
             c.resets.load(Ordering::SeqCst),
             c.pattern_resets.load(Ordering::SeqCst),
+            c.silences.load(Ordering::SeqCst),
             c.hangs.load(Ordering::SeqCst),
             c.trickles.load(Ordering::SeqCst)
         )
@@ -165,7 +181,9 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
     } else {
         let mut rng = st.rng.lock().unwrap();
         let x: f64 = rng.random();
-        if x < faults.hang || faults.hang_connections.contains(&n) {
+        if faults.reset_connections.contains(&n) {
+            Plan::ResetAfter(0)
+        } else if x < faults.hang || faults.hang_connections.contains(&n) {
             Plan::Hang
         } else if x < faults.hang + faults.trickle {
             Plan::Trickle
@@ -192,7 +210,13 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
         st.counters.trickles.fetch_add(1, Ordering::SeqCst);
     }
     let reset_after = if let Plan::ResetAfter(k) = plan { Some(k) } else { None };
-    let reset_on = if on { faults.reset_on.clone() } else { None };
+    let mut rules: Vec<(Vec<u8>, f64, bool)> = Vec::new();
+    if on {
+        rules.extend(faults.reset_on.iter().map(|(pat, p)| (pat.clone(), *p, true)));
+        rules.extend(faults.on_request.iter().cloned());
+    }
+    let both_ways = faults.reset_both_ways;
+    let mut received = 0u64;
     let stall_after = if on { faults.stall_once_after } else { None };
     let (mut cbuf, mut sbuf) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
     let (mut c_open, mut s_open, mut sent) = (true, true, 0u64);
@@ -206,9 +230,10 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
                     let _ = server.shutdown().await;
                 }
                 Ok(k) => {
+                    let seen = if both_ways { sent + received } else { sent };
                     if let Some(limit) = reset_after
-                        && sent + k as u64 > limit {
-                            let _ = server.write_all(&cbuf[..(limit - sent) as usize]).await;
+                        && seen + k as u64 > limit {
+                            let _ = server.write_all(&cbuf[..(limit - seen) as usize]).await;
                             st.counters.resets.fetch_add(1, Ordering::SeqCst);
                             return rst(client, server);
                         }
@@ -224,13 +249,20 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
                         return rst(client, server);
                     }
                     sent += k as u64;
-                    if let Some((pat, p)) = &reset_on {
+                    for (pat, p, reset) in &rules {
                         let hit = cbuf[..k].windows(pat.len()).any(|w| w == pat.as_slice());
                         if hit && st.rng.lock().unwrap().random::<f64>() < *p {
                             // Let the server act on the request; its reply never arrives.
                             tokio::time::sleep(Duration::from_millis(150)).await;
-                            st.counters.pattern_resets.fetch_add(1, Ordering::SeqCst);
-                            return rst(client, server);
+                            if *reset {
+                                st.counters.pattern_resets.fetch_add(1, Ordering::SeqCst);
+                                return rst(client, server);
+                            }
+                            st.counters.silences.fetch_add(1, Ordering::SeqCst);
+                            let mut hung = st.hung.lock().unwrap();
+                            hung.push(client);
+                            hung.push(server);
+                            return;
                         }
                     }
                 }
@@ -241,6 +273,15 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
                     let _ = client.shutdown().await;
                 }
                 Ok(k) => {
+                    if both_ways
+                        && let Some(limit) = reset_after
+                        && sent + received + k as u64 > limit
+                    {
+                        let _ = client.write_all(&sbuf[..(limit - sent - received) as usize]).await;
+                        st.counters.resets.fetch_add(1, Ordering::SeqCst);
+                        return rst(client, server);
+                    }
+                    received += k as u64;
                     if trickle {
                         for piece in sbuf[..k].chunks(64) {
                             tokio::time::sleep(Duration::from_millis(200)).await;

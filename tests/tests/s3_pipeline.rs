@@ -32,13 +32,7 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
     let proxy = FaultProxy::start(s3.addr, 2000);
     let prefix = format!("seed000-{}", now_ms());
     let endpoint = format!("https://{}", proxy.addr);
-    let dest = format!(
-        "[destination]\nurl = \"s3://{}/{prefix}\"\n[destination.store]\ncall_timeout = \"5s\"\nread_stall = \"5s\"\n\
-         [destination.store.s3]\n{}connect_timeout = \"1s\"\nrequest_timeout = \"10s\"\nread_timeout = \"3s\"\n\
-         max_retries = 2\nretry_timeout = \"12s\"\npart_size = \"5MiB\"\n",
-        s3.bucket,
-        s3.store_toml(&endpoint)
-    );
+    let dest = format!("{}part_size = \"5MiB\"\n", s3.destination_toml(&prefix, &endpoint, 2, "12s"));
     let p = Pipeline::with_stores("2MiB", "5s", "0s", None, Some(dest));
     let deadline_s = 30;
     let mut cfg = std::fs::read_to_string(&p.config).unwrap();

@@ -231,7 +231,7 @@ impl Transformer {
             tracing::info!(chunk = %lease.chunk_id, table = %table, version, change = %change, "table schema recorded");
         }
         self.ledger.record_parts(&lease, &parts, &rejects).await?;
-        Ok(Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum() })
+        Ok(Work::new(parts.iter().map(|p| p.bytes).sum(), parts.iter().map(|p| p.records).sum()))
     }
 
     fn transform_blocking(

@@ -2,7 +2,12 @@
 //! runs.
 //!
 //!   faultproxy TARGET_HOST:PORT [--hang P] [--trickle P] [--reset P --reset-within BYTES]
-//!              [--reset-on PATTERN P] [--seed N] [--stats FILE]
+//!              [--reset-any-byte] [--reset-on PATTERN P]... [--silence-on PATTERN P]...
+//!              [--seed N] [--stats FILE]
+//!
+//! `--reset-any-byte` counts `--reset-within` over both directions (a reset can hit a reply);
+//! `--reset-on` / `--silence-on` reset, or swallow the reply of, a request containing PATTERN
+//! (an RPC name such as `complete`) with probability P; both may be given many times.
 //!
 //! Prints `LISTEN 127.0.0.1:<port>` and serves until stdin closes; with `--stats`, rewrites FILE
 //! with the fault counters every 200 ms.
@@ -13,7 +18,7 @@ use ferry_tests::proxy::{FaultProxy, Faults};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: faultproxy TARGET_HOST:PORT [--hang P] [--trickle P] [--reset P --reset-within BYTES] [--reset-on PATTERN P] [--seed N] [--stats FILE]";
+    let usage = "usage: faultproxy TARGET_HOST:PORT [--hang P] [--trickle P] [--reset P --reset-within BYTES] [--reset-any-byte] [--reset-on PATTERN P]... [--silence-on PATTERN P]... [--seed N] [--stats FILE]";
     let Some(target) = args.first().and_then(|t| t.parse().ok()) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -35,8 +40,13 @@ fn main() {
             "--reset-within" => f.reset_within = num(i + 1) as u64,
             "--seed" => seed = num(i + 1) as u64,
             "--stats" => stats = args.get(i + 1).cloned(),
-            "--reset-on" => {
-                f.reset_on = Some((args.get(i + 1).cloned().unwrap_or_default().into_bytes(), num(i + 2)));
+            "--reset-any-byte" => {
+                f.reset_both_ways = true;
+                i -= 1;
+            }
+            "--reset-on" | "--silence-on" => {
+                let pattern = args.get(i + 1).cloned().unwrap_or_default().into_bytes();
+                f.on_request.push((pattern, num(i + 2), args[i] == "--reset-on"));
                 i += 1;
             }
             other => {
@@ -57,10 +67,11 @@ fn main() {
                 let c = p.counters();
                 let o = std::sync::atomic::Ordering::SeqCst;
                 let json = format!(
-                    "{{\"connections\":{},\"resets\":{},\"pattern_resets\":{},\"hangs\":{},\"trickles\":{}}}\n",
+                    "{{\"connections\":{},\"resets\":{},\"pattern_resets\":{},\"silences\":{},\"hangs\":{},\"trickles\":{}}}\n",
                     c.connections.load(o),
                     c.resets.load(o),
                     c.pattern_resets.load(o),
+                    c.silences.load(o),
                     c.hangs.load(o),
                     c.trickles.load(o)
                 );
