@@ -750,7 +750,8 @@ impl Default for TransformSection {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CopySection {
-    /// Whole-chunk deadline for one attempt.
+    /// Deadline of one upload of one part (a try; a part is tried at most `retries` + 1
+    /// times in an attempt, and a hedge runs under its own).
     pub deadline: HumanDuration,
     /// An attempt that moves no bytes for this long is abandoned (no-progress watchdog).
     pub stall_timeout: HumanDuration,

@@ -25,7 +25,8 @@
 //! A part whose upload fails on a transient error (a reset, a connection that hung until its
 //! call timeout, a reply that never came) is first looked for (an ambiguous failure may have
 //! landed it), then sent again, up to `copy.retries` times with capped, jittered backoff, to a
-//! new temp name and on a new connection. A fault on one connection costs one retry of one part,
+//! new temp name (on S3, where uploads go in place, to the landed key again) and on a new
+//! connection. A fault on one connection costs one retry of one part,
 //! not an attempt of the chunk. The temp file of a try that failed is removed at once, on a new
 //! connection and bounded by the call timeout; what cannot be removed is left to gc. Every byte
 //! a try sent that did not land is the attempt's redone work (`attempts.redone_bytes`).
@@ -217,11 +218,16 @@ impl Copier {
         let mut try_no = 0u32;
         loop {
             let tmp = paths::copy_temp(&lease.chunk_id, lease.epoch, part, try_no);
+            // Parts go one after the other: what the tally gains meanwhile is this try's.
+            let before = lease.tally.moved_bytes();
             match self.ship_hedged(dest, src, &tmp, landed, p, &lease.tally).await {
                 Ok(()) => return Ok(()),
                 Err(e) if try_no < retries && e.class() == ErrorClass::Transient => {
-                    // An ambiguous failure (a lost reply) may have landed it after all.
+                    // An ambiguous failure (a lost reply) may have landed it after all: then
+                    // what this try sent is what landed, not redone work.
                     if matches!(self.landed_whole(dest, landed, p).await, Ok(true)) {
+                        let sent = (lease.tally.moved_bytes() - before).clamp(0, p.bytes);
+                        lease.tally.kept(sent as u64);
                         return Ok(());
                     }
                     try_no += 1;
@@ -434,9 +440,11 @@ impl Copier {
             }
         }
         let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
-        self.dest.gc(paths::COPY_TEMP_DIR, cutoff).await?;
+        // Each place on its own: one that fails does not keep the other.
+        let dest = self.dest.gc(paths::COPY_TEMP_DIR, cutoff).await;
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
-        spool.remove_stale_temps(&self.cfg.table.name, cutoff).await?;
+        let spool = spool.remove_stale_temps(&self.cfg.table.name, cutoff).await;
+        ferry_storage::combine(vec![dest, spool])?;
         Ok(())
     }
 

@@ -38,11 +38,11 @@ pub mod names {
     pub const ATTEMPT_SECONDS: &str = "ferry_attempt_duration_seconds";
     /// Source files extract looked at, by `outcome` (chunked, quarantined, unfinished, skipped).
     pub const FILES: &str = "ferry_files_total";
-    /// Hedged uploads started and won by copy.
     /// Bytes sent again (counter, by stage): retried requests, lost hedges, failed attempts.
     pub const BYTES_REDONE: &str = "ferry_bytes_redone_total";
     /// Requests (a part's upload) sent again inside an attempt on a new connection.
     pub const REQUEST_RETRIES: &str = "ferry_request_retries_total";
+    /// Hedged uploads started and won by copy.
     pub const HEDGES_STARTED: &str = "ferry_hedges_started_total";
     pub const HEDGES_WON: &str = "ferry_hedges_won_total";
     /// From the ledger: tasks and bytes to move per `stage` and `state`.
@@ -204,6 +204,8 @@ fn install(pipeline: &str) -> Result<PrometheusHandle> {
     metrics::describe_counter!(names::FILES, "Source files extract looked at, by outcome.");
     metrics::describe_counter!(names::HEDGES_STARTED, "Hedged uploads started by copy.");
     metrics::describe_counter!(names::HEDGES_WON, "Hedged uploads that landed first.");
+    metrics::describe_counter!(names::BYTES_REDONE, "Bytes this process sent again: retried requests, lost hedges, failed attempts.");
+    metrics::describe_counter!(names::REQUEST_RETRIES, "Parts copy sent again inside an attempt, on a new connection.");
     metrics::describe_gauge!(names::BACKLOG_CHUNKS, "Tasks per stage and state, from the ledger.");
     metrics::describe_gauge!(names::BACKLOG_BYTES, "Bytes still to move per stage and state, from the ledger.");
     metrics::describe_gauge!(names::OLDEST_DUE, metrics::Unit::Seconds, "How long the oldest due task of a stage has waited.");

@@ -319,7 +319,7 @@ where
                         if opts.once && failed_here.contains(&lease.task_id) {
                             // Its backoff is over before this run is: it waits for the next run.
                             claims_over = true;
-                            if let Err(e) = ledger.release(&lease).await {
+                            if let Err(e) = ledger.release(&lease, Work::default()).await {
                                 tracing::warn!(chunk = %lease.chunk_id, error = %e, "could not give back a chunk for the next run");
                             }
                             continue;
@@ -545,8 +545,8 @@ where
     let (lost_tx, mut lost) = tokio::sync::oneshot::channel::<Error>();
     let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat(ledger.clone(), lease.clone(), lost_tx)));
     // A panic in the chunk's work is this chunk's failure, not the stage's end.
-    let fut = std::panic::AssertUnwindSafe(work(lease.clone())).catch_unwind();
-    tokio::pin!(fut);
+    // Boxed, so that a release can drop it first: its uploads add what they sent to the tally.
+    let mut fut = Box::pin(std::panic::AssertUnwindSafe(work(lease.clone())).catch_unwind());
     let mut deadline: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let result = loop {
         tokio::select! {
@@ -560,9 +560,11 @@ where
             }
             _ = async { deadline.as_mut().unwrap().await }, if deadline.is_some() => {
                 tracing::warn!(chunk = %lease.chunk_id, "grace period over; releasing the chunk");
+                drop(fut);
+                let sent = Work { bytes: lease.tally.moved_bytes(), records: 0, redone_bytes: lease.tally.redone_bytes() };
                 // Bounded: the process is on its way out. A release that does not get through
                 // leaves the lease to expire, and the chunk is redone by whoever claims it.
-                return match tokio::time::timeout(RELEASE_BOUND, ledger.release(&lease)).await {
+                return match tokio::time::timeout(RELEASE_BOUND, ledger.release(&lease, sent)).await {
                     Ok(Ok(())) => Ok(Ended::Released),
                     Ok(Err(e)) => {
                         tracing::warn!(chunk = %lease.chunk_id, error = %e, "could not release the chunk; its lease will expire");

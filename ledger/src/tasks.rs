@@ -309,7 +309,7 @@ impl Ledger {
     }
 
     /// Gives a lease back without counting the attempt (a worker shutting down cleanly).
-    pub async fn release(&self, lease: &Lease) -> Result<()> {
+    pub async fn release(&self, lease: &Lease, work: Work) -> Result<()> {
         let now = self.now_ms();
         let changed = self
             .call("release", || async move {
@@ -331,7 +331,7 @@ impl Ledger {
                     .map_err(db(op))?
                     .rows_affected();
                     if changed == 1 {
-                        insert_attempt!(&mut *tx, lease, now, AttemptOutcome::Released, None, None, Work::default())?;
+                        insert_attempt!(&mut *tx, lease, now, AttemptOutcome::Released, None, None, work)?;
                     }
                     tx.commit().await.map_err(db(op))?;
                     Ok(changed == 1)

@@ -128,7 +128,7 @@ async fn stale_epoch_cannot_complete(db: Db) {
     // The zombie can neither fail, heartbeat nor release either.
     assert!(matches!(ledger.fail(&a, ErrorClass::Transient, "x", Work::default()).await, Err(Error::LeaseLost { .. })));
     assert!(matches!(ledger.heartbeat(&a).await, Err(Error::LeaseLost { .. })));
-    assert!(matches!(ledger.release(&a).await, Err(Error::LeaseLost { .. })));
+    assert!(matches!(ledger.release(&a, Work::default()).await, Err(Error::LeaseLost { .. })));
     ledger.complete(&b, Work::default()).await.unwrap();
     assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE outcome = 'done'").await, 1);
     assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE outcome = 'lease_expired'").await, 1);
@@ -205,7 +205,7 @@ async fn quarantine_after_max_attempts_then_requeue(db: Db) {
         let got = ledger.claim(Stage::Transform, "a", 10).await.unwrap();
         let mut mine = None;
         for l in got {
-            if l.chunk_id == ids[0] { mine = Some(l) } else { ledger.release(&l).await.unwrap() }
+            if l.chunk_id == ids[0] { mine = Some(l) } else { ledger.release(&l, Work::default()).await.unwrap() }
         }
         let l = mine.expect("the failing chunk is due again after its backoff");
         outcomes.push(ledger.fail(&l, ErrorClass::Transient, "connection reset", Work::default()).await.unwrap());
@@ -225,7 +225,7 @@ async fn quarantine_after_max_attempts_then_requeue(db: Db) {
     let rest = ledger.claim(Stage::Transform, "a", 10).await.unwrap();
     assert!(rest.iter().all(|l| l.chunk_id != ids[0]));
     for l in &rest {
-        ledger.release(l).await.unwrap();
+        ledger.release(l, Work::default()).await.unwrap();
     }
     let q = format!("SELECT COUNT(*) FROM recent_failures WHERE chunk_id = '{}' AND outcome <> 'released'", ids[0]);
     assert_eq!(t.scalar(&q).await, 3);
@@ -358,11 +358,13 @@ async fn release_does_not_count_an_attempt(db: Db) {
     let ledger = t.ledger(opts(), Some(&clock)).await;
     seed(&ledger, "rel", 1).await;
     let l = claim_one(&ledger, "a").await.unwrap();
-    ledger.release(&l).await.unwrap();
+    // What the released attempt had sent is its redone work.
+    ledger.release(&l, Work { bytes: 300, records: 0, redone_bytes: 300 }).await.unwrap();
     let l2 = claim_one(&ledger, "b").await.unwrap();
     assert_eq!(l2.attempt, 1);
     assert!(l2.epoch > l.epoch);
     assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE outcome = 'released'").await, 1);
+    assert_eq!(t.scalar("SELECT bytes FROM redone_work WHERE outcome = 'released'").await, 300);
 }
 
 async fn registration_is_idempotent_and_versions_changes(db: Db) {

@@ -149,8 +149,11 @@ impl Loader {
     pub async fn gc(&self) -> Result<(), LoadError> {
         let table = &self.cfg.table.name;
         let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
-        self.dest.remove_stale_temps(&paths::table_meta(table), cutoff).await?;
-        remove_stray_landed(&self.ledger, &self.dest, table, cutoff).await?;
+        // Each place on its own: one that fails does not keep the other.
+        let temps = self.dest.remove_stale_temps(&paths::table_meta(table), cutoff).await;
+        let landed = remove_stray_landed(&self.ledger, &self.dest, table, cutoff).await;
+        temps?;
+        landed?;
         Ok(())
     }
 
@@ -287,8 +290,18 @@ impl Loader {
                     // Something changed between the check and the move (another writer):
                     // take back what this attempt put in, so the chunk stays invisible.
                     for (t, l) in moved.iter().rev() {
-                        if let Err(err) = dest.rename_noreplace(t, l).await {
-                            tracing::error!(chunk = %lease.chunk_id, file = ?dest.url(t), error = %err, "could not take a part back out of the table");
+                        match dest.rename_noreplace(t, l).await {
+                            Ok(true) => {}
+                            // The landed file is still there (on S3 its removal after the copy
+                            // may have failed): the table file is the one to remove.
+                            Ok(false) => {
+                                if let Err(err) = dest.delete(t).await {
+                                    tracing::error!(chunk = %lease.chunk_id, file = ?dest.url(t), error = %err, "could not take a part back out of the table");
+                                }
+                            }
+                            Err(err) => {
+                                tracing::error!(chunk = %lease.chunk_id, file = ?dest.url(t), error = %err, "could not take a part back out of the table")
+                            }
                         }
                     }
                     return Err(e);

@@ -25,7 +25,7 @@ BEGIN
     WHERE NEW.stage IN ('transform', 'copy')
     ON CONFLICT (chunk_id, stage) DO UPDATE
         SET state = 'available', attempt = 0, scheduled_at = excluded.scheduled_at, finalized_at = NULL,
-            last_error = NULL, last_error_class = NULL, node = excluded.node
+            last_error = NULL, last_error_class = NULL, node = excluded.node, redone_bytes = 0
         WHERE tasks.state <> 'running';
 END;
 

@@ -140,7 +140,15 @@ impl HdfsStore {
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, HdfsError>>,
     {
-        let c = self.client();
+        self.call_on(self.client(), op, path, f).await
+    }
+
+    /// [`HdfsStore::call`] on client `c` (a caller that must know which client it used).
+    async fn call_on<T, F, Fut>(&self, c: Arc<Client>, op: &'static str, path: &str, f: F) -> Result<T>
+    where
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, HdfsError>>,
+    {
         let deadline = self.opts.call_timeout.0;
         // A call given up on, by its deadline or by its caller (a hedge that lost, a watchdog),
         // may have left its connection hung: that client is retired, never reused.
@@ -245,14 +253,15 @@ impl HdfsStore {
             wo = wo.replication(r);
         }
         let p = path.clone();
+        let writer = self.client();
         let mut w = {
             let _waiting = progress.in_call();
-            self.call("create", &path, |c| async move { c.create(&p, wo).await }).await?
+            self.call_on(writer.clone(), "create", &path, |c| async move { c.create(&p, wo).await }).await?
         };
         // Until the NameNode has closed the file, the writer's client is retired on any way
         // out (an error, a timeout, the watchdog dropping this future): its connection may be
         // the hung one, and the next call of this chunk must not wait behind it.
-        let mut retire = RetireOnDrop { store: self, client: Some(self.client()) };
+        let mut retire = RetireOnDrop { store: self, client: Some(writer) };
         let mut h = blake3::Hasher::new();
         let mut n = 0u64;
         while let Some(b) = next().await? {
@@ -413,7 +422,7 @@ impl HdfsStore {
             Ok(()) => Ok(()),
             Err(e) => {
                 // Settle an ambiguous rename by looking: temp gone means it went through.
-                if self.head(&tmp).await?.is_none() && self.head(rel).await?.is_some() {
+                if let (Ok(None), Ok(Some(_))) = (self.head(&tmp).await, self.head(rel).await) {
                     return Ok(());
                 }
                 let _ = self.delete(&tmp).await;

@@ -28,6 +28,25 @@ pub use retry::Backoff;
 pub use transfer::{InCall, Progress, watched};
 use transfer::{StreamReader, drain, drain_hash};
 
+/// The outcome of several cleanup steps: how many files went in all, or, if a step failed,
+/// [`Error::Incomplete`] with that count and the first failure.
+pub fn combine(steps: Vec<Result<usize>>) -> Result<usize> {
+    let (mut n, mut first) = (0, None);
+    for r in steps {
+        match r {
+            Ok(k) => n += k,
+            Err(e) => {
+                n += e.removed();
+                first.get_or_insert(e.to_string());
+            }
+        }
+    }
+    match first {
+        None => Ok(n),
+        Some(reason) => Err(Error::Incomplete { removed: n, reason }),
+    }
+}
+
 /// Cleanups a store runs in the background (an abort of a multipart upload that a watchdog
 /// cut off), counted so that a process can let them finish before it exits.
 static BACKGROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -141,14 +160,13 @@ impl Store {
     /// `cutoff_ms` and, on S3, multipart uploads started before it. Returns how many went; a
     /// failure part-way is [`Error::Incomplete`], which still says how many went.
     pub async fn gc(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
-        let n = self.remove_old(dir, cutoff_ms, |_| true).await?;
-        if let Store::S3(s) = self {
-            return match s.abort_uploads(cutoff_ms).await {
-                Ok(k) => Ok(n + k),
-                Err(e) => Err(Error::Incomplete { removed: n + e.removed(), reason: e.to_string() }),
-            };
-        }
-        Ok(n)
+        // Both steps run whatever the first did; the outcome adds them up.
+        let files = self.remove_old(dir, cutoff_ms, |_| true).await;
+        let uploads = match self {
+            Store::S3(s) => s.abort_uploads(cutoff_ms).await,
+            _ => Ok(0),
+        };
+        combine(vec![files, uploads])
     }
 
     /// The URL of a path in this store, as recorded in the ledger.
@@ -304,5 +322,19 @@ impl Store {
             Store::Hdfs(h) => h.hash(rel).await,
             Store::S3(s) => s.hash(rel).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cleanup_that_fails_part_way_still_counts_what_went() {
+        assert_eq!(combine(vec![Ok(2), Ok(3)]).unwrap(), 5);
+        let e = combine(vec![Ok(2), Err(Error::Incomplete { removed: 4, reason: "a delete hung".into() }), Err(Error::Other("x".into()))])
+            .unwrap_err();
+        assert_eq!(e.removed(), 6, "{e}");
+        assert!(e.to_string().contains("a delete hung"), "{e}");
     }
 }

@@ -19,14 +19,15 @@
 //!          <= part_size: one PUT with If-None-Match: *  (conditional create)
 //!          >  part_size: multipart, completed only if the bytes sent hash to what transform
 //!                        recorded, aborted otherwise
-//!  hedge   a second upload to _ferry/tmp/<chunk>.<attempt>.<i>.h (its own key), then
+//!  hedge   a second upload to _ferry/tmp/<chunk>.<epoch>.<i>.<try>.h (its own key), then
 //!          HEAD landed; absent -> server-side COPY tmp -> landed, DELETE tmp
 //!  load    the same "rename": HEAD table key; absent -> COPY landed -> table key, DELETE landed
 //! ```
 //!
 //! After an ambiguous failure (a timeout or reset on the conditional PUT, which object_store
 //! does not retry; or a 412 that may be our own lost success) we HEAD the key and accept it
-//! only if size and blake3 match; otherwise the chunk is retried under a new temp key. A
+//! only if size and blake3 match; otherwise copy sends the part again (in place, or a hedge
+//! under a new temp key). A
 //! multipart upload that fails is aborted; one cut off by a watchdog is aborted from a
 //! background task (each abort is repeated until the upload is no longer listed: a part in
 //! flight may land after the first); one orphaned by a crash is found by gc (`ferry gc`, or copy's start) with
@@ -208,9 +209,11 @@ impl S3Store {
     {
         let mut backoff = super::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         let mut tries = 0;
+        // Ferry's resends on top of object_store's own retries stay within one budget.
+        let until = tokio::time::Instant::now() + self.budget();
         loop {
             match self.call(op, rel, f()).await {
-                Err(e) if tries < self.opts.s3.max_retries && resend.allows(&e) => {
+                Err(e) if tries < self.opts.s3.max_retries && tokio::time::Instant::now() < until && resend.allows(&e) => {
                     tries += 1;
                     let d = backoff.next_delay();
                     tracing::info!(key = %self.url(rel), error = %e, try_ = tries, retry_in = ?d, "S3 {op} failed before an answer; sending it again");
@@ -393,14 +396,16 @@ impl S3Store {
                         progress.add(size);
                         Ok((size, hash))
                     }
-                    // The body may have gone out whole before the failure: counted as sent, so
-                    // the retry's redone work is not under-reported.
+                    // The body may have gone out whole before the failure: counted as sent (unless
+                    // it never left), so the retry's redone work is not under-reported.
                     _ if e.is_already_exists() => {
                         progress.add(size);
                         Err(Error::Ambiguous { what: format!("PUT {}", self.url(rel)), reason: "the key holds other bytes".into() })
                     }
                     _ => {
-                        progress.add(size);
+                        if !Resend::Unsent.allows(&e) {
+                            progress.add(size);
+                        }
                         Err(e)
                     }
                 }
@@ -548,9 +553,10 @@ impl S3Store {
         // A GET: sent again after any transport failure, as object_store does with its own.
         let mut backoff = super::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         let mut tries = 0;
+        let until = tokio::time::Instant::now() + self.budget();
         loop {
             match self.list_uploads_once(prefix).await {
-                Err(e) if tries < self.opts.s3.max_retries && e.is_transient() => {
+                Err(e) if tries < self.opts.s3.max_retries && tokio::time::Instant::now() < until && e.is_transient() => {
                     tries += 1;
                     let d = backoff.next_delay();
                     tracing::info!(prefix, error = %e, retry_in = ?d, "ListMultipartUploads failed; sending it again");
@@ -607,8 +613,10 @@ impl S3Store {
     /// until none is left, not paged by markers (some servers reject their own markers).
     pub async fn abort_uploads(&self, cutoff_ms: i64) -> Result<usize> {
         let mut n = 0;
+        // A failure part-way still says how many went.
+        let incomplete = |n: usize, e: Error| Error::Incomplete { removed: n, reason: e.to_string() };
         for _ in 0..100 {
-            let batch = self.abandoned_uploads(cutoff_ms).await?;
+            let batch = self.abandoned_uploads(cutoff_ms).await.map_err(|e| incomplete(n, e))?;
             if batch.is_empty() {
                 break;
             }
@@ -618,7 +626,7 @@ impl S3Store {
                 match self.call_resending("AbortMultipartUpload", &key, Resend::Always, || self.store.abort_multipart(&k, &id)).await {
                     Ok(()) => n += 1,
                     Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(incomplete(n, e)),
                 }
             }
         }
@@ -636,17 +644,27 @@ enum Resend {
 }
 
 impl Resend {
+    /// Only transport failures: an HTTP status is the server's answer, and a call that used up
+    /// its whole budget (`Stalled`) is not tried again.
     fn allows(self, e: &Error) -> bool {
-        match e {
-            // Our own belt ran out: the request may be stuck anywhere.
-            Error::Stalled { .. } => self == Resend::Always,
-            Error::ObjectStore { source, .. } => match self {
-                Resend::Unsent => failed_before_send(source),
-                Resend::Always => matches!(source, object_store::Error::Generic { .. }),
-            },
-            _ => false,
+        let Error::ObjectStore { source, .. } = e else { return false };
+        match self {
+            Resend::Unsent => failed_before_send(source),
+            Resend::Always => failed_before_send(source) || transport_kind(source).is_some(),
         }
     }
+}
+
+/// The kind of the transport failure a request ended with (none for an HTTP status).
+fn transport_kind(e: &object_store::Error) -> Option<object_store::client::HttpErrorKind> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<object_store::client::HttpError>() {
+            return Some(h.kind());
+        }
+        cur = err.source();
+    }
+    None
 }
 
 /// Whether the request failed while connecting (TCP connect, TLS handshake; refused, reset or

@@ -15,8 +15,8 @@ pub struct Progress(std::sync::Arc<ProgressState>);
 pub struct ProgressState {
     bytes: std::sync::atomic::AtomicU64,
     cancelled: std::sync::atomic::AtomicBool,
-    /// Bounded calls in flight (a NameNode `complete()`, a conditional PUT waiting for its
-    /// answer): each has its own deadline, so the no-progress watchdog does not count them.
+    /// Bounded calls in flight (a NameNode `complete()`, a single PUT under its request
+    /// timeout): each has its own deadline, so the no-progress watchdog does not count them.
     in_calls: std::sync::atomic::AtomicUsize,
 }
 
