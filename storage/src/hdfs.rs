@@ -122,8 +122,8 @@ impl HdfsStore {
         self.client.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Replaces `used` (if it is still the current client) after it missed a deadline: a hung
-    /// connection is never reused. (A broken one needs nothing: hdfs-native reconnects.)
+    /// Replaces `used` (if it is still the current client) after a call on it missed its
+    /// deadline, was given up on, or broke: a hung or broken connection is never reused.
     fn retire(&self, used: &Arc<Client>) {
         let mut g = self.client.lock().unwrap_or_else(|p| p.into_inner());
         if Arc::ptr_eq(&g, used) {
@@ -159,7 +159,12 @@ impl HdfsStore {
                 Ok(v)
             }
             Ok(Err(e)) => {
-                guard.client = None;
+                // A NameNode's answer (a RemoteException) leaves the connection fine; a broken
+                // one ("RPC listener disconnected") is not trusted to heal: hdfs-native only
+                // reconnects once its listener task has ended, and calls in between fail the same.
+                if !matches!(e, HdfsError::IOError(_)) {
+                    guard.client = None;
+                }
                 Err(Error::Hdfs { op, path: self.url_of_path(path), source: e })
             }
             Err(_) => {
