@@ -375,19 +375,11 @@ impl HdfsStore {
     /// caller's attempt.
     pub async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
         let bytes = Bytes::from(bytes);
-        let mut backoff = super::Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
-        let mut tries = 0;
-        loop {
-            match self.put_atomic_once(rel, bytes.clone()).await {
-                Err(e) if tries < 3 && e.is_transient() => {
-                    tries += 1;
-                    let d = backoff.next_delay();
-                    tracing::info!(file = %self.url(rel), error = %e, retry_in = ?d, "HDFS write failed; writing it again");
-                    tokio::time::sleep(d).await;
-                }
-                r => return r,
-            }
-        }
+        let what = format!("HDFS write of {}", self.url(rel));
+        super::retry::resending(&what, 3, Duration::from_millis(200), None, Error::is_transient, || {
+            self.put_atomic_once(rel, bytes.clone())
+        })
+        .await
     }
 
     async fn put_atomic_once(&self, rel: &str, bytes: Bytes) -> Result<()> {

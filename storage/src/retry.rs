@@ -1,7 +1,10 @@
-//! Capped, jittered backoff for the few retry loops storage and copy run themselves: a request
-//! that failed before it was sent, a part resent on a new connection.
+//! Capped, jittered backoff for the few retry loops storage and copy run themselves (a request
+//! that failed before it was sent, a small write, a part resent on a new connection), and the
+//! loop storage's own share.
 
 use std::time::Duration;
+
+use crate::error::{Error, Result};
 
 /// Delays that double from `first` up to `cap`, each drawn from [d/2, d] ("equal jitter"): many
 /// workers that failed together do not come back together, and none retries at once.
@@ -31,6 +34,35 @@ impl Backoff {
         self.next = (self.next * 2).min(self.cap);
         let frac = (self.state % 1000) as f64 / 1000.0;
         d / 2 + d.mul_f64(frac / 2.0)
+    }
+}
+
+/// Runs `f` until it succeeds or fails in a way `again` does not allow, sending it again at
+/// most `resends` times (and not after `until`), with [`Backoff`] from `first` up to 2 s between.
+/// Each resend is logged with `what`. The one loop behind storage's own retries.
+pub(crate) async fn resending<T, Fut>(
+    what: &str,
+    resends: usize,
+    first: Duration,
+    until: Option<tokio::time::Instant>,
+    again: impl Fn(&Error) -> bool,
+    mut f: impl FnMut() -> Fut,
+) -> Result<T>
+where
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut backoff = Backoff::new(first, Duration::from_secs(2));
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Err(e) if tries < resends && until.is_none_or(|u| tokio::time::Instant::now() < u) && again(&e) => {
+                tries += 1;
+                let d = backoff.next_delay();
+                tracing::info!(error = %e, try_ = tries, retry_in = ?d, "{what} failed; sending it again");
+                tokio::time::sleep(d).await;
+            }
+            r => return r,
+        }
     }
 }
 

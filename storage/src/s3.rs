@@ -207,21 +207,18 @@ impl S3Store {
     where
         Fut: std::future::Future<Output = object_store::Result<T>>,
     {
-        let mut backoff = super::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        let mut tries = 0;
         // Ferry's resends on top of object_store's own retries stay within one budget.
         let until = tokio::time::Instant::now() + self.budget();
-        loop {
-            match self.call(op, rel, f()).await {
-                Err(e) if tries < self.opts.s3.max_retries && tokio::time::Instant::now() < until && resend.allows(&e) => {
-                    tries += 1;
-                    let d = backoff.next_delay();
-                    tracing::info!(key = %self.url(rel), error = %e, try_ = tries, retry_in = ?d, "S3 {op} failed before an answer; sending it again");
-                    tokio::time::sleep(d).await;
-                }
-                r => return r,
-            }
-        }
+        let what = format!("S3 {op} {}", self.url(rel));
+        super::retry::resending(
+            &what,
+            self.opts.s3.max_retries,
+            Duration::from_millis(100),
+            Some(until),
+            |e| resend.allows(e),
+            || self.call(op, rel, f()),
+        )
+        .await
     }
 
     async fn call<T>(&self, op: &'static str, rel: &str, fut: impl std::future::Future<Output = object_store::Result<T>>) -> Result<T> {
@@ -551,20 +548,12 @@ impl S3Store {
     /// call for it), as (key, upload id, started ms). Needs static credentials.
     async fn list_uploads(&self, prefix: &str) -> Result<Vec<(String, String, i64)>> {
         // A GET: sent again after any transport failure, as object_store does with its own.
-        let mut backoff = super::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        let mut tries = 0;
         let until = tokio::time::Instant::now() + self.budget();
-        loop {
-            match self.list_uploads_once(prefix).await {
-                Err(e) if tries < self.opts.s3.max_retries && tokio::time::Instant::now() < until && e.is_transient() => {
-                    tries += 1;
-                    let d = backoff.next_delay();
-                    tracing::info!(prefix, error = %e, retry_in = ?d, "ListMultipartUploads failed; sending it again");
-                    tokio::time::sleep(d).await;
-                }
-                r => return r,
-            }
-        }
+        let what = format!("ListMultipartUploads {} ({prefix})", self.url(""));
+        super::retry::resending(&what, self.opts.s3.max_retries, Duration::from_millis(100), Some(until), Error::is_transient, || {
+            self.list_uploads_once(prefix)
+        })
+        .await
     }
 
     async fn list_uploads_once(&self, prefix: &str) -> Result<Vec<(String, String, i64)>> {
