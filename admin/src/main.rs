@@ -340,17 +340,15 @@ async fn run(cli: Cli) -> Result<i32, Error> {
     Ok(exit::OK)
 }
 
-/// Staged chunks transform committed more than `transform.keep_staged` ago (their chunk ids
-/// are the file names under `<staging>/<table>/`).
+/// Staged chunks transform committed more than `transform.keep_staged` ago (found by the
+/// location the ledger records for each chunk).
 async fn remove_old_staged(cfg: &Config, ledger: &Ledger, staging: &Store) -> Result<usize, (usize, String)> {
     let cutoff = chrono::Utc::now().timestamp_millis() - cfg.transform.keep_staged.0.as_millis() as i64;
     let done = ledger.transformed_before(cutoff).await.map_err(|e| (0, e.to_string()))?;
     let (mut n, mut first) = (0, None);
     for e in staging.list(&cfg.table.name).await.map_err(|e| (0, e.to_string()))? {
-        let name = e.rel.rsplit('/').next().unwrap_or_default();
-        let Some((chunk, _)) = name.split_once('.') else { continue };
-        if done.contains(chunk) {
-            let rel = format!("{}/{name}", cfg.table.name);
+        if done.contains(&staging.url(&e.rel)) {
+            let rel = e.rel;
             // One that cannot go now does not keep the others.
             match staging.delete(&rel).await {
                 Ok(()) => n += 1,

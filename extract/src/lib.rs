@@ -5,6 +5,12 @@
 //! keeps bumping it) or, if `source.marker` is set, when `<file><marker>` exists. Staged chunks
 //! are written under a temp name and renamed, so a crash leaves whole chunks or none; chunk ids
 //! are derived from the file's content hash, so a re-run after a crash names the same chunks.
+//!
+//! A file under a name the ledger has never seen is read once: hashed while it is split. Its
+//! chunks are staged under names made from the file's uri, size and mtime and each chunk's own
+//! hash (the same names whenever the same file is split again), and get their ids from the
+//! whole file's hash when it is registered after the read. A file seen before is hashed first,
+//! as bytes already taken in must be recognised before anything is staged again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -222,7 +228,7 @@ impl Extractor {
     async fn file(&self, e: &Entry, pass: &mut Pass) -> Result<()> {
         let uri = self.source.url(&e.rel);
         // Skipped unread only when nothing can have rewritten it (see `Entry::change_token`);
-        // otherwise hashed, so no bytes are skipped or deleted without being looked at.
+        // otherwise read, so no bytes are skipped or deleted without being looked at.
         if let Some(known) = self.ledger.find_file(&uri, e.size as i64, e.mtime_ms, e.change_token.as_deref()).await?
             && known.state != FileState::Registered
         {
@@ -230,45 +236,17 @@ impl Extractor {
             return self.dispose(e, known.state).await;
         }
         let format = self.cfg.source.format.of(&e.rel);
-        let (size, hash) = {
-            let store = self.source.clone();
-            let rel = e.rel.clone();
-            tokio::task::spawn_blocking(move || -> Result<(u64, String)> {
-                let mut r = store.open_blocking(&rel)?;
-                let mut h = blake3::Hasher::new();
-                let n = std::io::copy(&mut r, &mut h).map_err(|source| ExtractError::Read { path: rel, source })?;
-                Ok((n, h.finalize().to_hex().to_string()))
-            })
-            .await
-            .map_err(|err| ExtractError::Internal(err.to_string()))??
-        };
-        if size != e.size {
-            pass.unfinished += 1; // still growing after all
-            return Ok(());
-        }
-        let file = self
-            .ledger
-            .register_file(&NewSourceFile {
-                uri: uri.clone(),
-                size: size as i64,
-                mtime_ms: e.mtime_ms,
-                content_hash: hash.clone(),
-                format,
-                change_token: e.change_token.clone(),
-            })
-            .await?;
-        if file.state != FileState::Registered {
-            pass.skipped += 1;
-            return self.dispose(e, file.state).await;
-        }
-        // The same bytes under another name (a file delivered twice): loading them again
-        // would double every record, so it is set aside with the name of the first.
-        if let Some(first) = self.ledger.same_bytes_as(&hash, &uri).await? {
-            let reason = format!("{}: the same bytes as {first}, which is already taken in; not loaded twice", e.rel);
-            tracing::error!(file = ?e.rel, reason = ?reason, "quarantined");
-            self.ledger.quarantine_file(file.id, &reason).await?;
-            pass.quarantined += 1;
-            return Ok(());
+        // A file under a name never seen is split while it is hashed: one read. One seen before
+        // (kept in place and not provably unchanged, or rewritten) is hashed first, so bytes
+        // already taken in are recognised without staging them again; so is a file of unknown
+        // format, which is only registered to be quarantined.
+        let mut file = None;
+        if format.is_none() || self.ledger.knows_uri(&uri).await? {
+            let (size, hash) = self.hash(&e.rel).await?;
+            match self.register(e, &uri, format, size, hash, pass).await? {
+                Ok(f) => file = Some(f),
+                Err(_) => return Ok(()),
+            }
         }
         let Some(format) = format else {
             let reason = if e.rel.to_ascii_lowercase().ends_with(".json") {
@@ -276,59 +254,38 @@ impl Extractor {
             } else {
                 format!("{}: cannot tell the format from the file name (set source.format)", e.rel)
             };
-            self.ledger.quarantine_file(file.id, &reason).await?;
+            let id = file.as_ref().map(|f| f.id).ok_or_else(|| ExtractError::Internal("unregistered file".into()))?;
+            self.ledger.quarantine_file(id, &reason).await?;
             pass.quarantined += 1;
             return Ok(());
         };
-        let chunk_size = self.cfg.extract.chunk_size.0 as usize;
-        let max_record = self.cfg.extract.max_record_size.0 as usize;
-        let dialect = self.cfg.source.csv.clone();
-        let pipeline = self.ledger.pipeline().to_string();
-        let (source, staging, table, rel, fhash) =
-            (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), hash.clone());
-        let split = tokio::task::spawn_blocking(move || -> Result<std::result::Result<Vec<NewChunk>, String>> {
-            let mut r = std::io::BufReader::with_capacity(1 << 16, source.open_blocking(&rel)?);
-            // A compressed file named (or configured) as text would split into garbage records.
-            let head = std::io::BufRead::fill_buf(&mut r).map_err(|e| ExtractError::Read { path: rel.clone(), source: e })?;
-            if let Some(kind) = ferry_formats::compression_of(head) {
-                return Ok(Err(format!(
-                    "the file is {kind}-compressed; compressed input is not read: decompress it before it lands (or name it so that source.glob leaves it out)"
-                )));
-            }
-            if format == ferry_common::config::Format::Jsonl && head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-                return Ok(Err("the file is a JSON array (one document), not JSON lines (one object per line); convert it, e.g. `jq -c '.[]'`".into()));
-            }
-            let mut chunks = Vec::new();
-            let emit = |p: Piece| -> ferry_storage::Result<()> {
-                let seq = chunks.len() as i64;
-                let id = chunk_id(&pipeline, &fhash, seq);
-                let name = paths::staged_chunk(&table, &id, format);
-                staging.put_atomic_blocking(&name, &p.bytes)?;
-                chunks.push(NewChunk {
-                    id,
-                    seq,
-                    range_kind: RangeKind::Records,
-                    range_start: p.first_record,
-                    range_end: p.first_record + p.records,
-                    records: Some(p.records),
-                    bytes: p.bytes.len() as i64,
-                    content_hash: blake3::hash(&p.bytes).to_hex().to_string(),
-                    location: staging.url(&name),
-                });
-                Ok(())
-            };
-            match ferry_formats::split(format, r, chunk_size, max_record, &dialect, emit) {
-                Ok(()) => Ok(Ok(chunks)),
-                Err(SplitError::Corrupt(m)) => Ok(Err(m)),
-                Err(SplitError::Io(source)) => Err(ExtractError::Read { path: rel, source }),
-                // Writing the chunk failed: the store's own error, with its class.
-                Err(SplitError::Emit(e)) => Err(e.into()),
-            }
-        })
-        .await
-        .map_err(|err| ExtractError::Internal(err.to_string()))??;
-        match split {
-            Ok(chunks) => {
+        let split = self.split(e, &uri, format, file.as_ref().map(|f| f.content_hash.clone())).await?;
+        let file = match file {
+            Some(f) => f,
+            None => match self.register(e, &uri, Some(format), split.size, split.hash.clone(), pass).await? {
+                Ok(f) => f,
+                // Chunked meanwhile by another extract under this same name: it staged its
+                // chunks under the same names as these, and the ledger points to them.
+                Err(NotTaken::Known) => return Ok(()),
+                // Still growing, or the same bytes as a file already taken in: what was staged
+                // under this file's names is no one's.
+                Err(NotTaken::Unfinished | NotTaken::Duplicate) => {
+                    self.unstage(&split.staged).await;
+                    return Ok(());
+                }
+            },
+        };
+        match split.outcome {
+            Ok(pieces) => {
+                let pipeline = self.ledger.pipeline();
+                let chunks: Vec<NewChunk> = pieces
+                    .into_iter()
+                    .enumerate()
+                    .map(|(seq, mut c)| {
+                        c.id = chunk_id(pipeline, &file.content_hash, seq as i64);
+                        c
+                    })
+                    .collect();
                 let records: i64 = chunks.iter().filter_map(|c| c.records).sum();
                 self.ledger.record_chunks(file.id, &chunks, Stage::Transform).await?;
                 if chunks.is_empty() {
@@ -339,7 +296,7 @@ impl Extractor {
                 pass.chunked += 1;
                 pass.chunks += chunks.len() as u64;
                 pass.records += records;
-                pass.bytes += size;
+                pass.bytes += split.size;
                 self.dispose(e, FileState::Chunked).await
             }
             Err(reason) => {
@@ -347,7 +304,159 @@ impl Extractor {
                 tracing::error!(file = ?e.rel, reason = ?reason, "quarantined");
                 self.ledger.quarantine_file(file.id, &reason).await?;
                 pass.quarantined += 1;
+                // The chunks staged before the bad record are no one's.
+                self.unstage(&split.staged).await;
                 Ok(())
+            }
+        }
+    }
+
+    /// The file's size and content hash, by reading it once.
+    async fn hash(&self, rel: &str) -> Result<(u64, String)> {
+        let store = self.source.clone();
+        let rel = rel.to_string();
+        tokio::task::spawn_blocking(move || -> Result<(u64, String)> {
+            let mut r = store.open_blocking(&rel)?;
+            let mut h = blake3::Hasher::new();
+            let n = std::io::copy(&mut r, &mut h).map_err(|source| ExtractError::Read { path: rel, source })?;
+            Ok((n, h.finalize().to_hex().to_string()))
+        })
+        .await
+        .map_err(|err| ExtractError::Internal(err.to_string()))?
+    }
+
+    /// Registers the file as read (`size`, `hash`), unless there is nothing more to do with it:
+    /// it was still growing, it is known already (then disposed of), or it holds the same bytes
+    /// as another file already taken in (then quarantined).
+    async fn register(
+        &self,
+        e: &Entry,
+        uri: &str,
+        format: Option<ferry_common::config::Format>,
+        size: u64,
+        hash: String,
+        pass: &mut Pass,
+    ) -> Result<std::result::Result<ferry_ledger::SourceFile, NotTaken>> {
+        if size != e.size {
+            pass.unfinished += 1; // still growing after all
+            return Ok(Err(NotTaken::Unfinished));
+        }
+        let file = self
+            .ledger
+            .register_file(&NewSourceFile {
+                uri: uri.to_string(),
+                size: size as i64,
+                mtime_ms: e.mtime_ms,
+                content_hash: hash.clone(),
+                format,
+                change_token: e.change_token.clone(),
+            })
+            .await?;
+        if file.state != FileState::Registered {
+            pass.skipped += 1;
+            self.dispose(e, file.state).await?;
+            return Ok(Err(NotTaken::Known));
+        }
+        // The same bytes under another name (a file delivered twice): loading them again
+        // would double every record, so it is set aside with the name of the first.
+        if let Some(first) = self.ledger.same_bytes_as(&hash, uri, file.id).await? {
+            let reason = format!("{}: the same bytes as {first}, which is taken in already; not loaded twice", e.rel);
+            tracing::error!(file = ?e.rel, reason = ?reason, "quarantined");
+            self.ledger.quarantine_file(file.id, &reason).await?;
+            pass.quarantined += 1;
+            return Ok(Err(NotTaken::Duplicate));
+        }
+        Ok(Ok(file))
+    }
+
+    /// Splits the file into staged chunks, hashing it on the way unless `known_hash` is given.
+    /// With a known hash each chunk is staged under its id; without one, under
+    /// [`ferry_ledger::staged_name`] (ids need the whole file's hash, named afterwards).
+    async fn split(&self, e: &Entry, uri: &str, format: ferry_common::config::Format, known_hash: Option<String>) -> Result<Split> {
+        let chunk_size = self.cfg.extract.chunk_size.0 as usize;
+        let max_record = self.cfg.extract.max_record_size.0 as usize;
+        let dialect = self.cfg.source.csv.clone();
+        let pipeline = self.ledger.pipeline().to_string();
+        let (source, staging, table, rel, uri) =
+            (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), uri.to_string());
+        let (listed_size, mtime_ms) = (e.size as i64, e.mtime_ms);
+        tokio::task::spawn_blocking(move || -> Result<Split> {
+            let read_err = |rel: &str, source| ExtractError::Read { path: rel.to_string(), source };
+            let mut hashing = Hashing { inner: source.open_blocking(&rel)?, hasher: known_hash.is_none().then(blake3::Hasher::new), bytes: 0 };
+            let mut staged = Vec::new();
+            let outcome = {
+                let mut r = std::io::BufReader::with_capacity(1 << 16, &mut hashing);
+                // A compressed file named (or configured) as text would split into garbage records.
+                let head = std::io::BufRead::fill_buf(&mut r).map_err(|e| read_err(&rel, e))?;
+                let refused = if let Some(kind) = ferry_formats::compression_of(head) {
+                    Some(format!(
+                        "the file is {kind}-compressed; compressed input is not read: decompress it before it lands (or name it so that source.glob leaves it out)"
+                    ))
+                } else if format == ferry_common::config::Format::Jsonl && head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+                    Some("the file is a JSON array (one document), not JSON lines (one object per line); convert it, e.g. `jq -c '.[]'`".into())
+                } else {
+                    None
+                };
+                let outcome = match refused {
+                    Some(reason) => Err(reason),
+                    None => {
+                        let mut pieces = Vec::new();
+                        let emit = |p: Piece| -> ferry_storage::Result<()> {
+                            let seq = pieces.len() as i64;
+                            let hash = blake3::hash(&p.bytes).to_hex().to_string();
+                            let name = match &known_hash {
+                                Some(file_hash) => chunk_id(&pipeline, file_hash, seq),
+                                None => ferry_ledger::staged_name(&pipeline, &uri, listed_size, mtime_ms, seq, &hash),
+                            };
+                            let name = paths::staged_chunk(&table, &name, format);
+                            staging.put_atomic_blocking(&name, &p.bytes)?;
+                            staged.push(name.clone());
+                            pieces.push(NewChunk {
+                                id: String::new(),
+                                seq,
+                                range_kind: RangeKind::Records,
+                                range_start: p.first_record,
+                                range_end: p.first_record + p.records,
+                                records: Some(p.records),
+                                bytes: p.bytes.len() as i64,
+                                content_hash: hash,
+                                location: staging.url(&name),
+                            });
+                            Ok(())
+                        };
+                        match ferry_formats::split(format, &mut r, chunk_size, max_record, &dialect, emit) {
+                            Ok(()) => Ok(pieces),
+                            Err(SplitError::Corrupt(m)) => Err(m),
+                            Err(SplitError::Io(source)) => return Err(read_err(&rel, source)),
+                            // Writing the chunk failed: the store's own error, with its class.
+                            Err(SplitError::Emit(e)) => return Err(e.into()),
+                        }
+                    }
+                };
+                // The file's hash covers all of it, also what a refused or corrupt file has
+                // after the point where splitting stopped.
+                if known_hash.is_none() {
+                    std::io::copy(&mut r, &mut std::io::sink()).map_err(|e| read_err(&rel, e))?;
+                }
+                outcome
+            };
+            let (size, hash) = match (known_hash, hashing.hasher) {
+                (Some(h), _) => (listed_size as u64, h),
+                (None, Some(h)) => (hashing.bytes, h.finalize().to_hex().to_string()),
+                (None, None) => unreachable!("a hasher is made whenever no hash is known"),
+            };
+            Ok(Split { size, hash, outcome, staged })
+        })
+        .await
+        .map_err(|err| ExtractError::Internal(err.to_string()))?
+    }
+
+    /// Best effort: removes staged chunks no ledger row points to. What cannot go now is
+    /// logged; it is a file in staging, not a record in the table.
+    async fn unstage(&self, staged: &[String]) {
+        for rel in staged {
+            if let Err(err) = self.staging.delete(rel).await {
+                tracing::warn!(chunk = ?rel, error = %err, "cannot remove a staged chunk that is not needed");
             }
         }
     }
@@ -367,6 +476,42 @@ impl Extractor {
                 Ok(self.source.delete(&e.rel).await?)
             }
         }
+    }
+}
+
+/// Why a file read is not taken in.
+enum NotTaken {
+    Unfinished,
+    Known,
+    Duplicate,
+}
+
+/// What splitting one file gave.
+struct Split {
+    /// Bytes read, and their blake3 hash (or the hash already known).
+    size: u64,
+    hash: String,
+    /// The chunks (ids not yet set), or why the file is bad input.
+    outcome: std::result::Result<Vec<NewChunk>, String>,
+    /// Everything written to staging, for removal when the file is not taken in.
+    staged: Vec<String>,
+}
+
+/// Hashes and counts what is read through it, so a new file is read once.
+struct Hashing<R> {
+    inner: R,
+    hasher: Option<blake3::Hasher>,
+    bytes: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(h) = &mut self.hasher {
+            h.update(&buf[..n]);
+        }
+        self.bytes += n as u64;
+        Ok(n)
     }
 }
 

@@ -82,6 +82,22 @@ pub fn chunk_id(pipeline: &str, file_hash: &str, seq: i64) -> String {
     h.finalize().to_hex()[..24].to_string()
 }
 
+/// The name a chunk is staged under when it is written before its file's hash is known (extract
+/// hashes a new file while splitting it). The chunk's id still comes from [`chunk_id`] once the
+/// whole file is read; this name only has to be the same whenever the same file is split again
+/// (so a crash re-writes its staged chunks instead of leaving copies) and different for any other
+/// file: the uri, size and mtime name the file, the chunk's own hash and position its bytes.
+pub fn staged_name(pipeline: &str, uri: &str, size: i64, mtime_ms: i64, seq: i64, chunk_hash: &str) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [pipeline.as_bytes(), b"\0", uri.as_bytes(), b"\0", chunk_hash.as_bytes(), b"\0"] {
+        h.update(part);
+    }
+    h.update(&size.to_le_bytes());
+    h.update(&mtime_ms.to_le_bytes());
+    h.update(&seq.to_le_bytes());
+    format!("s{}", &h.finalize().to_hex()[..23])
+}
+
 /// The columns of [`SourceFile`], for `concat!`.
 macro_rules! select_source_file {
     () => {
@@ -109,6 +125,24 @@ impl Ledger {
                 .fetch_optional(pool)
                 .await
                 .map_err(db("find_file"))
+            })
+        })
+        .await
+    }
+
+    /// Whether any file was ever registered at `uri` in this pipeline. A uri never seen is
+    /// split while it is hashed (one read); one seen before is hashed first, so that bytes
+    /// already taken in are recognised without being staged again.
+    pub async fn knows_uri(&self, uri: &str) -> Result<bool> {
+        self.call("knows_uri", || async move {
+            on_backend!(self, |pool, begin| {
+                let n: Option<i64> = sqlx::query_scalar("SELECT id FROM source_files WHERE uri = $1 AND pipeline = $2 LIMIT 1")
+                    .bind(uri)
+                    .bind(self.pipeline())
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(db("knows_uri"))?;
+                Ok(n.is_some())
             })
         })
         .await
@@ -216,20 +250,27 @@ impl Ledger {
         .await
     }
 
-    /// Another source file, already taken in, with the same bytes as `content_hash` (its URI).
-    pub async fn same_bytes_as(&self, content_hash: &str, uri: &str) -> Result<Option<String>> {
+    /// Another source file with the same bytes as `content_hash` (its URI): one taken in, or one
+    /// registered before `file_id` and still being split.
+    pub async fn same_bytes_as(&self, content_hash: &str, uri: &str, file_id: i64) -> Result<Option<String>> {
         self.call("same_bytes_as", || async move {
             on_backend!(self, |pool, begin| {
+                // An earlier registration still being split counts too: two copies of one file
+                // in the same pass (or on two hosts) must not both be taken in, and the older
+                // registration is the one that goes on.
                 sqlx::query_scalar(
-                    "SELECT uri FROM source_files WHERE content_hash = $1 AND uri <> $2 AND state = $3 AND pipeline = $4 ORDER BY id LIMIT 1",
+                    "SELECT uri FROM source_files WHERE content_hash = $1 AND uri <> $2 AND pipeline = $4
+                       AND (state = $3 OR (state = $5 AND id < $6)) ORDER BY id LIMIT 1",
                 )
                 .bind(content_hash)
                 .bind(uri)
                 .bind(FileState::Chunked.as_str())
                 .bind(self.pipeline())
-                    .fetch_optional(pool)
-                    .await
-                    .map_err(db("same_bytes_as"))
+                .bind(FileState::Registered.as_str())
+                .bind(file_id)
+                .fetch_optional(pool)
+                .await
+                .map_err(db("same_bytes_as"))
             })
         })
         .await

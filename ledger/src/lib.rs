@@ -80,7 +80,7 @@ pub use admin::{BacklogRow, Count, Overview, Pruned, Quarantined, RecentFailure,
 use backend::{Backend, Begin};
 use clock::{Clock, SystemClock};
 pub use error::{Error, Result};
-pub use files::{Chunk, NewChunk, NewSourceFile, SourceFile, chunk_id};
+pub use files::{Chunk, NewChunk, NewSourceFile, SourceFile, chunk_id, staged_name};
 pub use outages::Outage;
 pub use outputs::{Part, PartitionStats, Reject};
 pub use schemas::{SchemaColumn, TableSchema};

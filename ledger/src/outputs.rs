@@ -124,14 +124,15 @@ impl Ledger {
         .await
     }
 
-    /// Chunks of this pipeline whose staged copy is no longer needed: transformed (or, after a
-    /// prune, published) before `cutoff_ms`.
+    /// Where the staged copies no longer needed are (`chunks.location`): chunks of this pipeline
+    /// transformed (or, after a prune, published) before `cutoff_ms`.
     pub async fn transformed_before(&self, cutoff_ms: i64) -> Result<std::collections::HashSet<String>> {
         self.call("transformed_before", || async move {
             on_backend!(self, |pool, begin| {
                 let ids: Vec<String> = sqlx::query_scalar(
-                    "SELECT DISTINCT chunk_id FROM tasks WHERE pipeline = $1 AND state = 'done' AND finalized_at < $2
-                       AND stage IN ('transform', 'load')
+                    "SELECT DISTINCT c.location FROM tasks JOIN chunks c ON c.id = tasks.chunk_id
+                     WHERE tasks.pipeline = $1 AND tasks.state = 'done' AND tasks.finalized_at < $2
+                       AND tasks.stage IN ('transform', 'load')
                        AND NOT EXISTS (SELECT 1 FROM tasks x WHERE x.chunk_id = tasks.chunk_id AND x.state <> 'done')",
                 )
                 .bind(self.pipeline())
