@@ -788,17 +788,14 @@ impl Default for CopySection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoadSection {
-    pub concurrency: usize,
-}
-
-impl Default for LoadSection {
-    fn default() -> Self {
-        // Publishing is metadata calls and small writes: mostly waiting, so more at once.
-        LoadSection { concurrency: 4 }
-    }
+    /// Chunks published at once. Default by destination: 64 for HDFS, where publishing is a
+    /// few NameNode calls and one small file (the manifest) whose close waits for the
+    /// DataNode's block report (hdfs-native sleeps 500 ms): nearly all waiting, so the chunks
+    /// wait side by side; 4 elsewhere.
+    pub concurrency: Option<usize>,
 }
 
 impl Config {
@@ -843,7 +840,7 @@ impl Config {
             ("transform.batch_size", self.transform.batch_size),
             ("transform.row_group_size", self.transform.row_group_size),
             ("copy.concurrency", self.copy_concurrency()),
-            ("load.concurrency", self.load.concurrency),
+            ("load.concurrency", self.load_concurrency()),
         ] {
             if v == 0 {
                 return Err(format!("{name}: must be at least 1"));
@@ -862,10 +859,17 @@ impl Config {
 
     /// `copy.concurrency`, or its default for the destination's kind.
     pub fn copy_concurrency(&self) -> usize {
-        self.copy.concurrency.unwrap_or_else(|| {
-            let u = self.destination.url.as_str();
-            if u.starts_with("hdfs://") || u.starts_with("viewfs://") { 16 } else { 4 }
-        })
+        self.copy.concurrency.unwrap_or(if self.destination_is_hdfs() { 16 } else { 4 })
+    }
+
+    /// `load.concurrency`, or its default for the destination's kind.
+    pub fn load_concurrency(&self) -> usize {
+        self.load.concurrency.unwrap_or(if self.destination_is_hdfs() { 64 } else { 4 })
+    }
+
+    fn destination_is_hdfs(&self) -> bool {
+        let u = self.destination.url.as_str();
+        u.starts_with("hdfs://") || u.starts_with("viewfs://")
     }
 
     /// Temp files and uploads older than this (ms since the epoch) are a crashed writer's: a
@@ -1105,6 +1109,18 @@ name = "events"
         let c: Config = toml::Value::Table(doc).try_into().unwrap();
         assert_eq!(c.copy_concurrency(), 9);
         assert_eq!(c.extract.chunk_size, ByteSize(1 << 20));
+    }
+
+    #[test]
+    fn concurrency_defaults_follow_the_destination() {
+        let local: Config = load_str(MIN).unwrap();
+        assert_eq!((local.copy_concurrency(), local.load_concurrency()), (4, 4));
+        let hdfs = MIN.replace("[destination]\nurl = \"", "[destination]\nurl = \"hdfs://nn:8020");
+        assert_ne!(hdfs, MIN, "the test config has a [destination] url line");
+        let hdfs: Config = load_str(&hdfs).unwrap();
+        assert_eq!((hdfs.copy_concurrency(), hdfs.load_concurrency()), (16, 64));
+        let set: Config = load_str(&format!("{MIN}\n[load]\nconcurrency = 7\n")).unwrap();
+        assert_eq!(set.load_concurrency(), 7);
     }
 
     #[test]

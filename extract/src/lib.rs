@@ -117,6 +117,8 @@ pub struct Extractor {
     staging: Store,
     glob: globset::GlobMatcher,
     health: Arc<Health>,
+    /// Chunk buffers, reused from file to file (see `ferry_formats::split`).
+    buffers: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
 }
 
 impl Extractor {
@@ -128,7 +130,7 @@ impl Extractor {
             .build()
             .map_err(|e| ConfigError::new("source.glob", e.to_string()))?
             .compile_matcher();
-        Ok(Extractor { cfg, ledger, source, staging, glob, health: Health::new(Duration::from_secs(900)) })
+        Ok(Extractor { cfg, ledger, source, staging, glob, health: Health::new(Duration::from_secs(900)), buffers: Default::default() })
     }
 
     /// Reports progress to `health` (`/healthz`, the systemd watchdog).
@@ -380,7 +382,10 @@ impl Extractor {
         let (source, staging, table, rel, uri) =
             (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), uri.to_string());
         let (listed_size, mtime_ms) = (e.size as i64, e.mtime_ms);
+        let buffers = self.buffers.clone();
         tokio::task::spawn_blocking(move || -> Result<Split> {
+            let mut buf = buffers.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+            let split = (|| -> Result<Split> {
             let read_err = |rel: &str, source| ExtractError::Read { path: rel.to_string(), source };
             let mut hashing = Hashing { inner: source.open_blocking(&rel)?, hasher: known_hash.is_none().then(blake3::Hasher::new), bytes: 0 };
             let mut staged = Vec::new();
@@ -403,13 +408,13 @@ impl Extractor {
                         let mut pieces = Vec::new();
                         let emit = |p: Piece| -> ferry_storage::Result<()> {
                             let seq = pieces.len() as i64;
-                            let hash = blake3::hash(&p.bytes).to_hex().to_string();
+                            let hash = blake3::hash(p.bytes).to_hex().to_string();
                             let name = match &known_hash {
                                 Some(file_hash) => chunk_id(&pipeline, file_hash, seq),
                                 None => ferry_ledger::staged_name(&pipeline, &uri, listed_size, mtime_ms, seq, &hash),
                             };
                             let name = paths::staged_chunk(&table, &name, format);
-                            staging.put_atomic_blocking(&name, &p.bytes)?;
+                            staging.put_atomic_blocking(&name, p.bytes)?;
                             staged.push(name.clone());
                             pieces.push(NewChunk {
                                 id: String::new(),
@@ -424,7 +429,7 @@ impl Extractor {
                             });
                             Ok(())
                         };
-                        match ferry_formats::split(format, &mut r, chunk_size, max_record, &dialect, emit) {
+                        match ferry_formats::split(format, &mut r, chunk_size, max_record, &dialect, &mut buf, emit) {
                             Ok(()) => Ok(pieces),
                             Err(SplitError::Corrupt(m)) => Err(m),
                             Err(SplitError::Io(source)) => return Err(read_err(&rel, source)),
@@ -446,6 +451,12 @@ impl Extractor {
                 (None, None) => unreachable!("a hasher is made whenever no hash is known"),
             };
             Ok(Split { size, hash, outcome, staged })
+            })();
+            // One grown by a record far larger than a chunk is let go.
+            if buf.capacity() <= 2 * chunk_size + (1 << 20) {
+                buffers.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
+            }
+            split
         })
         .await
         .map_err(|err| ExtractError::Internal(err.to_string()))?

@@ -69,21 +69,22 @@ pub fn split<E>(
     chunk_size: usize,
     max_record: usize,
     dialect: &CsvOptions,
-    mut emit: impl FnMut(Piece) -> Result<(), E>,
+    buf: &mut Vec<u8>,
+    mut emit: impl FnMut(Piece<'_>) -> Result<(), E>,
 ) -> Result<(), SplitError<E>> {
     let mut r = std::io::BufReader::with_capacity(1 << 20, r);
-    let mut header = Vec::new();
     if dialect.has_header {
-        read_record(&mut r, &mut header, max_record, dialect)?;
-        if header.iter().all(u8::is_ascii_whitespace) {
+        read_record(&mut r, buf, max_record, dialect)?;
+        if buf.iter().all(u8::is_ascii_whitespace) {
             return Err(SplitError::Corrupt("empty CSV file: no header row".into()));
         }
-        if !header.ends_with(b"\n") {
-            header.push(b'\n');
+        if !buf.ends_with(b"\n") {
+            buf.push(b'\n');
         }
     }
-    let new = |first| Piece { bytes: header.clone(), first_record: first, records: 0 };
-    let mut cur = new(0);
+    // Every piece starts with the header; `buf` keeps it in front between pieces.
+    let header = buf.len();
+    let (mut first, mut records) = (0i64, 0i64);
     let mut rec = Vec::new();
     let mut n = 0i64;
     loop {
@@ -97,15 +98,17 @@ pub fn split<E>(
         if !rec.ends_with(b"\n") {
             rec.push(b'\n'); // the last record without its line end: the next chunk's header follows
         }
-        if cur.records > 0 && cur.bytes.len() + rec.len() > chunk_size {
-            emit(std::mem::replace(&mut cur, new(n))).map_err(SplitError::Emit)?;
+        if records > 0 && buf.len() + rec.len() > chunk_size {
+            emit(Piece { bytes: buf, first_record: first, records }).map_err(SplitError::Emit)?;
+            buf.truncate(header);
+            (first, records) = (n, 0);
         }
-        cur.bytes.extend_from_slice(&rec);
-        cur.records += 1;
+        buf.extend_from_slice(&rec);
+        records += 1;
         n += 1;
     }
-    if cur.records > 0 {
-        emit(cur).map_err(SplitError::Emit)?;
+    if records > 0 {
+        emit(Piece { bytes: buf, first_record: first, records }).map_err(SplitError::Emit)?;
     }
     Ok(())
 }
@@ -116,8 +119,8 @@ mod tests {
 
     fn records(data: &[u8]) -> Vec<String> {
         let mut out = Vec::new();
-        split(data, 1, 1 << 20, &CsvOptions::default(), |p: Piece| -> Result<(), ()> {
-            out.push(String::from_utf8(p.bytes).unwrap());
+        split(data, 1, 1 << 20, &CsvOptions::default(), &mut Vec::new(), |p: Piece| -> Result<(), ()> {
+            out.push(String::from_utf8(p.bytes.to_vec()).unwrap());
             Ok(())
         })
         .unwrap();
@@ -148,8 +151,8 @@ mod tests {
             null_value: None,
         };
         let mut out = Vec::new();
-        split(&b"1;'two\nlines'\n2;\"x\n3;y\n"[..], 1, 1 << 20, &d, |p: Piece| -> Result<(), ()> {
-            out.push(String::from_utf8(p.bytes).unwrap());
+        split(&b"1;'two\nlines'\n2;\"x\n3;y\n"[..], 1, 1 << 20, &d, &mut Vec::new(), |p: Piece| -> Result<(), ()> {
+            out.push(String::from_utf8(p.bytes.to_vec()).unwrap());
             Ok(())
         })
         .unwrap();
@@ -160,7 +163,8 @@ mod tests {
     fn an_unclosed_quote_is_corrupt_input_not_one_huge_record() {
         let mut data = b"a,b\n1,\"never closed\n".to_vec();
         data.extend(std::iter::repeat_n(b'x', 10_000));
-        let e = split(&data[..], 1 << 20, 4096, &CsvOptions::default(), |_p: Piece| -> Result<(), ()> { Ok(()) }).unwrap_err();
+        let e =
+            split(&data[..], 1 << 20, 4096, &CsvOptions::default(), &mut Vec::new(), |_p: Piece| -> Result<(), ()> { Ok(()) }).unwrap_err();
         assert!(matches!(&e, SplitError::Corrupt(m) if m.contains("max_record_size")), "{e:?}");
     }
 }

@@ -10,33 +10,35 @@ pub fn split<E>(
     r: impl Read,
     chunk_size: usize,
     max_record: usize,
-    mut emit: impl FnMut(Piece) -> Result<(), E>,
+    buf: &mut Vec<u8>,
+    mut emit: impl FnMut(Piece<'_>) -> Result<(), E>,
 ) -> Result<(), SplitError<E>> {
     let mut r = std::io::BufReader::with_capacity(1 << 20, r);
-    let mut cur = Piece { bytes: Vec::new(), first_record: 0, records: 0 };
-    let mut line = Vec::new();
+    let (mut first, mut records) = (0i64, 0i64);
     let mut n = 0i64;
     // A UTF-8 byte order mark is not part of the first record.
     if r.fill_buf()?.starts_with(b"\xEF\xBB\xBF") {
         r.consume(3);
     }
     loop {
-        line.clear();
-        if (&mut r).take(max_record as u64 + 1).read_until(b'\n', &mut line)? == 0 {
+        // Read straight into the piece; a line that does not fit is moved to the next one.
+        let start = buf.len();
+        if (&mut r).take(max_record as u64 + 1).read_until(b'\n', buf)? == 0 {
             break;
         }
-        if line.len() > max_record {
+        if buf.len() - start > max_record {
             return Err(SplitError::Corrupt(format!("line {} is longer than max_record_size ({max_record} bytes)", n + 1)));
         }
-        if !cur.bytes.is_empty() && cur.bytes.len() + line.len() > chunk_size {
-            emit(std::mem::replace(&mut cur, Piece { bytes: Vec::new(), first_record: n, records: 0 })).map_err(SplitError::Emit)?;
+        if records > 0 && buf.len() > chunk_size {
+            emit(Piece { bytes: &buf[..start], first_record: first, records }).map_err(SplitError::Emit)?;
+            buf.drain(..start);
+            (first, records) = (n, 0);
         }
-        cur.bytes.extend_from_slice(&line);
-        cur.records += 1;
+        records += 1;
         n += 1;
     }
-    if cur.records > 0 {
-        emit(cur).map_err(SplitError::Emit)?;
+    if records > 0 {
+        emit(Piece { bytes: buf, first_record: first, records }).map_err(SplitError::Emit)?;
     }
     Ok(())
 }

@@ -31,7 +31,7 @@ async fn run(args: Args) -> Result<i32, LoadError> {
     let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
     // The store whose outage pauses this stage (its errors name it), and the ledger.
     let stores = vec![("destination", cfg.destination.url.clone()), ("ledger", "the work ledger".to_string())];
-    let concurrency = cfg.load.concurrency;
+    let concurrency = cfg.load_concurrency();
     let s = Arc::new(Loader::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
     runner::cleanup(s.gc()).await;
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
