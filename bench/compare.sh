@@ -6,9 +6,11 @@
 #                                     scaling row)
 #   env: ROUNDS=3 (rounds of every local row, alternating; medians reported)
 #        PAYLOAD=words|letters, FILES=17, CHUNK=64MiB (extract.chunk_size of the local pipeline)
-#        SPARK=1 (Spark local mode, pyspark + spark-avro), HDFS=1 (two MiniDFS clusters: the
+#        SPARK=1 (Spark local mode, pyspark + spark-avro; SPARK_VERSION=4.2.0), HDFS=1 (two MiniDFS clusters: the
 #        pipeline over HDFS, ferry-copy next to `hdfs dfs -put`), S3=1 (ferry-copy next to rclone)
-#        HDFS_CHUNK=10MiB (about 100 chunks of 4 partitions at 1.7M events), DIR=/tmp/ferry-compare
+#        TABLE_ONLY=1 (no runs: the table again from what a run left in DIR)
+#        HDFS_FILES=100 (the HDFS rows' source: EVENTS in HDFS_FILES files, each spread over ~4
+#        days, so that each file is one chunk of ~4 partitions), DIR=/tmp/ferry-compare
 #
 # Rows and what they compare:
 # - extract: `cp -r` + `sync` of the source files to the same disk (the floor of a stage that
@@ -26,13 +28,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EVENTS=${1:-1700000}; ROUNDS=${ROUNDS:-3}; PAYLOAD=${PAYLOAD:-words}; FILES=${FILES:-17}; CHUNK=${CHUNK:-64MiB}
-SPARK=${SPARK:-1}; HDFS=${HDFS:-1}; S3=${S3:-1}; HDFS_CHUNK=${HDFS_CHUNK:-10MiB}
+SPARK=${SPARK:-1}; SPARK_VERSION=${SPARK_VERSION:-4.2.0}; HDFS=${HDFS:-1}; S3=${S3:-1}; HDFS_FILES=${HDFS_FILES:-100}
 DIR=${DIR:-/tmp/ferry-compare}
 RECORDS=$((EVENTS / FILES)); N=$((RECORDS * FILES))
 . scripts/services.sh
 ferry_python_deps
 python3 -c 'import polars' 2>/dev/null || python3 -m pip install -q polars >&2
-[ "$SPARK" = 1 ] && { python3 -c 'import pyspark' 2>/dev/null || python3 -m pip install -q pyspark >&2; }
+if [ "$SPARK" = 1 ]; then
+  # pyspark from PyPI, and spark-avro (not part of it) of the same version from Maven Central
+  # through Maven (its mirror settings apply; Spark's own Ivy resolver would ignore them).
+  [ "$(python3 -c 'import pyspark; print(pyspark.__version__)' 2>/dev/null)" = "$SPARK_VERSION" ] ||
+    python3 -m pip install -q "pyspark==$SPARK_VERSION" >&2
+  SPARK_AVRO=$HOME/.m2/repository/org/apache/spark/spark-avro_2.13/$SPARK_VERSION/spark-avro_2.13-$SPARK_VERSION.jar
+  [ -s "$SPARK_AVRO" ] || mvn -q -B dependency:get -Dartifact="org.apache.spark:spark-avro_2.13:$SPARK_VERSION" -Dtransitive=false >&2
+  export SPARK_AVRO
+fi
 ferry_release_bins
 cleanup() {
   [ -n "${WATCH_PIDS:-}" ] && kill $WATCH_PIDS 2>/dev/null
@@ -41,9 +51,12 @@ cleanup() {
   return 0
 }
 trap cleanup EXIT
-rm -rf "$DIR" && mkdir -p "$DIR/results"
+# TABLE_ONLY=1: no runs, only the table from what an earlier run left in DIR.
+if [ -z "${TABLE_ONLY:-}" ]; then
+rm -rf "$DIR" && mkdir -p "$DIR" bench/results
 "$BIN/ferry" gen --format avro --codec null --payload "$PAYLOAD" --out "$DIR/src-avro" --files "$FILES" --records "$RECORDS" --block-records 4000 >/dev/null
 "$BIN/ferry" gen --format jsonl --payload "$PAYLOAD" --out "$DIR/src-jsonl" --files "$FILES" --records "$RECORDS" >/dev/null
+fi
 AVRO_BYTES=$(du -sb "$DIR/src-avro" | cut -f1); JSONL_BYTES=$(du -sb "$DIR/src-jsonl" | cut -f1)
 echo "input: $N events ($PAYLOAD payloads): $AVRO_BYTES bytes of Avro (null codec), $JSONL_BYTES bytes of JSON lines" >&2
 
@@ -96,6 +109,15 @@ url = "$d/warehouse"
 [table]
 name = "events"
 partition_by = ["dt"]
+columns = [
+  { name = "event_id", type = "string", nullable = false },
+  { name = "ts", type = "timestamp", nullable = false },
+  { name = "host", type = "string", nullable = false },
+  { name = "kind", type = "string", nullable = false },
+  { name = "user_id", type = "long", nullable = false },
+  { name = "payload", type = "string", nullable = false },
+  { name = "score", type = "double" },
+]
 [extract]
 chunk_size = "$CHUNK"
 [transform]
@@ -121,24 +143,42 @@ duckdb.sql(f"""COPY (SELECT *, CAST(ts AS DATE) AS dt FROM read_json_auto('{src}
   TO '{out}' (FORMAT parquet, PARTITION_BY dt, COMPRESSION zstd)""")
 PY
 cat > "$DIR/spark_avro.py" <<'PY'
-import sys, pyspark
+import sys, os
 from pyspark.sql import SparkSession, functions as F
 src, out = sys.argv[1], sys.argv[2]
-scala = "2.13" if int(pyspark.__version__.split(".")[0]) >= 4 else "2.12"
 spark = (SparkSession.builder.master("local[*]")
-         .config("spark.jars.packages", f"org.apache.spark:spark-avro_{scala}:{pyspark.__version__}")
+         .config("spark.jars", os.environ["SPARK_AVRO"])
          .config("spark.driver.memory", "4g").config("spark.sql.session.timeZone", "UTC")
          .config("spark.ui.enabled", "false").getOrCreate())
 df = spark.read.format("avro").load(src)
 (df.withColumn("dt", F.to_date("ts")).write.partitionBy("dt")
    .option("compression", "zstd").parquet(out))
+# The JVM is not this process's waited-for child, so /usr/bin/time sees neither its memory nor
+# its CPU: both read from /proc before it stops (peak RSS: VmHWM; CPU: utime + stime).
+kids = {}
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        kids.setdefault(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(p))
+    except OSError:
+        pass
+todo, hwm, cpu = list(kids.get(os.getpid(), [])), 0, 0.0
+while todo:
+    pid = todo.pop()
+    todo += kids.get(pid, [])
+    try:
+        hwm = max([hwm] + [int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith("VmHWM:")])
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        cpu += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        pass
+open(os.environ["SPARK_JVM"], "w").write(f"{hwm} {cpu:.2f}\n")
 spark.stop()
 PY
+if [ -z "${TABLE_ONLY:-}" ]; then
 if [ "$SPARK" = 1 ]; then
-  # The first run downloads spark-avro from Maven Central into ~/.ivy2: not part of any round.
-  mkdir -p "$DIR/spark-warm" && head -c 0 /dev/null
+  # Once before the rounds, so that a broken Spark stops the run early.
   "$BIN/ferry" gen --format avro --codec null --out "$DIR/spark-warm/in" --files 1 --records 10 >/dev/null
-  python3 "$DIR/spark_avro.py" "$DIR/spark-warm/in" "$DIR/spark-warm/out" > "$DIR/log.spark-warm" 2>&1 || { tail "$DIR/log.spark-warm" >&2; exit 1; }
+  SPARK_JVM=$DIR/spark.jvm python3 "$DIR/spark_avro.py" "$DIR/spark-warm/in" "$DIR/spark-warm/out" > "$DIR/log.spark-warm" 2>&1 || { tail "$DIR/log.spark-warm" >&2; exit 1; }
 fi
 
 config avro "$DIR/src-avro"; config jsonl "$DIR/src-jsonl"
@@ -166,7 +206,17 @@ for r in $(seq "$ROUNDS"); do
   out duckdb-jsonl "$(du -sb "$DIR/duckdb-out" | cut -f1)"
   if [ "$SPARK" = 1 ]; then
     rm -rf "$DIR/spark-out"
-    measure spark-avro python3 "$DIR/spark_avro.py" "$DIR/src-avro" "$DIR/spark-out"
+    SPARK_JVM=$DIR/spark.jvm measure spark-avro python3 "$DIR/spark_avro.py" "$DIR/src-avro" "$DIR/spark-out"
+    # The JVM's peak RSS and CPU, added to what /usr/bin/time saw of the Python driver.
+    python3 - "$DIR" <<'PY'
+import sys
+d = sys.argv[1]
+hwm, cpu = map(float, open(f"{d}/spark.jvm").read().split())
+lines = open(f"{d}/m.spark-avro").read().splitlines()
+wall, rss, pycpu = map(float, lines[-1].split())
+lines[-1] = f"{wall} {int(max(rss, hwm))} {pycpu + cpu:.2f}"
+open(f"{d}/m.spark-avro", "w").write("\n".join(lines) + "\n")
+PY
     out spark-avro "$(du -sb --exclude='.*' --exclude=_SUCCESS "$DIR/spark-out" | cut -f1)"
   fi
 
@@ -216,15 +266,20 @@ PY
 done
 
 # A spool of real chunks for the copy rows, and its ledger: restored before every copy round.
-spool_for() { # spool_for NAME DEST_TOML: extract + transform (untimed) of the Avro source
-  config "$1" "$DIR/src-avro" "$2"
-  sed -i "s#^chunk_size = .*#chunk_size = \"$HDFS_CHUNK\"#" "$DIR/$1/ferry.toml"
+spool_for() { # spool_for NAME DEST_TOML: extract + transform (untimed) of the HDFS rows' source
+  config "$1" "$DIR/src-hdfs" "$2"
   fresh "$1"; stage "$1" extract >/dev/null 2>&1; stage "$1" transform >/dev/null 2>&1
   sqlite3 "$DIR/$1/ledger.db" "PRAGMA wal_checkpoint(TRUNCATE)" >/dev/null
   rm -rf "$DIR/$1/spool.orig"; cp -al "$DIR/$1/spool" "$DIR/$1/spool.orig"; cp "$DIR/$1/ledger.db" "$DIR/$1/ledger.orig"
 }
 restore() { rm -rf "$DIR/$1/spool" "$DIR/$1"/ledger.db*; cp -al "$DIR/$1/spool.orig" "$DIR/$1/spool"; cp "$DIR/$1/ledger.orig" "$DIR/$1/ledger.db"; }
 
+if [ "$HDFS" = 1 ] || [ "$S3" = 1 ]; then
+  # The same events in HDFS_FILES files, each spread over ~4 days: one chunk of ~4 partitions
+  # each, the shape where publishing costs the most per record.
+  "$BIN/ferry" gen --format avro --codec null --payload "$PAYLOAD" --out "$DIR/src-hdfs" --files "$HDFS_FILES" \
+    --records $((N / HDFS_FILES)) --block-records 4000 --gap-ms $((4 * 86400000 * HDFS_FILES / N)) >/dev/null
+fi
 if [ "$HDFS" = 1 ]; then
   . scripts/minidfs.sh
   ferry_build_minidfs
@@ -233,10 +288,9 @@ if [ "$HDFS" = 1 ]; then
   for r in $(seq "$ROUNDS"); do
     echo "HDFS round $r of $ROUNDS" >&2
     # The four stages: staging on cluster B, the table on cluster A (seed 001's layout).
-    config hdfs "$DIR/src-avro" ""
+    config hdfs "$DIR/src-hdfs" ""
     sed -i -e "s#^url = \"$DIR/hdfs/staging\"#url = \"$FERRY_TEST_HDFS_B/staging$r\"#" \
-      -e "s#^url = \"$DIR/hdfs/warehouse\"#url = \"$FERRY_TEST_HDFS_A/warehouse$r\"#" \
-      -e "s#^chunk_size = .*#chunk_size = \"$HDFS_CHUNK\"#" "$DIR/hdfs/ferry.toml"
+      -e "s#^url = \"$DIR/hdfs/warehouse\"#url = \"$FERRY_TEST_HDFS_A/warehouse$r\"#" "$DIR/hdfs/ferry.toml"
     fresh hdfs
     for s in extract transform copy load; do
       measure "hdfs-$s" bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-$2" --once' "$DIR/hdfs" "$BIN" "$s"
@@ -249,12 +303,12 @@ if [ "$HDFS" = 1 ]; then
   spool_for hdfscopy ""
   export -f ferry_fsshell ferry_build_minidfs _ferry_minidfs_built
   export FERRY_MINIDFS_CLASSPATH_FILE FERRY_MINIDFS_HOME FERRY_FSSHELL_JAVA_OPTS
-  out hdfs-put "$(du -sb "$DIR/hdfscopy/spool.orig/events" | cut -f1)"; out hdfs-copy "$(cat "$DIR/o.hdfs-put")"
+  out hdfs-put "$(du -sb "$DIR/hdfscopy/spool.orig/events" | cut -f1)"; out hdfscopy-ferry "$(cat "$DIR/o.hdfs-put")"
   for r in $(seq "$ROUNDS"); do
     measure hdfs-put bash -c 'ferry_fsshell -fs "$0" -put "$1" "/put$2" 2>/dev/null' "$FERRY_TEST_HDFS_A" "$DIR/hdfscopy/spool.orig/events" "$r"
     restore hdfscopy
     sed -i "s#^url = \"$DIR/hdfscopy/warehouse.*\"#url = \"$FERRY_TEST_HDFS_A/copy$r\"#" "$DIR/hdfscopy/ferry.toml"
-    measure hdfs-copy bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-copy" --once' "$DIR/hdfscopy" "$BIN"
+    measure hdfscopy-ferry bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-copy" --once' "$DIR/hdfscopy" "$BIN"
     sed -i "s#^url = \"$FERRY_TEST_HDFS_A/copy$r\"#url = \"$DIR/hdfscopy/warehouse\"#" "$DIR/hdfscopy/ferry.toml"
   done
 fi
@@ -272,6 +326,8 @@ if [ "$S3" = 1 ]; then
     sed -i "s#^url = \"$DIR/s3copy/warehouse\"#url = \"s3://ferry/copy$r\"#" "$DIR/s3copy/ferry.toml"
     measure s3-copy bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-copy" --once' "$DIR/s3copy" "$BIN"
   done
+fi
+
 fi
 
 # The table (medians over rounds).
@@ -309,12 +365,12 @@ print(f"| ...landing -> published per chunk, p50 / p99 ({int(w[0][3])} chunks) |
       f"{statistics.median(x[1] for x in w):.2f} s / {statistics.median(x[2] for x in w):.2f} s | | | | |")
 PY
 if [ "$HDFS" = 1 ]; then
-  section "HDFS (two MiniDFS clusters on this machine), Avro, chunks of $HDFS_CHUNK: $(cat "$DIR/hdfs.shape")"
+  section "HDFS (two MiniDFS clusters on this machine), Avro in $HDFS_FILES files: $(cat "$DIR/hdfs.shape")"
   row "ferry, four stages one after the other" hdfs-extract hdfs-transform hdfs-copy hdfs-load
   row "ferry-extract (to staging on cluster B)" hdfs-extract
   row "ferry-load alone (publishing landed chunks on cluster A)" hdfs-load
   row "hdfs dfs -put of the spool (JVM start included)" hdfs-put
-  row "ferry-copy of the same spool (blake3 on every byte)" hdfs-copy
+  row "ferry-copy of the same spool (blake3 on every byte)" hdfscopy-ferry
 fi
 if [ "$S3" = 1 ]; then
   section "S3 (versitygw over TLS on this machine), the same spool"

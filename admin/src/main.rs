@@ -105,6 +105,10 @@ enum Cmd {
         /// case for a codec).
         #[arg(long, value_enum, default_value = "words")]
         payload: Payload,
+        /// Mean time between two events, in milliseconds. The default puts ~300k events in a
+        /// day; a larger gap spreads each file (and each chunk of it) over more `dt` partitions.
+        #[arg(long, default_value_t = ferry_admin::sample::DEFAULT_GAP_MS)]
+        gap_ms: u64,
     },
     /// Remove what crashed writers left behind: temp files in staging, the destination's
     /// `_ferry/tmp` and the table (HDFS files possibly still under construction), spool temp
@@ -208,8 +212,8 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             print!("{}", cfg.to_toml());
             return Ok(exit::OK);
         }
-        Cmd::Gen { format, out, files, records, seed, codec, block_records, payload } => {
-            gen_files(format, out, *files, *records, *seed, *codec, *block_records, *payload)?;
+        Cmd::Gen { format, out, files, records, seed, codec, block_records, payload, gap_ms } => {
+            gen_files(format, out, *files, *records, *seed, *codec, *block_records, (*payload, *gap_ms))?;
             return Ok(exit::OK);
         }
         _ => {}
@@ -521,7 +525,7 @@ fn gen_files(
     seed: u64,
     codec: AvroCodec,
     block_records: usize,
-    payload: Payload,
+    (payload, gap_ms): (Payload, u64),
 ) -> Result<(), Error> {
     let fmt = Format::parse(format).ok_or_else(|| ConfigError::new("--format", format!("unknown format {format:?} (avro, jsonl, csv)")))?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out.display(), e))?;
@@ -533,7 +537,7 @@ fn gen_files(
         let f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
         let mut w = std::io::BufWriter::new(f);
         let file_seed = seed.wrapping_mul(1_000_003).wrapping_add(i);
-        let events = ferry_admin::sample::events_with(file_seed, records, start_ms + i as i64 * 3_600_000, payload);
+        let events = ferry_admin::sample::events_spread(file_seed, records, start_ms + i as i64 * 3_600_000, payload, gap_ms);
         ferry_admin::sample::write_events(&mut w, fmt, events, codec, block_records)
             .and_then(|_| std::io::Write::flush(&mut w))
             .map_err(|e| Error::io(tmp.display(), e))?;

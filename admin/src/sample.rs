@@ -82,12 +82,22 @@ pub fn events(seed: u64, n: usize, start_ms: i64) -> impl Iterator<Item = Event>
 /// Generates `n` events; `start_ms` is the first timestamp, and timestamps advance so that
 /// a file spans a few days (several `dt` partitions).
 pub fn events_with(seed: u64, n: usize, start_ms: i64, kind: Payload) -> impl Iterator<Item = Event> {
+    events_spread(seed, n, start_ms, kind, DEFAULT_GAP_MS)
+}
+
+/// The mean time between two events: a day holds ~300k events, so big runs span a few `dt`
+/// partitions.
+pub const DEFAULT_GAP_MS: u64 = 300;
+
+/// [`events_with`], with `gap_ms` the mean time between two events (a larger gap spreads each
+/// file, and each chunk of it, over more `dt` partitions).
+pub fn events_spread(seed: u64, n: usize, start_ms: i64, kind: Payload, gap_ms: u64) -> impl Iterator<Item = Event> {
     let words = vocabulary();
     let mut rng = Rng::new(seed);
     let mut ts = start_ms;
+    let span = (2 * gap_ms).max(1);
     (0..n).map(move |i| {
-        // ~0.3 s apart on average: a day holds ~300k events, so big runs span a few `dt` partitions.
-        ts += rng.below(600) as i64;
+        ts += rng.below(span) as i64;
         let payload_len = 120 + rng.below(800) as usize;
         let mut payload = String::with_capacity(payload_len + 12);
         while payload.len() < payload_len {

@@ -119,6 +119,10 @@ pub struct Extractor {
     health: Arc<Health>,
     /// Chunk buffers, reused from file to file (see `ferry_formats::split`).
     buffers: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    /// Files read and split at once: `extract.concurrency`.
+    cpu: Arc<tokio::sync::Semaphore>,
+    /// MiB of chunks being written to a remote staging store (see [`Writes`]).
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl Extractor {
@@ -130,7 +134,19 @@ impl Extractor {
             .build()
             .map_err(|e| ConfigError::new("source.glob", e.to_string()))?
             .compile_matcher();
-        Ok(Extractor { cfg, ledger, source, staging, glob, health: Health::new(Duration::from_secs(900)), buffers: Default::default() })
+        let cpu = Arc::new(tokio::sync::Semaphore::new(cfg.extract.concurrency.max(1)));
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(Writes::BUDGET_MIB));
+        Ok(Extractor {
+            cfg,
+            ledger,
+            source,
+            staging,
+            glob,
+            health: Health::new(Duration::from_secs(900)),
+            buffers: Default::default(),
+            cpu,
+            in_flight,
+        })
     }
 
     /// Reports progress to `health` (`/healthz`, the systemd watchdog).
@@ -181,7 +197,8 @@ impl Extractor {
                 let r = self.file(e, &mut p).await;
                 (e, r, p)
             })
-            .buffer_unordered(self.cfg.extract.concurrency.max(1));
+            // Files past their split wait for writes to a remote staging store without a core.
+            .buffer_unordered(self.cfg.extract.concurrency.max(1) * 8);
         while let Some((e, r, p)) = files.next().await {
             pass.add(&p);
             self.health.progressed();
@@ -315,6 +332,7 @@ impl Extractor {
 
     /// The file's size and content hash, by reading it once.
     async fn hash(&self, rel: &str) -> Result<(u64, String)> {
+        let _cpu = self.cpu.clone().acquire_owned().await.map_err(|e| ExtractError::Internal(e.to_string()))?;
         let store = self.source.clone();
         let rel = rel.to_string();
         tokio::task::spawn_blocking(move || -> Result<(u64, String)> {
@@ -383,7 +401,11 @@ impl Extractor {
             (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), uri.to_string());
         let (listed_size, mtime_ms) = (e.size as i64, e.mtime_ms);
         let buffers = self.buffers.clone();
-        tokio::task::spawn_blocking(move || -> Result<Split> {
+        // Reading, hashing and splitting take a core; writes to a remote staging store then
+        // finish without one, while the next file is split.
+        let cpu = self.cpu.clone().acquire_owned().await.map_err(|e| ExtractError::Internal(e.to_string()))?;
+        let mut writes = Writes::new(self.staging.clone(), self.in_flight.clone());
+        let (split, mut writes) = tokio::task::spawn_blocking(move || {
             let mut buf = buffers.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
             let split = (|| -> Result<Split> {
             let read_err = |rel: &str, source| ExtractError::Read { path: rel.to_string(), source };
@@ -414,7 +436,7 @@ impl Extractor {
                                 None => ferry_ledger::staged_name(&pipeline, &uri, listed_size, mtime_ms, seq, &hash),
                             };
                             let name = paths::staged_chunk(&table, &name, format);
-                            staging.put_atomic_blocking(&name, p.bytes)?;
+                            writes.put(&name, p.bytes)?;
                             staged.push(name.clone());
                             pieces.push(NewChunk {
                                 id: String::new(),
@@ -456,10 +478,18 @@ impl Extractor {
             if buf.capacity() <= 2 * chunk_size + (1 << 20) {
                 buffers.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
             }
-            split
+            (split, writes)
         })
         .await
-        .map_err(|err| ExtractError::Internal(err.to_string()))?
+        .map_err(|err| ExtractError::Internal(err.to_string()))?;
+        drop(cpu);
+        // Every chunk is in staging (or its write failed) before the file goes on.
+        let written = writes.finish().await;
+        let split = split?;
+        if split.outcome.is_ok() {
+            written?;
+        }
+        Ok(split)
     }
 
     /// Best effort: removes staged chunks no ledger row points to. What cannot go now is
@@ -487,6 +517,57 @@ impl Extractor {
                 Ok(self.source.delete(&e.rel).await?)
             }
         }
+    }
+}
+
+/// Chunk writes to staging. To a local directory a write is a few system calls and is done in
+/// line. To a remote store it is mostly waiting (an HDFS close waits ~0.5 s for the DataNode's
+/// block report), so each chunk is written from its own copy of the bytes while the file goes
+/// on being split, and the file's writes are awaited after its split, without a core. The
+/// copies of all files' chunks in flight are bounded by [`Writes::BUDGET_MIB`].
+struct Writes {
+    staging: Store,
+    budget: Arc<tokio::sync::Semaphore>,
+    handle: tokio::runtime::Handle,
+    in_flight: Vec<tokio::task::JoinHandle<ferry_storage::Result<()>>>,
+}
+
+impl Writes {
+    /// MiB of chunk copies being written at once, by the whole extract stage.
+    const BUDGET_MIB: usize = 512;
+
+    fn new(staging: Store, budget: Arc<tokio::sync::Semaphore>) -> Writes {
+        Writes { staging, budget, handle: tokio::runtime::Handle::current(), in_flight: Vec::new() }
+    }
+
+    /// On a blocking thread (`spawn_blocking`): waits for room in the budget.
+    fn put(&mut self, name: &str, bytes: &[u8]) -> ferry_storage::Result<()> {
+        if matches!(self.staging, Store::Local(_)) {
+            return self.staging.put_atomic_blocking(name, bytes);
+        }
+        let mib = (bytes.len() >> 20).clamp(1, Self::BUDGET_MIB) as u32;
+        let permit = self
+            .handle
+            .block_on(self.budget.clone().acquire_many_owned(mib))
+            .map_err(|e| ferry_storage::Error::Other(format!("writing a chunk to staging: {e}")))?;
+        let (staging, name, bytes) = (self.staging.clone(), name.to_string(), bytes.to_vec());
+        self.in_flight.push(self.handle.spawn(async move {
+            let _permit = permit;
+            staging.put_atomic(&name, bytes).await
+        }));
+        Ok(())
+    }
+
+    /// Waits for every write under way; the first failure, if any.
+    async fn finish(&mut self) -> ferry_storage::Result<()> {
+        let mut first = Ok(());
+        for w in self.in_flight.drain(..) {
+            let r = w.await.map_err(|e| ferry_storage::Error::Other(format!("writing a chunk to staging: {e}"))).and_then(|r| r);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     }
 }
 

@@ -7,14 +7,18 @@
 //!     │ rename without overwrite (atomic; the name is fixed by the chunk id)
 //!     ▼
 //!  dest/<table>/<k=v>/part-<chunk>.parquet            <- readers see it from here on
-//!     │ manifest entry dest/<table>/_ferry/manifest/<chunk>.json, ledger `published` rows,
-//!     ▼ task done, then dest/<table>/_ferry/ddl.sql rewritten
+//!     │ manifest dest/<table>/_ferry/manifest/<chunk>.json (its temp file is written while
+//!     │ the parts move, and renamed into place once they are all in), ledger `published`
+//!     ▼ rows, task done
+//!  dest/<table>/_ferry/ddl.sql rewritten in the background, one rewrite for all chunks
+//!  committed before it, and once more before the stage exits
 //! ```
 //!
 //! Invariant: a table file's name is a function of its chunk and partition, so one chunk can
 //! only ever occupy one name per partition, and "is it published?" is "does that name exist
 //! with the recorded size and hash?". What a crash leaves:
-//! - before the rename: the landed file; the retry renames it.
+//! - before the rename: the landed file; the retry renames it. A manifest temp file, if its
+//!   write had begun, is a crashed writer's temp file: gc removes it.
 //! - after the rename, before the ledger commit: the table file; the retry finds it in place
 //!   with the right hash, renames nothing, and commits. Nothing is published twice.
 //! - a table file with the right name but other content is a conflict: the chunk is
@@ -136,12 +140,28 @@ pub struct Loader {
     /// Serializes DDL rewrites in this process, so an older partition list never lands last,
     /// and holds the DDL this process last wrote and the schema versions it wrote changes for.
     ddl: tokio::sync::Mutex<(Option<String>, std::collections::BTreeSet<i64>)>,
+    /// A chunk went in since the DDL was last looked at: [`Loader::ddl_writer`] rewrites it.
+    ddl_due: std::sync::atomic::AtomicBool,
+    ddl_wake: tokio::sync::Notify,
+    /// Set by [`Loader::finish_ddl`]: the writer ends after the rewrite under way.
+    ddl_stop: std::sync::atomic::AtomicBool,
+    /// This run published or retracted something.
+    ddl_touched: std::sync::atomic::AtomicBool,
 }
 
 impl Loader {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Loader, LoadError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-        Ok(Loader { cfg, ledger, dest, ddl: tokio::sync::Mutex::new((None, Default::default())) })
+        Ok(Loader {
+            cfg,
+            ledger,
+            dest,
+            ddl: tokio::sync::Mutex::new((None, Default::default())),
+            ddl_due: Default::default(),
+            ddl_wake: Default::default(),
+            ddl_stop: Default::default(),
+            ddl_touched: Default::default(),
+        })
     }
 
     /// Removes manifest and DDL temp files left by a load that crashed, and landed files of
@@ -177,7 +197,8 @@ impl Loader {
         let paths: Vec<String> = old.into_iter().map(|(p, _)| p).collect();
         self.ledger.retract_published(&paths).await?;
         // The DDL lists partitions from `published`: one may have gone.
-        self.write_ddl().await
+        self.ddl_changed();
+        Ok(())
     }
 
     /// Where part `p` stands: its table file absent (the landed file waiting), already this
@@ -271,19 +292,58 @@ impl Loader {
             self.retract_older_versions(&dest, &lease.chunk_id).await?;
         }
         let parts = self.ledger.parts(&lease.chunk_id).await?;
+        let started = std::time::Instant::now();
+        // Every part goes to its one table path, so the manifest is known before any moves:
+        // its temp file is written while the parts are checked and moved (on HDFS that write
+        // waits ~0.5 s for a block report), and it appears only once they are all in place.
+        let published: Vec<(String, Part)> = parts.iter().map(|p| (self.table_path(p), p.clone())).collect();
+        let manifest = serde_json::json!({
+            "chunk": lease.chunk_id,
+            "files": published.iter().map(|(path, p)| serde_json::json!({
+                "path": path, "partition": p.partition, "records": p.records, "bytes": p.bytes, "blake3": p.content_hash,
+            })).collect::<Vec<_>>(),
+        });
+        let manifest_rel = paths::manifest(table, &lease.chunk_id);
+        let (prepared, moved) = tokio::join!(
+            dest.prepare_put(&manifest_rel, serde_json::to_vec_pretty(&manifest).unwrap_or_default()),
+            self.move_parts(&dest, &lease, &parts, &before),
+        );
+        let work = match (moved, prepared) {
+            (Ok(work), Ok(prepared)) => {
+                let renamed = started.elapsed();
+                dest.commit(prepared).await?;
+                tracing::debug!(chunk = %lease.chunk_id, parts = parts.len(), ?renamed, manifested = ?started.elapsed(), "parts and manifest in place");
+                work
+            }
+            (Err(e), Ok(prepared)) => {
+                dest.discard(prepared).await;
+                return Err(e);
+            }
+            // The parts are in place but not recorded: the retry finds them there.
+            (_, Err(e)) => return Err(e.into()),
+        };
+        self.ledger.record_published(&lease, table, &published).await?;
+        self.ddl_changed();
+        tracing::debug!(chunk = %lease.chunk_id, recorded = ?started.elapsed(), "published");
+        Ok(work)
+    }
+
+    /// Moves every part of the chunk into the table, all or nothing, and removes the chunk's
+    /// earlier output that the new parts do not cover.
+    async fn move_parts(&self, dest: &Store, lease: &Lease, parts: &[Part], before: &[(String, String)]) -> Result<Work, LoadError> {
+        let table = &self.cfg.table.name;
         // All or nothing: every part is checked before any goes in, so a conflict on the
         // second partition cannot leave the first one's rows visible and unrecorded.
         let mut places = Vec::with_capacity(parts.len());
-        for p in &parts {
-            places.push(self.check_part(&dest, p, &before).await?);
+        for p in parts {
+            places.push(self.check_part(dest, p, before).await?);
         }
-        let mut published = Vec::with_capacity(parts.len());
         let mut moved: Vec<(String, String)> = Vec::new(); // (table file, landed file) moved by this attempt
         let mut work = Work::default();
         for (p, place) in parts.iter().zip(places) {
             let landed = paths::landed(table, &p.chunk_id, &p.rel_path());
             let target = self.table_path(p);
-            match self.publish_part(&dest, &lease, p, (&landed, &target), place, &before).await {
+            match self.publish_part(dest, lease, p, (&landed, &target), place, before).await {
                 Ok(true) => moved.push((target.clone(), landed)),
                 Ok(false) => {}
                 Err(e @ (LoadError::Conflict(_) | LoadError::Missing(_))) => {
@@ -310,23 +370,55 @@ impl Loader {
             }
             work.bytes += p.bytes;
             work.records += p.records;
-            published.push((target, p.clone()));
         }
         // Earlier output of this chunk that the new parts do not cover (another partition).
-        for (path, _) in before.iter().filter(|(path, _)| !published.iter().any(|(t, _)| t == path)) {
+        for (path, _) in before.iter().filter(|(path, _)| !parts.iter().any(|p| self.table_path(p) == *path)) {
             tracing::info!(chunk = %lease.chunk_id, file = %dest.url(path), "removing the chunk's earlier output");
             dest.delete(path).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
         }
-        let manifest = serde_json::json!({
-            "chunk": lease.chunk_id,
-            "files": published.iter().map(|(path, p)| serde_json::json!({
-                "path": path, "partition": p.partition, "records": p.records, "bytes": p.bytes, "blake3": p.content_hash,
-            })).collect::<Vec<_>>(),
-        });
-        dest.put_atomic(&paths::manifest(table, &lease.chunk_id), serde_json::to_vec_pretty(&manifest).unwrap_or_default()).await?;
-        self.ledger.record_published(&lease, table, &published).await?;
-        self.write_ddl().await?;
         Ok(work)
+    }
+
+    fn ddl_changed(&self) {
+        self.ddl_touched.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.ddl_due.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.ddl_wake.notify_one();
+    }
+
+    /// Keeps `ddl.sql` up to date in the background while chunks are published: a chunk's
+    /// task is done once the ledger has it, without waiting for the DDL (on HDFS each rewrite
+    /// waits ~0.5 s for a block report, and chunks adding partitions at once would queue
+    /// behind each other's rewrites). Rewrites coalesce: one render covers every chunk
+    /// committed before it. A rewrite that fails is tried again a second later, and the stage
+    /// writes the DDL once more before it exits ([`Loader::finish_ddl`]).
+    pub async fn ddl_writer(self: Arc<Self>) {
+        loop {
+            self.ddl_wake.notified().await;
+            if self.ddl_stop.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            while self.ddl_due.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                if let Err(e) = self.write_ddl().await {
+                    tracing::warn!(error = %e, "cannot rewrite the table's DDL now; trying again");
+                    self.ddl_due.store(true, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    /// Ends [`Loader::ddl_writer`] once the rewrite under way (if any) is done (a write cut
+    /// off would leave a temp file behind), and rewrites the DDL one last time if this run
+    /// published or retracted anything. A run that published nothing does not touch the
+    /// destination; a crash after a commit is made up for by the next run that publishes.
+    pub async fn finish_ddl(&self, writer: tokio::task::JoinHandle<()>) -> Result<(), LoadError> {
+        self.ddl_stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.ddl_wake.notify_one();
+        let _ = writer.await;
+        if self.ddl_touched.load(std::sync::atomic::Ordering::SeqCst) {
+            self.write_ddl().await?;
+        }
+        Ok(())
     }
 
     /// Rewrites `<table>/_ferry/ddl.sql`: CREATE EXTERNAL TABLE plus one ADD PARTITION per
@@ -335,6 +427,14 @@ impl Loader {
     pub async fn write_ddl(&self) -> Result<(), LoadError> {
         let mut guard = self.ddl.lock().await;
         let (last, changes) = &mut *guard;
+        // What an earlier run left: rewritten only if the ledger now says otherwise.
+        if last.is_none() {
+            match self.dest.read(&paths::ddl(&self.cfg.table.name)).await {
+                Ok(b) => *last = String::from_utf8(b).ok(),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         // Rewritten only when the partition list differs from what this process last wrote:
         // on HDFS every file write waits for a block report, and most chunks add no partition.
         // After writing, look again: another load process may have written a newer list

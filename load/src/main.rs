@@ -33,7 +33,18 @@ async fn run(args: Args) -> Result<i32, LoadError> {
     let stores = vec![("destination", cfg.destination.url.clone()), ("ledger", "the work ledger".to_string())];
     let concurrency = cfg.load_concurrency();
     let s = Arc::new(Loader::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
-    runner::cleanup(s.gc()).await;
+    // gc touches only what crashed writers left long ago (older than a copy deadline plus two
+    // leases), never what this run publishes: it runs side by side with the chunks.
+    let gc = tokio::spawn({
+        let s = s.clone();
+        async move { runner::cleanup(s.gc()).await }
+    });
+    let writer = tokio::spawn(s.clone().ddl_writer());
+    let loader = s.clone();
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
-    Ok(runner::serve(&ledger, &args.stage, Stage::Load, concurrency, stores, work, Arc::new(|_: &Lease| {})).await?)
+    let code = runner::serve(&ledger, &args.stage, Stage::Load, concurrency, stores, work, Arc::new(|_: &Lease| {})).await?;
+    // The DDL as the ledger has it now, before the stage exits.
+    loader.finish_ddl(writer).await?;
+    let _ = gc.await;
+    Ok(code)
 }

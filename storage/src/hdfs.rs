@@ -383,6 +383,14 @@ impl HdfsStore {
     }
 
     async fn put_atomic_once(&self, rel: &str, bytes: Bytes) -> Result<()> {
+        let tmp = self.write_temp(rel, bytes).await?;
+        self.commit_temp(&tmp, rel).await
+    }
+
+    /// Writes `bytes` to a temp name next to `rel` (removed again if the write fails) and
+    /// returns that name: the slow half of [`HdfsStore::put_atomic`] (its close waits for the
+    /// block report), which a caller may run before `rel` is to appear.
+    pub async fn write_temp(&self, rel: &str, bytes: Bytes) -> Result<String> {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -413,16 +421,22 @@ impl HdfsStore {
             let _ = self.delete(&tmp).await;
             return Err(e);
         }
-        let (t, p) = (self.path(&tmp), self.path(rel));
+        Ok(tmp)
+    }
+
+    /// Renames a [`HdfsStore::write_temp`] file to `rel`, replacing what is there; the temp
+    /// file is removed if that fails.
+    pub async fn commit_temp(&self, tmp: &str, rel: &str) -> Result<()> {
+        let (t, p) = (self.path(tmp), self.path(rel));
         let target = p.clone();
         match self.call("rename", &target, |c| async move { c.rename(&t, &p, true).await }).await {
             Ok(()) => Ok(()),
             Err(e) => {
                 // Settle an ambiguous rename by looking: temp gone means it went through.
-                if let (Ok(None), Ok(Some(_))) = (self.head(&tmp).await, self.head(rel).await) {
+                if let (Ok(None), Ok(Some(_))) = (self.head(tmp).await, self.head(rel).await) {
                     return Ok(());
                 }
-                let _ = self.delete(&tmp).await;
+                let _ = self.delete(tmp).await;
                 Err(e)
             }
         }

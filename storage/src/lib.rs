@@ -81,6 +81,16 @@ pub async fn background_settled(limit: std::time::Duration) -> usize {
     }
 }
 
+/// A write prepared by [`Store::prepare_put`], not yet visible.
+#[derive(Debug)]
+#[must_use = "a prepared write appears only when committed"]
+pub struct Prepared {
+    rel: String,
+    bytes: Vec<u8>,
+    /// The temp file already written (HDFS).
+    temp: Option<String>,
+}
+
 #[derive(Debug, Clone)]
 pub enum Store {
     Local(LocalStore),
@@ -228,6 +238,50 @@ impl Store {
             Store::Local(l) => l.put_atomic(rel, bytes).await,
             Store::Hdfs(h) => h.put_atomic(rel, bytes).await,
             Store::S3(s) => s.put_atomic(rel, bytes).await,
+        }
+    }
+
+    /// Does the slow half of [`Store::put_atomic`] now, so that it can run side by side with
+    /// other work before the file is to appear: on HDFS it writes the temp file, whose close
+    /// waits for the DataNode's block report (hdfs-native sleeps 500 ms); elsewhere it only
+    /// keeps the bytes (a local write or an S3 PUT is quick, and an S3 PUT is visible at once).
+    /// [`Store::commit`] makes the file appear under `rel`; [`Store::discard`] drops it.
+    pub async fn prepare_put(&self, rel: &str, bytes: Vec<u8>) -> Result<Prepared> {
+        let temp = match self {
+            Store::Hdfs(h) => {
+                let b = bytes::Bytes::from(bytes.clone());
+                let what = format!("HDFS write of {}", h.url(rel));
+                Some(
+                    retry::resending(&what, 3, std::time::Duration::from_millis(200), None, Error::is_transient, || {
+                        h.write_temp(rel, b.clone())
+                    })
+                    .await?,
+                )
+            }
+            _ => None,
+        };
+        Ok(Prepared { rel: rel.to_string(), bytes, temp })
+    }
+
+    /// Makes a prepared write appear under its name, replacing what is there.
+    pub async fn commit(&self, p: Prepared) -> Result<()> {
+        match (self, p.temp) {
+            (Store::Hdfs(h), Some(tmp)) => match h.commit_temp(&tmp, &p.rel).await {
+                Ok(()) => Ok(()),
+                // The rename failed and its temp file is gone: the whole write once more.
+                Err(e) if e.is_transient() => h.put_atomic(&p.rel, p.bytes).await,
+                Err(e) => Err(e),
+            },
+            _ => self.put_atomic(&p.rel, p.bytes).await,
+        }
+    }
+
+    /// Drops a prepared write that is not to appear (best effort: gc takes a temp file left).
+    pub async fn discard(&self, p: Prepared) {
+        if let Some(tmp) = p.temp
+            && let Err(e) = self.delete(&tmp).await
+        {
+            tracing::warn!(file = %self.url(&tmp), error = %e, "cannot remove a temp file; gc will");
         }
     }
 
