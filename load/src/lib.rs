@@ -392,17 +392,22 @@ impl Loader {
     /// committed before it. A rewrite that fails is tried again a second later, and the stage
     /// writes the DDL once more before it exits ([`Loader::finish_ddl`]).
     pub async fn ddl_writer(self: Arc<Self>) {
-        loop {
-            self.ddl_wake.notified().await;
-            if self.ddl_stop.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            while self.ddl_due.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        use std::sync::atomic::Ordering::SeqCst;
+        // Stopping wakes the writer too, also out of its wait after a failed rewrite: a
+        // destination that is down must not keep the stage from exiting.
+        while !self.ddl_stop.load(SeqCst) {
+            while !self.ddl_stop.load(SeqCst) && self.ddl_due.swap(false, SeqCst) {
                 if let Err(e) = self.write_ddl().await {
                     tracing::warn!(error = %e, "cannot rewrite the table's DDL now; trying again");
-                    self.ddl_due.store(true, std::sync::atomic::Ordering::SeqCst);
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    self.ddl_due.store(true, SeqCst);
+                    tokio::select! {
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        _ = self.ddl_wake.notified() => {}
+                    }
                 }
+            }
+            if !self.ddl_stop.load(SeqCst) {
+                self.ddl_wake.notified().await;
             }
         }
     }
