@@ -348,10 +348,13 @@ async fn run(cli: Cli) -> Result<i32, Error> {
 /// location the ledger records for each chunk).
 async fn remove_old_staged(cfg: &Config, ledger: &Ledger, staging: &Store) -> Result<usize, (usize, String)> {
     let cutoff = chrono::Utc::now().timestamp_millis() - cfg.transform.keep_staged.0.as_millis() as i64;
-    let done = ledger.transformed_before(cutoff).await.map_err(|e| (0, e.to_string()))?;
+    // Matched as paths in the store, so a location spelled differently (a port, a trailing
+    // slash) still matches.
+    let done: std::collections::HashSet<String> =
+        ledger.transformed_before(cutoff).await.map_err(|e| (0, e.to_string()))?.iter().filter_map(|l| staging.rel_of(l)).collect();
     let (mut n, mut first) = (0, None);
     for e in staging.list(&cfg.table.name).await.map_err(|e| (0, e.to_string()))? {
-        if done.contains(&staging.url(&e.rel)) {
+        if done.contains(&e.rel) {
             let rel = e.rel;
             // One that cannot go now does not keep the others.
             match staging.delete(&rel).await {

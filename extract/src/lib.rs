@@ -284,11 +284,13 @@ impl Extractor {
             None => match self.register(e, &uri, Some(format), split.size, split.hash.clone(), pass).await? {
                 Ok(f) => f,
                 // Chunked meanwhile by another extract under this same name: it staged its
-                // chunks under the same names as these, and the ledger points to them.
-                Err(NotTaken::Known) => return Ok(()),
-                // Still growing, or the same bytes as a file already taken in: what was staged
-                // under this file's names is no one's.
-                Err(NotTaken::Unfinished | NotTaken::Duplicate) => {
+                // chunks under the same names as these, and the ledger points to them. Still
+                // growing: another extract that read the file at its listed size may have
+                // taken in chunks under these names too. Both are left in place.
+                Err(NotTaken::Known | NotTaken::Unfinished) => return Ok(()),
+                // The same bytes as a file already taken in under another name: what was
+                // staged under this file's names (the uri is in them) is no one's.
+                Err(NotTaken::Duplicate) => {
                     self.unstage(&split.staged).await;
                     return Ok(());
                 }
@@ -379,7 +381,7 @@ impl Extractor {
         }
         // The same bytes under another name (a file delivered twice): loading them again
         // would double every record, so it is set aside with the name of the first.
-        if let Some(first) = self.ledger.same_bytes_as(&hash, uri, file.id).await? {
+        if let Some(first) = self.ledger.same_bytes_as(&hash, uri).await? {
             let reason = format!("{}: the same bytes as {first}, which is taken in already; not loaded twice", e.rel);
             tracing::error!(file = ?e.rel, reason = ?reason, "quarantined");
             self.ledger.quarantine_file(file.id, &reason).await?;
@@ -511,6 +513,8 @@ impl Extractor {
             Disposition::Keep => Ok(()),
             Disposition::Delete => Ok(self.source.delete(&e.rel).await?),
             Disposition::Archive => {
+                // The whole file is read into memory: as few at once as files are split.
+                let _cpu = self.cpu.clone().acquire_owned().await.map_err(|e| ExtractError::Internal(e.to_string()))?;
                 let archive = Store::open(self.cfg.source.archive_url.as_deref().unwrap_or_default(), &self.cfg.source.store)?;
                 let bytes = self.source.read(&e.rel).await?;
                 archive.put_atomic(&e.rel, bytes).await?;

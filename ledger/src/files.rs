@@ -250,24 +250,20 @@ impl Ledger {
         .await
     }
 
-    /// Another source file with the same bytes as `content_hash` (its URI): one taken in, or one
-    /// registered before `file_id` and still being split.
-    pub async fn same_bytes_as(&self, content_hash: &str, uri: &str, file_id: i64) -> Result<Option<String>> {
+    /// Another source file, already taken in, with the same bytes as `content_hash` (its URI).
+    pub async fn same_bytes_as(&self, content_hash: &str, uri: &str) -> Result<Option<String>> {
         self.call("same_bytes_as", || async move {
             on_backend!(self, |pool, begin| {
-                // An earlier registration still being split counts too: two copies of one file
-                // in the same pass (or on two hosts) must not both be taken in, and the older
-                // registration is the one that goes on.
+                // Two copies split at the same time both pass this check; their records still
+                // go in once, as chunk ids come from the bytes and `record_chunks` keeps the
+                // chunks that exist.
                 sqlx::query_scalar(
-                    "SELECT uri FROM source_files WHERE content_hash = $1 AND uri <> $2 AND pipeline = $4
-                       AND (state = $3 OR (state = $5 AND id < $6)) ORDER BY id LIMIT 1",
+                    "SELECT uri FROM source_files WHERE content_hash = $1 AND uri <> $2 AND state = $3 AND pipeline = $4 ORDER BY id LIMIT 1",
                 )
                 .bind(content_hash)
                 .bind(uri)
                 .bind(FileState::Chunked.as_str())
                 .bind(self.pipeline())
-                .bind(FileState::Registered.as_str())
-                .bind(file_id)
                 .fetch_optional(pool)
                 .await
                 .map_err(db("same_bytes_as"))

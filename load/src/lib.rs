@@ -319,8 +319,10 @@ impl Loader {
                 dest.discard(prepared).await;
                 return Err(e);
             }
+            // The moves' error says what happened to the chunk (a conflict is not retried).
+            (Err(e), Err(_)) => return Err(e),
             // The parts are in place but not recorded: the retry finds them there.
-            (_, Err(e)) => return Err(e.into()),
+            (Ok(_), Err(e)) => return Err(e.into()),
         };
         self.ledger.record_published(&lease, table, &published).await?;
         self.ddl_changed();
@@ -393,6 +395,11 @@ impl Loader {
     /// writes the DDL once more before it exits ([`Loader::finish_ddl`]).
     pub async fn ddl_writer(self: Arc<Self>) {
         use std::sync::atomic::Ordering::SeqCst;
+        // Once at the start: a run that crashed (or failed) after a commit may have left the
+        // DDL behind. One try; reading it costs a small read, rewriting it only if it differs.
+        if let Err(e) = self.check_ddl().await {
+            tracing::warn!(error = %e, "cannot check the table's DDL now; it is rewritten after the next chunk");
+        }
         // Stopping wakes the writer too, also out of its wait after a failed rewrite: a
         // destination that is down must not keep the stage from exiting.
         while !self.ddl_stop.load(SeqCst) {
@@ -424,6 +431,20 @@ impl Loader {
             self.write_ddl().await?;
         }
         Ok(())
+    }
+
+    /// Rewrites the DDL an earlier run left if the ledger now says otherwise. No DDL yet means
+    /// nothing was published (or a crash came before the first rewrite): left to the first
+    /// chunk, so that a stage with nothing to do writes nothing.
+    async fn check_ddl(&self) -> Result<(), LoadError> {
+        match self.dest.read(&paths::ddl(&self.cfg.table.name)).await {
+            Ok(b) => {
+                self.ddl.lock().await.0 = String::from_utf8(b).ok();
+                self.write_ddl().await
+            }
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Rewrites `<table>/_ferry/ddl.sql`: CREATE EXTERNAL TABLE plus one ADD PARTITION per

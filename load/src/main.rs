@@ -42,9 +42,15 @@ async fn run(args: Args) -> Result<i32, LoadError> {
     let writer = tokio::spawn(s.clone().ddl_writer());
     let loader = s.clone();
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
-    let code = runner::serve(&ledger, &args.stage, Stage::Load, concurrency, stores, work, Arc::new(|_: &Lease| {})).await?;
-    // The DDL as the ledger has it now, before the stage exits.
-    loader.finish_ddl(writer).await?;
+    let served = runner::serve(&ledger, &args.stage, Stage::Load, concurrency, stores, work, Arc::new(|_: &Lease| {})).await;
+    // The DDL as the ledger has it now, before the stage exits, however serving ended. Its
+    // failure is the exit status only when serving went well (it is logged either way).
+    let ddl = loader.finish_ddl(writer).await;
+    if let Err(e) = &ddl {
+        tracing::error!(error = %e, "the table's DDL could not be rewritten; the next run that publishes rewrites it");
+    }
     let _ = gc.await;
+    let code = served?;
+    ddl?;
     Ok(code)
 }
