@@ -9,6 +9,8 @@
 #        SPARK=1 (Spark local mode, pyspark + spark-avro; SPARK_VERSION=4.2.0), HDFS=1 (two MiniDFS clusters: the
 #        pipeline over HDFS, ferry-copy next to `hdfs dfs -put`), S3=1 (ferry-copy next to rclone)
 #        TABLE_ONLY=1 (no runs: the table again from what a run left in DIR)
+#        KEEP=1 (keep the generated data and outputs in DIR; by default only the measurements stay,
+#        as the data of one run at 1.7M events is ~25 GB)
 #        HDFS_FILES=100 (the HDFS rows' source: EVENTS in HDFS_FILES files, each spread over ~4
 #        days, so that each file is one chunk of ~4 partitions), DIR=/tmp/ferry-compare
 #
@@ -56,8 +58,9 @@ if [ -z "${TABLE_ONLY:-}" ]; then
 rm -rf "$DIR" && mkdir -p "$DIR" bench/results
 "$BIN/ferry" gen --format avro --codec null --payload "$PAYLOAD" --out "$DIR/src-avro" --files "$FILES" --records "$RECORDS" --block-records 4000 >/dev/null
 "$BIN/ferry" gen --format jsonl --payload "$PAYLOAD" --out "$DIR/src-jsonl" --files "$FILES" --records "$RECORDS" >/dev/null
+echo "$(du -sb "$DIR/src-avro" | cut -f1) $(du -sb "$DIR/src-jsonl" | cut -f1)" > "$DIR/input.bytes"
 fi
-AVRO_BYTES=$(du -sb "$DIR/src-avro" | cut -f1); JSONL_BYTES=$(du -sb "$DIR/src-jsonl" | cut -f1)
+read -r AVRO_BYTES JSONL_BYTES < "$DIR/input.bytes"
 echo "input: $N events ($PAYLOAD payloads): $AVRO_BYTES bytes of Avro (null codec), $JSONL_BYTES bytes of JSON lines" >&2
 
 # measure KEY CMD...: runs CMD under /usr/bin/time; appends "wall rss_kib cpu" to $DIR/m.KEY.
@@ -386,3 +389,8 @@ stamp=$(date -u +%Y-%m-%d-%H%M)
   cat "$DIR/table.md"
 } > "bench/results/compare-$EVENTS-$stamp.md"
 cat "bench/results/compare-$EVENTS-$stamp.md"
+# The measurements (m.*, o.*, logs) stay for TABLE_ONLY=1; the data goes unless KEEP=1.
+if [ "${KEEP:-}" != 1 ]; then
+  echo "removing the data in $DIR ($(du -sh "$DIR" | cut -f1); KEEP=1 keeps it)" >&2
+  find "$DIR" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
+fi

@@ -152,6 +152,14 @@ public final class MiniDfs {
     hdfsSite.put("dfs.client.use.datanode.hostname", "false");
     // One DataNode: no replacement exists, so don't try to find one when a pipeline fails.
     hdfsSite.put("dfs.client.block.write.replace-datanode-on-failure.enable", "false");
+    // 16 MiB blocks (Hadoop's default is 128 MiB). The NameNode places a new block only on a
+    // DataNode whose free disk covers a whole block for every block scheduled on it, and an
+    // abandoned write (a reset mid-block, as the fault tests make on purpose) can stay scheduled
+    // for up to 20 minutes. At 128 MiB, ~40 of those on a disk with 5 GB free exclude the only
+    // DataNode ("could only be written to 0 of the 1 minReplication nodes"). In the client
+    // config too, so that Java clients (FsShell) write the same blocks as Ferry, which takes the
+    // NameNode's default. `--conf dfs.blocksize=...` overrides it.
+    hdfsSite.put("dfs.blocksize", Long.toString(16L << 20));
 
     Configuration conf = new HdfsConfiguration();
     conf.set("hadoop.tmp.dir", tmpDir.toString());
