@@ -445,6 +445,7 @@ async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>) ->
         ("destination temp files and uploads", text(dest.gc(paths::COPY_TEMP_DIR, cutoff).await)),
         ("destination table metadata", text(dest.remove_stale_temps(&paths::table_meta(table), cutoff).await)),
         ("spool", text(spool.remove_stale_temps(table, cutoff).await)),
+        ("spool directories of copied chunks", remove_spent_spool(cfg, &ledger, cutoff).await),
         (
             "landed copies of published chunks",
             ferry_load::remove_stray_landed(&ledger, &dest, table, cutoff).await.map_err(|e| (e.removed(), e.to_string())),
@@ -462,6 +463,14 @@ async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>) ->
     }
     println!("removed {n} abandoned file(s) or upload(s)");
     Ok(if failed > 0 { exit::FATAL } else { exit::OK })
+}
+
+/// Spool directories of chunks copied already (see [`Ledger::spool_spent`]) with nothing in
+/// them newer than `cutoff`.
+async fn remove_spent_spool(cfg: &Config, ledger: &Ledger, cutoff: i64) -> Result<usize, (usize, String)> {
+    let chunks = ledger.spool_spent().await.map_err(|e| (0, e.to_string()))?;
+    let dirs = chunks.iter().map(|c| paths::spool_chunk_dir(&cfg.spool.dir, &cfg.table.name, c));
+    ferry_storage::remove_quiet_dirs(dirs, cutoff).map_err(|e| (e.removed(), e.to_string()))
 }
 
 /// Connects to a ledger that must exist already (an SQLite file that is not there is an error,

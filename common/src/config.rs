@@ -792,11 +792,10 @@ impl Default for CopySection {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoadSection {
-    /// Chunks published at once. Default by destination: 16 for HDFS, where publishing a
+    /// Chunks published at once. Default by destination: 64 for HDFS, where publishing a
     /// chunk is a few NameNode calls per part and one small file (the manifest) whose close
     /// waits ~0.5 s for the DataNode's block report: nearly all waiting, so the chunks wait
-    /// side by side (as many as copy sends at once: with 128, one DataNode under NameNode
-    /// faults refused new blocks); 4 elsewhere.
+    /// side by side; 4 elsewhere. Each chunk at once has its own NameNode connection.
     pub concurrency: Option<usize>,
 }
 
@@ -866,7 +865,7 @@ impl Config {
 
     /// `load.concurrency`, or its default for the destination's kind.
     pub fn load_concurrency(&self) -> usize {
-        self.load.concurrency.unwrap_or(if self.destination_is_hdfs() { 16 } else { 4 })
+        self.load.concurrency.unwrap_or(if self.destination_is_hdfs() { 64 } else { 4 })
     }
 
     fn destination_is_hdfs(&self) -> bool {
@@ -1120,7 +1119,7 @@ name = "events"
         let hdfs = MIN.replace("[destination]\nurl = \"", "[destination]\nurl = \"hdfs://nn:8020");
         assert_ne!(hdfs, MIN, "the test config has a [destination] url line");
         let hdfs: Config = load_str(&hdfs).unwrap();
-        assert_eq!((hdfs.copy_concurrency(), hdfs.load_concurrency()), (16, 16));
+        assert_eq!((hdfs.copy_concurrency(), hdfs.load_concurrency()), (16, 64));
         let set: Config = load_str(&format!("{MIN}\n[load]\nconcurrency = 7\n")).unwrap();
         assert_eq!(set.load_concurrency(), 7);
     }

@@ -50,7 +50,7 @@ use ferry_common::config::Config;
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
 use ferry_common::paths;
 use ferry_ledger::observe::names;
-use ferry_ledger::{Lease, Ledger, Part, Stage, Tally, Work};
+use ferry_ledger::{Lease, Ledger, Part, Tally, Work};
 use ferry_storage::{Backoff, Progress, Store, watched};
 
 /// The copy stage's one error type; [`Classified::class`] decides retry-or-not.
@@ -431,20 +431,17 @@ impl Copier {
     }
 
     /// Removes spool directories of chunks already copied (left by a crash between the
-    /// commit and the removal), and temp files in the destination older than a deadline plus two leases.
+    /// commit and the removal, or by a transform whose lease was lost mid-write), and temp
+    /// files in the destination and the spool, all older than a deadline plus two leases.
     pub async fn gc(&self) -> Result<(), CopyError> {
-        for chunk in self.ledger.done_chunks(Stage::Copy).await? {
-            let d = self.spool_dir(&chunk);
-            if d.exists() {
-                std::fs::remove_dir_all(&d).map_err(|source| CopyError::Io { path: d.display().to_string(), source })?;
-            }
-        }
         let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
-        // Each place on its own: one that fails does not keep the other.
+        let spent = self.ledger.spool_spent().await?.into_iter().map(|c| self.spool_dir(&c));
+        // Each place on its own: one that fails does not keep the others.
+        let dirs = ferry_storage::remove_quiet_dirs(spent, cutoff);
         let dest = self.dest.gc(paths::COPY_TEMP_DIR, cutoff).await;
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
         let spool = spool.remove_stale_temps(&self.cfg.table.name, cutoff).await;
-        ferry_storage::combine(vec![dest, spool])?;
+        ferry_storage::combine(vec![dirs, dest, spool])?;
         Ok(())
     }
 

@@ -389,6 +389,26 @@ impl Ledger {
         .await
     }
 
+    /// Chunks whose spool files no one needs any more: copied, and not being transformed again
+    /// (`ferry rerun`), so no transform is writing them now. A spool node's Parquet for a chunk
+    /// that another node transformed and copied (its lease was lost mid-write) is among them.
+    pub async fn spool_spent(&self) -> Result<Vec<String>> {
+        self.call("spool_spent", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_scalar(
+                    "SELECT c.chunk_id FROM tasks c JOIN tasks t ON t.chunk_id = c.chunk_id AND t.pipeline = c.pipeline
+                       AND t.stage = 'transform'
+                     WHERE c.pipeline = $1 AND c.stage = 'copy' AND c.state = 'done' AND t.state = 'done'",
+                )
+                .bind(self.pipeline())
+                .fetch_all(pool)
+                .await
+                .map_err(db("spool_spent"))
+            })
+        })
+        .await
+    }
+
     /// Quarantined files and tasks, from the `quarantined` view.
     pub async fn quarantined(&self) -> Result<Vec<Quarantined>> {
         self.call("quarantined", || async move {

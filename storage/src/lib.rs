@@ -23,7 +23,7 @@ pub mod s3;
 mod transfer;
 
 pub use error::{Error, Result};
-pub use local::{LocalStore, hash_file, write_atomic};
+pub use local::{LocalStore, hash_file, remove_quiet_dirs, write_atomic};
 pub use retry::Backoff;
 pub use transfer::{InCall, Progress, watched};
 use transfer::{StreamReader, drain, drain_hash};

@@ -153,6 +153,42 @@ pub fn hash_file(p: &Path) -> Result<(u64, String)> {
     Ok((n, h.finalize().to_hex().to_string()))
 }
 
+/// Removes each directory of `dirs` that exists and holds nothing written since `cutoff_ms`
+/// (a spool chunk directory no one needs: a file in it that is newer may be a writer's at work).
+/// Returns how many went; one that cannot go does not keep the others.
+pub fn remove_quiet_dirs(dirs: impl IntoIterator<Item = PathBuf>, cutoff_ms: i64) -> Result<usize> {
+    let mut steps = vec![];
+    for d in dirs {
+        match newest_mtime_ms(&d) {
+            Ok(None) => {}
+            Ok(Some(t)) if t >= cutoff_ms => {}
+            Ok(Some(_)) => steps.push(std::fs::remove_dir_all(&d).map(|_| 1).map_err(|e| Error::io(d.display(), e))),
+            Err(e) => steps.push(Err(e)),
+        }
+    }
+    crate::combine(steps)
+}
+
+/// The newest mtime of `dir` and everything under it; None when it does not exist.
+fn newest_mtime_ms(dir: &Path) -> Result<Option<i64>> {
+    let ms = |m: &std::fs::Metadata| {
+        m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as i64)
+    };
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(dir.display(), e)),
+    };
+    let mut newest = ms(&meta);
+    if meta.is_dir() {
+        for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir.display(), e))? {
+            let e = e.map_err(|e| Error::io(dir.display(), e))?;
+            newest = newest.max(newest_mtime_ms(&e.path())?.unwrap_or(0));
+        }
+    }
+    Ok(Some(newest))
+}
+
 /// Writes a file through a temp name in the same directory, fsyncs it, and renames it into
 /// place, so readers see the old file, no file, or the whole new file.
 pub fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {

@@ -215,6 +215,34 @@ fn gc_removes_a_landed_copy_of_a_published_chunk() {
     same_rows(&p, &p.path("in"));
 }
 
+/// A transform whose lease was lost mid-write (another worker, maybe on another host, did the
+/// chunk) leaves its Parquet on its own spool, where no copy will ever take it: once the chunk
+/// is copied, `ferry gc` removes it. A spool directory the ledger does not call copied stays.
+#[test]
+fn gc_removes_a_zombie_transforms_spool_files_once_the_chunk_is_copied() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 1, 300, 13);
+    run_all(&p);
+    let path = p.sql("SELECT path FROM published ORDER BY path LIMIT 1");
+    let chunk = p.sql(&format!("SELECT chunk_id FROM published WHERE path = '{path}'"));
+    let part_rel = path.strip_prefix("events/").unwrap().to_string();
+    let zombie = p.path(&format!("spool/events/{chunk}/{part_rel}"));
+    assert!(!zombie.exists(), "copy removed its own spool files");
+    std::fs::create_dir_all(zombie.parent().unwrap()).unwrap();
+    std::fs::copy(p.path(&format!("wh/{path}")), &zombie).unwrap();
+    let waiting = p.path("spool/events/a-chunk-not-copied-yet/dt=2026-11-28/part-x.parquet");
+    std::fs::create_dir_all(waiting.parent().unwrap()).unwrap();
+    std::fs::write(&waiting, b"x").unwrap();
+    // Younger than --older-than: a writer may be at work.
+    let out = ok(&ferry(&p, &["gc", "--older-than", "1h"]), "gc");
+    assert!(zombie.exists(), "a spool file written within --older-than stays: {out}");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let out = ok(&ferry(&p, &["gc", "--older-than", "1s"]), "gc");
+    assert!(!p.path(&format!("spool/events/{chunk}")).exists(), "the zombie's spool files are gone: {out}");
+    assert!(waiting.exists(), "spool files of a chunk not copied yet stay");
+    same_rows(&p, &p.path("in"));
+}
+
 /// What a Spark or Hadoop job leaves next to its output is not input.
 #[test]
 fn job_markers_and_hidden_files_are_not_ingested() {

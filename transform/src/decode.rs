@@ -379,9 +379,12 @@ impl Names {
     }
 }
 
+/// JSON lines read from `r` (the chunk at `path`) one line at a time: a chunk is never held
+/// whole, only its longest line. `first_line` is the chunk's first line in its file (0-based).
 #[allow(clippy::too_many_arguments)] // the chunk, its place, its limits, where it goes
 pub fn jsonl<'a>(
-    data: &[u8],
+    mut r: impl std::io::BufRead,
+    path: &str,
     specs: &[ColumnSpec],
     names_rule: Names,
     first_line: i64,
@@ -393,10 +396,16 @@ pub fn jsonl<'a>(
     let names: std::collections::HashSet<String> =
         specs.iter().map(|c| if names_rule == Names::AnyCase { c.name.to_ascii_lowercase() } else { c.name.clone() }).collect();
     let mut unmatched = Unmatched::default();
-    // A UTF-8 byte order mark is not part of the first record.
-    let data = if first_line == 0 { data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(data) } else { data };
-    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
+    let mut buf = Vec::new();
+    for i in 0.. {
+        buf.clear();
+        if r.read_until(b'\n', &mut buf).map_err(|e| TransformError::io(path, e))? == 0 {
+            break;
+        }
+        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
         let line = line.strip_suffix(b"\r").unwrap_or(line);
+        // A UTF-8 byte order mark is not part of the first record.
+        let line = if i == 0 && first_line == 0 { line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line) } else { line };
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
@@ -547,7 +556,7 @@ mod tests {
             };
             let specs = [spec];
             if input.trim_start_matches('\u{feff}').starts_with('{') {
-                jsonl(input.as_bytes(), &specs, Names::Exact, 0, 1000, 1000, &mut sink).unwrap().0
+                jsonl(input.as_bytes(), "test", &specs, Names::Exact, 0, 1000, 1000, &mut sink).unwrap().0
             } else {
                 csv(input.as_bytes(), &specs, Names::Exact, &CsvOptions::default(), 0, 1000, 1000, &mut sink).unwrap().0
             }
@@ -652,8 +661,8 @@ mod tests {
             got.extend(b.column(0).as_primitive::<Int64Type>().iter().map(|v| v.unwrap_or(-1)));
             Ok(())
         };
-        assert!(jsonl(b"{\"userId\": 7}\n", &specs, Names::AnyCase, 0, 10, 10, &mut sink).unwrap().1.is_empty());
-        let (_, notes) = jsonl(b"{\"userId\": 8}\n", &specs, Names::Exact, 0, 10, 10, &mut sink).unwrap();
+        assert!(jsonl(&b"{\"userId\": 7}\n"[..], "test", &specs, Names::AnyCase, 0, 10, 10, &mut sink).unwrap().1.is_empty());
+        let (_, notes) = jsonl(&b"{\"userId\": 8}\n"[..], "test", &specs, Names::Exact, 0, 10, 10, &mut sink).unwrap();
         assert!(notes.len() == 1 && notes[0].contains("userId"), "the field left out is noted: {notes:?}");
         csv(b"UserID\n9\n", &specs, Names::AnyCase, &CsvOptions::default(), 0, 10, 10, &mut sink).unwrap();
         let (_, notes) = csv(b"x,UserID\n1,9\n", &specs, Names::AnyCase, &CsvOptions::default(), 0, 10, 10, &mut sink).unwrap();

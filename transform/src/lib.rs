@@ -313,10 +313,15 @@ impl Transformer {
             };
             match format {
                 Format::Jsonl => {
-                    let (r, n) =
-                        decode::jsonl(&read_all()?, need_specs()?, names, chunk.range_start, t.batch_size, t.max_bad_records, &mut |b| {
+                    // Hashed as it is read; nothing is recorded before the hash is checked.
+                    let input = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
+                    let mut input = std::io::BufReader::with_capacity(256 << 10, input);
+                    let specs = need_specs()?;
+                    let res =
+                        decode::jsonl(&mut input, &chunk.location, specs, names, chunk.range_start, t.batch_size, max_bad, &mut |b| {
                             sink(b, Vec::new())
-                        })?;
+                        });
+                    let (r, n) = checked(res, &mut input, || verify(&hasher))?;
                     notes.borrow_mut().extend(n);
                     r
                 }
@@ -336,9 +341,9 @@ impl Transformer {
                 })?,
                 Format::Avro => {
                     // Reads to the end, so the hash covers bytes the decoder did not need.
-                    let r = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
-                    avro::decode(r, t.batch_size, self.cfg.extract.max_record_size.0 as usize, &mut sink)?;
-                    verify(&hasher)?;
+                    let mut r = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
+                    let res = avro::decode(&mut r, t.batch_size, self.cfg.extract.max_record_size.0 as usize, &mut sink);
+                    checked(res, &mut r, || verify(&hasher))?;
                     vec![]
                 }
             }
@@ -373,6 +378,22 @@ struct Transformed {
     rejects: Vec<Reject>,
     notes: Vec<String>,
     fit: Option<schema::Fit>,
+}
+
+/// A streamed decode's outcome once the staged bytes' hash is checked. A chunk whose bytes are
+/// not the ones extract recorded fails as that, whatever the decoder made of them: after a
+/// decode error the rest is read through the hasher before the error is returned.
+fn checked<T>(
+    res: Result<T, TransformError>,
+    rest: &mut impl std::io::Read,
+    verify: impl Fn() -> Result<(), TransformError>,
+) -> Result<T, TransformError> {
+    if res.is_err() && std::io::copy(rest, &mut std::io::sink()).is_ok() {
+        verify()?;
+    }
+    let v = res?;
+    verify()?;
+    Ok(v)
 }
 
 /// Hashes what passes through it (the staged chunk, read once).

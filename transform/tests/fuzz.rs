@@ -139,7 +139,7 @@ fn run_all(data: &[u8]) {
         .map(|(name, ty)| ColumnSpec { name: name.into(), ty, nullable: true, epoch: None })
         .collect();
     let names = ferry_transform::decode::Names::Exact;
-    let _ = ferry_transform::decode::jsonl(data, &specs, names, 0, 16, u64::MAX, &mut |_| Ok(()));
+    let _ = ferry_transform::decode::jsonl(data, "fuzz", &specs, names, 0, 16, u64::MAX, &mut |_| Ok(()));
     let _ = ferry_transform::decode::csv(data, &specs, names, &dialect, 0, 16, u64::MAX, &mut |_| Ok(()));
 }
 
