@@ -383,14 +383,23 @@ impl HdfsStore {
     }
 
     async fn put_atomic_once(&self, rel: &str, bytes: Bytes) -> Result<()> {
-        let tmp = self.write_temp(rel, bytes).await?;
+        let tmp = self.write_temp_once(rel, bytes).await?;
         self.commit_temp(&tmp, rel).await
     }
 
-    /// Writes `bytes` to a temp name next to `rel` (removed again if the write fails) and
-    /// returns that name: the slow half of [`HdfsStore::put_atomic`] (its close waits for the
-    /// block report), which a caller may run before `rel` is to appear.
+    /// Writes `bytes` to a temp name next to `rel` and returns that name: the slow half of
+    /// [`HdfsStore::put_atomic`] (its close waits for the block report), which a caller may run
+    /// before `rel` is to appear. Sent again on a transient failure, as `put_atomic` is.
     pub async fn write_temp(&self, rel: &str, bytes: Bytes) -> Result<String> {
+        let what = format!("HDFS write of {}", self.url(rel));
+        super::retry::resending(&what, 3, Duration::from_millis(200), None, Error::is_transient, || {
+            self.write_temp_once(rel, bytes.clone())
+        })
+        .await
+    }
+
+    /// One try of [`HdfsStore::write_temp`]; the temp file is removed again if the write fails.
+    async fn write_temp_once(&self, rel: &str, bytes: Bytes) -> Result<String> {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

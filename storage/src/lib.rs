@@ -248,16 +248,7 @@ impl Store {
     /// [`Store::commit`] makes the file appear under `rel`; [`Store::discard`] drops it.
     pub async fn prepare_put(&self, rel: &str, bytes: Vec<u8>) -> Result<Prepared> {
         let temp = match self {
-            Store::Hdfs(h) => {
-                let b = bytes::Bytes::from(bytes.clone());
-                let what = format!("HDFS write of {}", h.url(rel));
-                Some(
-                    retry::resending(&what, 3, std::time::Duration::from_millis(200), None, Error::is_transient, || {
-                        h.write_temp(rel, b.clone())
-                    })
-                    .await?,
-                )
-            }
+            Store::Hdfs(h) => Some(h.write_temp(rel, bytes::Bytes::from(bytes.clone())).await?),
             _ => None,
         };
         Ok(Prepared { rel: rel.to_string(), bytes, temp })

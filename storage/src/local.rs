@@ -169,24 +169,19 @@ pub fn remove_quiet_dirs(dirs: impl IntoIterator<Item = PathBuf>, cutoff_ms: i64
     crate::combine(steps)
 }
 
-/// The newest mtime of `dir` and everything under it; None when it does not exist.
+/// The newest mtime of `dir` and of the files below it ([`walk`]); None when it does not exist.
 fn newest_mtime_ms(dir: &Path) -> Result<Option<i64>> {
-    let ms = |m: &std::fs::Metadata| {
-        m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as i64)
-    };
     let meta = match std::fs::symlink_metadata(dir) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(dir.display(), e)),
     };
-    let mut newest = ms(&meta);
+    let own = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as i64);
+    let mut files = Vec::new();
     if meta.is_dir() {
-        for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir.display(), e))? {
-            let e = e.map_err(|e| Error::io(dir.display(), e))?;
-            newest = newest.max(newest_mtime_ms(&e.path())?.unwrap_or(0));
-        }
+        walk(dir, dir, &mut files)?;
     }
-    Ok(Some(newest))
+    Ok(Some(files.iter().map(|e| e.mtime_ms).fold(own, i64::max)))
 }
 
 /// Writes a file through a temp name in the same directory, fsyncs it, and renames it into
