@@ -3,11 +3,22 @@
 # generated data in the same run, as one markdown table (also written to bench/results/).
 #
 #   bench/compare.sh [EVENTS]        (default 1,700,000 events: ~1 GB of Avro; 17000000 for a
-#                                     scaling row)
+#                                     scaling row, e.g. ROUNDS=1 FORMATS=avro POLARS=0 SPARK=0 HDFS=0
+#                                     S3=0: ~30 GB of disk at its peak)
 #   env: ROUNDS=3 (rounds of every local row, alternating; medians reported)
+#        FORMATS="avro jsonl" (the source formats of the local rows; the --watch and HDFS rows
+#        need avro)
+#        PROFILE=1 (one more transform run per format under `perf record`: the codec's share of
+#        the CPU, and how close transform comes to the floor that share sets; needs perf)
 #        PAYLOAD=words|letters, FILES=17, CHUNK=64MiB (extract.chunk_size of the local pipeline)
+#        POLARS=1 (polars holds all the data in memory: ~1.7 GB at 1.7M events, too much at 17M)
 #        SPARK=1 (Spark local mode, pyspark + spark-avro; SPARK_VERSION=4.2.0), HDFS=1 (two MiniDFS clusters: the
 #        pipeline over HDFS, ferry-copy next to `hdfs dfs -put`), S3=1 (ferry-copy next to rclone)
+#        COLD=0 (before every extract and `cp` row the source files are read once, so both
+#        start with them in the page cache, as files that have just landed are; COLD=1 drops
+#        the page cache instead, which needs root. In a VM that hands freed memory back to its
+#        host, COLD=1 mostly measures the host giving it back: every first touch of a page
+#        costs a fault on the host, in the row's own CPU time)
 #        TABLE_ONLY=1 (no runs: the table again from what a run left in DIR)
 #        KEEP=1 (keep the generated data and outputs in DIR; by default only the measurements stay,
 #        as the data of one run at 1.7M events is ~25 GB)
@@ -15,6 +26,9 @@
 #        days, so that each file is one chunk of ~4 partitions), DIR=/tmp/ferry-compare
 #
 # Rows and what they compare:
+# - disk: writing as many bytes as the largest input (64 MiB pieces, at most 4 GiB) + `sync`,
+#   and reading them back past the page cache: the bandwidth extract's and cp's rows are
+#   measured against.
 # - extract: `cp -r` + `sync` of the source files to the same disk (the floor of a stage that
 #   reads every byte once and writes it once, durably) and ferry-extract, for Avro and JSON lines.
 # - transform: Avro -> zstd Parquet partitioned by dt with ferry-transform, polars
@@ -26,12 +40,20 @@
 #   moment the files land in the source directory to the load task's commit in the ledger).
 # - HDFS: the four stages with staging on cluster B and the table on cluster A, load alone
 #   (publishing chunks already landed), and ferry-copy next to `hdfs dfs -put` of the same spool.
+#   Each stage's NameNode RPCs (from the NameNode's /jmx counters) against the rate the NameNode
+#   sustains here (Hadoop's NNThroughputBenchmark, create + close, run against cluster A).
 # - S3: ferry-copy next to `rclone copy --checksum` of the same spool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EVENTS=${1:-1700000}; ROUNDS=${ROUNDS:-3}; PAYLOAD=${PAYLOAD:-words}; FILES=${FILES:-17}; CHUNK=${CHUNK:-64MiB}
-SPARK=${SPARK:-1}; SPARK_VERSION=${SPARK_VERSION:-4.2.0}; HDFS=${HDFS:-1}; S3=${S3:-1}; HDFS_FILES=${HDFS_FILES:-100}
-DIR=${DIR:-/tmp/ferry-compare}
+SPARK=${SPARK:-1}; POLARS=${POLARS:-1}; SPARK_VERSION=${SPARK_VERSION:-4.2.0}; HDFS=${HDFS:-1}; S3=${S3:-1}; HDFS_FILES=${HDFS_FILES:-100}
+DIR=${DIR:-/tmp/ferry-compare}; FORMATS=${FORMATS:-avro jsonl}; COLD=${COLD:-0}
+PROFILE=${PROFILE:-$(command -v perf >/dev/null && echo 1 || echo 0)}
+has() { [[ " $FORMATS " == *" $1 "* ]]; }
+has avro || [ "$HDFS$S3" = 00 ] || { echo "the HDFS and S3 rows need FORMATS to include avro" >&2; exit 1; }
+if [ "$COLD" = 1 ] && [ -z "${TABLE_ONLY:-}" ] && ! [ -w /proc/sys/vm/drop_caches ]; then
+  echo "COLD=1 drops the page cache and needs root" >&2; exit 1
+fi
 RECORDS=$((EVENTS / FILES)); N=$((RECORDS * FILES))
 . scripts/services.sh
 ferry_python_deps
@@ -56,11 +78,27 @@ trap cleanup EXIT
 # TABLE_ONLY=1: no runs, only the table from what an earlier run left in DIR.
 if [ -z "${TABLE_ONLY:-}" ]; then
 rm -rf "$DIR" && mkdir -p "$DIR" bench/results
-"$BIN/ferry" gen --format avro --codec null --payload "$PAYLOAD" --out "$DIR/src-avro" --files "$FILES" --records "$RECORDS" --block-records 4000 >/dev/null
-"$BIN/ferry" gen --format jsonl --payload "$PAYLOAD" --out "$DIR/src-jsonl" --files "$FILES" --records "$RECORDS" >/dev/null
-echo "$(du -sb "$DIR/src-avro" | cut -f1) $(du -sb "$DIR/src-jsonl" | cut -f1)" > "$DIR/input.bytes"
+mkdir -p "$DIR/src-avro" "$DIR/src-jsonl"
+if has avro; then
+  "$BIN/ferry" gen --format avro --codec null --payload "$PAYLOAD" --out "$DIR/src-avro" --files "$FILES" --records "$RECORDS" --block-records 4000 >/dev/null
+fi
+if has jsonl; then
+  "$BIN/ferry" gen --format jsonl --payload "$PAYLOAD" --out "$DIR/src-jsonl" --files "$FILES" --records "$RECORDS" >/dev/null
+fi
+bytes_in() { find "$1" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}'; }
+echo "$(bytes_in "$DIR/src-avro") $(bytes_in "$DIR/src-jsonl")" > "$DIR/input.bytes"
+echo "$COLD $(nproc)" > "$DIR/setup"
 fi
 read -r AVRO_BYTES JSONL_BYTES < "$DIR/input.bytes"
+read -r COLD NPROC < "$DIR/setup"
+# The disk rows' size: 64 MiB pieces, as many as the largest input takes (1 to 64).
+if [ -n "${TABLE_ONLY:-}" ] && [ -s "$DIR/disk.pieces" ]; then
+  DISK_PIECES=$(cat "$DIR/disk.pieces")
+else
+  DISK_PIECES=$(( (AVRO_BYTES > JSONL_BYTES ? AVRO_BYTES : JSONL_BYTES) / (64 << 20) + 1 ))
+  DISK_PIECES=$(( DISK_PIECES > 64 ? 64 : DISK_PIECES ))
+  echo "$DISK_PIECES" > "$DIR/disk.pieces"
+fi
 echo "input: $N events ($PAYLOAD payloads): $AVRO_BYTES bytes of Avro (null codec), $JSONL_BYTES bytes of JSON lines" >&2
 
 # measure KEY CMD...: runs CMD under /usr/bin/time; appends "wall rss_kib cpu" to $DIR/m.KEY.
@@ -73,6 +111,15 @@ measure() {
 }
 # out KEY BYTES: remembers a row's output size.
 out() { echo "$2" > "$DIR/o.$1"; }
+# spent PATH...: an output already measured; removed unless KEEP=1 (at 17M events the outputs
+# of one round would not fit on the disk together).
+spent() { [ "${KEEP:-}" = 1 ] || rm -rf "$@"; }
+# settle [DIR]: writes back what is dirty, then (COLD=0) reads DIR's files once, so that the
+# next row finds its input in the page cache, or (COLD=1) drops the page cache.
+settle() {
+  sync
+  if [ "$COLD" = 1 ]; then echo 1 > /proc/sys/vm/drop_caches; elif [ -n "${1:-}" ]; then cat "$1"/* > /dev/null; fi
+}
 median() { sort -n | awk '{a[NR]=$1} END {if (NR == 0) print 0; else print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 # row LABEL KEY...: the medians over rounds of the sum of KEYs' wall and CPU, and the largest RSS.
 row() {
@@ -80,6 +127,7 @@ row() {
   python3 - "$DIR" "$N" "$label" "$@" >> "$DIR/table.md" <<'PY'
 import sys, statistics, os
 d, n, label, keys = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+per_byte = int(os.environ.get("ROW_BYTES", "0"))
 runs = [[tuple(map(float, l.split())) for l in open(f"{d}/m.{k}")] for k in keys]
 rounds = min(len(r) for r in runs)
 walls = [sum(r[i][0] for r in runs) for i in range(rounds)]
@@ -89,7 +137,8 @@ wall = statistics.median(walls)
 o = f"{d}/o.{keys[-1]}"
 size = f"{int(open(o).read()) / 1e6:,.1f} MB" if os.path.exists(o) else ""
 each = " / ".join(f"{w:.2f}" for w in walls)
-print(f"| {label} | {wall:.2f} s ({each}) | {n / wall:,.0f} | {statistics.median(cpus):.1f} s | {rss:,.0f} MiB | {size} |")
+rate = f"{per_byte / wall / 1e6:,.0f} MB/s" if per_byte else f"{n / wall:,.0f}"
+print(f"| {label} | {wall:.2f} s ({each}) | {rate} | {statistics.median(cpus):.1f} s | {rss:,.0f} MiB | {size} |")
 PY
 }
 section() { printf '| **%s** | | | | | |\n' "$1" >> "$DIR/table.md"; }
@@ -184,30 +233,65 @@ if [ "$SPARK" = 1 ]; then
   SPARK_JVM=$DIR/spark.jvm python3 "$DIR/spark_avro.py" "$DIR/spark-warm/in" "$DIR/spark-warm/out" > "$DIR/log.spark-warm" 2>&1 || { tail "$DIR/log.spark-warm" >&2; exit 1; }
 fi
 
+# profile FORMAT: the codec's share of transform's CPU. Transform once more under `perf record`
+# from the same staged chunks (the ledger as extract left it); its spool replaces the measured
+# run's, which is the same.
+profile() {
+  local f=$1
+  rm -rf "$DIR/$f/spool" "$DIR/$f"/ledger.db*; cp "$DIR/$f/ledger.extracted" "$DIR/$f/ledger.db"
+  /usr/bin/time -f "%e %M %U %S" -o "$DIR/time" perf record -q -F 499 -o "$DIR/perf.$f" -- \
+    env FERRY_CONFIG="$DIR/$f/ferry.toml" "$BIN/ferry-transform" --once > "$DIR/log.perf-$f" 2>&1 ||
+    { tail "$DIR/log.perf-$f" >&2; echo "perf record of transform failed (PROFILE=0 leaves it out)" >&2; exit 1; }
+  # Shares of the samples: the zstd codec (ZSTD_/HUF_/HIST_/FSE_ functions), blake3, the kernel;
+  # then the run's wall and CPU seconds.
+  perf report -i "$DIR/perf.$f" --no-children --sort dso,sym --stdio 2>/dev/null | awk -v t="$(cat "$DIR/time")" '
+    /^ +[0-9.]+%/ { p = $1; sub("%", "", p)
+      if ($0 ~ /(ZSTD_|HUF_|HIST_|FSE_|ZDICT)/) z += p; else if ($0 ~ /blake3/) b += p; else if ($0 ~ /\[k\]/) k += p }
+    END { split(t, a, " "); printf "%.1f %.1f %.1f %.2f %.2f\n", z, b, k, a[1], a[3] + a[4] }' > "$DIR/profile.$f"
+  rm -f "$DIR/perf.$f"
+}
+
 config avro "$DIR/src-avro"; config jsonl "$DIR/src-jsonl"
 for r in $(seq "$ROUNDS"); do
   echo "round $r of $ROUNDS" >&2
-  for f in avro jsonl; do
-    rm -rf "$DIR/cp-$f"; sync
+  # The disk itself: random bytes (64 MiB from /dev/urandom, repeated) written and synced,
+  # then read back past the page cache (O_DIRECT). As many as the largest input: a VM's disk
+  # may absorb a small write faster than a large one.
+  rm -f "$DIR/disk.bin"; head -c 64M /dev/urandom > "$DIR/disk.rnd"; settle
+  measure disk-write bash -c 'for i in $(seq "$2"); do cat "$0"; done > "$1" && sync' "$DIR/disk.rnd" "$DIR/disk.bin" "$DISK_PIECES"
+  measure disk-read dd if="$DIR/disk.bin" of=/dev/null bs=16M iflag=direct
+  rm -f "$DIR/disk.bin" "$DIR/disk.rnd"
+  for f in $FORMATS; do
+    rm -rf "$DIR/cp-$f"; settle "$DIR/src-$f"
     measure "cp-$f" bash -c 'cp -r "$0" "$1" && sync' "$DIR/src-$f" "$DIR/cp-$f"
-    fresh "$f"; sync
+    spent "$DIR/cp-$f"
+    fresh "$f"; settle "$DIR/src-$f"
     measure "extract-$f" bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-extract" --once' "$DIR/$f" "$BIN"
     out "extract-$f" "$(du -sb "$DIR/$f/staging" | cut -f1)"
     sqlite3 "$DIR/$f/ledger.db" "PRAGMA wal_checkpoint(TRUNCATE)" >/dev/null
     cp "$DIR/$f/ledger.db" "$DIR/$f/ledger.extracted"
     measure "transform-$f" bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-transform" --once' "$DIR/$f" "$BIN"
     out "transform-$f" "$(du -sb "$DIR/$f/spool/events" | cut -f1)"
+    [ "$PROFILE" = 1 ] && [ "$r" = 1 ] && profile "$f"
+    spent "$DIR/$f/staging"
     measure "copy-$f" bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-copy" --once' "$DIR/$f" "$BIN"
     measure "load-$f" bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-load" --once' "$DIR/$f" "$BIN"
     out "load-$f" "$(du -sb --exclude=_ferry "$DIR/$f/warehouse/events" | cut -f1)"
+    spent "$DIR/$f/spool" "$DIR/$f/warehouse"
   done
-  rm -rf "$DIR/polars-out"
-  measure polars-avro python3 "$DIR/polars_avro.py" "$DIR/src-avro" "$DIR/polars-out"
-  out polars-avro "$(du -sb "$DIR/polars-out" | cut -f1)"
-  rm -rf "$DIR/duckdb-out"
-  measure duckdb-jsonl python3 "$DIR/duckdb_jsonl.py" "$DIR/src-jsonl" "$DIR/duckdb-out"
-  out duckdb-jsonl "$(du -sb "$DIR/duckdb-out" | cut -f1)"
-  if [ "$SPARK" = 1 ]; then
+  if [ "$POLARS" = 1 ] && has avro; then
+    rm -rf "$DIR/polars-out"
+    measure polars-avro python3 "$DIR/polars_avro.py" "$DIR/src-avro" "$DIR/polars-out"
+    out polars-avro "$(du -sb "$DIR/polars-out" | cut -f1)"
+    spent "$DIR/polars-out"
+  fi
+  if has jsonl; then
+    rm -rf "$DIR/duckdb-out"
+    measure duckdb-jsonl python3 "$DIR/duckdb_jsonl.py" "$DIR/src-jsonl" "$DIR/duckdb-out"
+    out duckdb-jsonl "$(du -sb "$DIR/duckdb-out" | cut -f1)"
+    spent "$DIR/duckdb-out"
+  fi
+  if [ "$SPARK" = 1 ] && has avro; then
     rm -rf "$DIR/spark-out"
     SPARK_JVM=$DIR/spark.jvm measure spark-avro python3 "$DIR/spark_avro.py" "$DIR/src-avro" "$DIR/spark-out"
     # The JVM's peak RSS and CPU, added to what /usr/bin/time saw of the Python driver.
@@ -221,12 +305,15 @@ lines[-1] = f"{wall} {int(max(rss, hwm))} {pycpu + cpu:.2f}"
 open(f"{d}/m.spark-avro", "w").write("\n".join(lines) + "\n")
 PY
     out spark-avro "$(du -sb --exclude='.*' --exclude=_SUCCESS "$DIR/spark-out" | cut -f1)"
+    spent "$DIR/spark-out"
   fi
+  has avro || continue
 
   # The four stages as services, side by side: files land (one rename each) into an empty
   # source directory watched by all four; done when the ledger has every chunk published.
   config watch "$DIR/watch-in"; fresh watch; rm -rf "$DIR/watch-in" "$DIR/watch-drop"; mkdir -p "$DIR/watch-in"
-  cp -r "$DIR/src-avro" "$DIR/watch-drop"; sync
+  # Hard links: the files land by rename as copies would, without a second copy on the disk.
+  cp -al "$DIR/src-avro" "$DIR/watch-drop"; settle "$DIR/watch-drop"
   WATCH_PIDS=""
   for s in extract transform copy load; do
     /usr/bin/time -f "%e %M %U %S" -o "$DIR/time.watch-$s" env FERRY_CONFIG="$DIR/watch/ferry.toml" \
@@ -266,7 +353,9 @@ for s in ["extract", "transform", "copy", "load"]:
 print(f"{cpu:.2f} {rss}")
 PY
   out watch "$(du -sb --exclude=_ferry "$DIR/watch/warehouse/events" | cut -f1)"
+  spent "$DIR/watch-in" "$DIR/watch/staging" "$DIR/watch/spool" "$DIR/watch/warehouse"
 done
+
 
 # A spool of real chunks for the copy rows, and its ledger: restored before every copy round.
 spool_for() { # spool_for NAME DEST_TOML: extract + transform (untimed) of the HDFS rows' source
@@ -288,6 +377,37 @@ if [ "$HDFS" = 1 ]; then
   ferry_build_minidfs
   ferry_start_minidfs A
   ferry_start_minidfs B
+  # nn_rpc.py snap FILE: every RPC method's call count so far on both clusters' NameNodes (their
+  # /jmx page); nn_rpc.py diff BEFORE AFTER: "client_calls datanode_calls top_methods" between two.
+  cat > "$DIR/nn_rpc.py" <<'PY'
+import sys, json, os, re, time, urllib.request
+# What DataNodes call (heartbeats, block reports): the NameNode's work for written blocks,
+# not the client's calls.
+DATANODE = {"SendHeartbeat", "BlockReceivedAndDeleted", "BlockReport", "CacheReport", "VersionRequest",
+            "RegisterDatanode", "ErrorReport", "ReportBadBlocks", "CommitBlockSynchronization"}
+if sys.argv[1] == "snap":
+    # The page shows the metrics system's snapshot, taken every second here (*.period=1 in
+    # tests/minidfs's hadoop-metrics2.properties): wait for one taken after the last call.
+    time.sleep(1.5)
+    ops = {}
+    for conf in os.environ["NN_CONFS"].split():
+        site = open(f"{conf}/hdfs-site.xml").read()
+        http = re.search(r"<name>dfs.namenode.http-address</name><value>([^<]+)</value>", site).group(1)
+        q = "Hadoop:service=NameNode,name=RpcDetailedActivityForPort*"
+        for bean in json.load(urllib.request.urlopen(f"http://{http}/jmx?qry={q}", timeout=30))["beans"]:
+            for k, v in bean.items():
+                # "Overall..." counts the same calls again, "Deferred..." a subset of them.
+                if k.endswith("NumOps") and not k.startswith(("Deferred", "Overall")):
+                    ops[k[:-6]] = ops.get(k[:-6], 0) + v
+    json.dump(ops, open(sys.argv[2], "w"))
+else:
+    a, b = json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+    d = {k: v - a.get(k, 0) for k, v in b.items() if v - a.get(k, 0) > 0}
+    client = {k: v for k, v in d.items() if k not in DATANODE}
+    top = ",".join(f"{k}={v}" for k, v in sorted(client.items(), key=lambda kv: -kv[1])[:4])
+    print(sum(client.values()), sum(v for k, v in d.items() if k in DATANODE), top or "-")
+PY
+  export NN_CONFS="$FERRY_TEST_HDFS_A_CONF $FERRY_TEST_HDFS_B_CONF"
   for r in $(seq "$ROUNDS"); do
     echo "HDFS round $r of $ROUNDS" >&2
     # The four stages: staging on cluster B, the table on cluster A (seed 001's layout).
@@ -296,22 +416,49 @@ if [ "$HDFS" = 1 ]; then
       -e "s#^url = \"$DIR/hdfs/warehouse\"#url = \"$FERRY_TEST_HDFS_A/warehouse$r\"#" "$DIR/hdfs/ferry.toml"
     fresh hdfs
     for s in extract transform copy load; do
+      python3 "$DIR/nn_rpc.py" snap "$DIR/nn.before"
       measure "hdfs-$s" bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-$2" --once' "$DIR/hdfs" "$BIN" "$s"
+      python3 "$DIR/nn_rpc.py" snap "$DIR/nn.after"
+      python3 "$DIR/nn_rpc.py" diff "$DIR/nn.before" "$DIR/nn.after" >> "$DIR/rpc.hdfs-$s"
     done
     sqlite3 "$DIR/hdfs/ledger.db" "SELECT COUNT(*) || ' chunks of ' || printf('%.1f', AVG(n)) || ' partitions' FROM (SELECT COUNT(*) n FROM parts GROUP BY chunk_id)" > "$DIR/hdfs.shape"
     [ "$(sqlite3 "$DIR/hdfs/ledger.db" "SELECT COUNT(*) FROM tasks WHERE stage = 'load' AND state = 'done'")" = \
       "$(sqlite3 "$DIR/hdfs/ledger.db" "SELECT COUNT(*) FROM chunks")" ] || { echo "HDFS: not everything was published" >&2; exit 1; }
   done
+  # The NameNode's own limit here: Hadoop's NNThroughputBenchmark against cluster A, creating and
+  # closing empty files (two RPCs each, no blocks) from 8 threads.
+  cat > "$DIR/nnbench.log4j" <<'EOF'
+log4j.rootLogger=WARN,out
+log4j.logger.org.apache.hadoop.hdfs.server.namenode.NNThroughputBenchmark=INFO
+log4j.appender.out=org.apache.log4j.ConsoleAppender
+log4j.appender.out.Target=System.out
+log4j.appender.out.layout=org.apache.log4j.PatternLayout
+log4j.appender.out.layout.ConversionPattern=%m%n
+EOF
+  for r in $(seq "$ROUNDS"); do
+    # shellcheck disable=SC2086
+    java $FERRY_FSSHELL_JAVA_OPTS -Dlog4j.configuration="file:$DIR/nnbench.log4j" -cp "$(cat "$FERRY_MINIDFS_CLASSPATH_FILE")" \
+      org.apache.hadoop.hdfs.server.namenode.NNThroughputBenchmark -fs "$FERRY_TEST_HDFS_A" -op create -threads 8 -files 4000 -close \
+      > "$DIR/log.nnbench" 2>&1 || { tail "$DIR/log.nnbench" >&2; echo "NNThroughputBenchmark failed" >&2; exit 1; }
+    sed -n 's/^ *Ops per sec: *//p' "$DIR/log.nnbench" | tail -1 >> "$DIR/m.nnbench"
+  done
+  [ -s "$DIR/m.nnbench" ] || { echo "NNThroughputBenchmark printed no rate" >&2; exit 1; }
   # ferry-copy next to Hadoop's own client, from the same spool.
   spool_for hdfscopy ""
   export -f ferry_fsshell ferry_build_minidfs _ferry_minidfs_built
   export FERRY_MINIDFS_CLASSPATH_FILE FERRY_MINIDFS_HOME FERRY_FSSHELL_JAVA_OPTS
   out hdfs-put "$(du -sb "$DIR/hdfscopy/spool.orig/events" | cut -f1)"; out hdfscopy-ferry "$(cat "$DIR/o.hdfs-put")"
   for r in $(seq "$ROUNDS"); do
+    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.before"
     measure hdfs-put bash -c 'ferry_fsshell -fs "$0" -put "$1" "/put$2" 2>/dev/null' "$FERRY_TEST_HDFS_A" "$DIR/hdfscopy/spool.orig/events" "$r"
+    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.after"
+    python3 "$DIR/nn_rpc.py" diff "$DIR/nn.before" "$DIR/nn.after" >> "$DIR/rpc.hdfs-put"
     restore hdfscopy
     sed -i "s#^url = \"$DIR/hdfscopy/warehouse.*\"#url = \"$FERRY_TEST_HDFS_A/copy$r\"#" "$DIR/hdfscopy/ferry.toml"
+    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.before"
     measure hdfscopy-ferry bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-copy" --once' "$DIR/hdfscopy" "$BIN"
+    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.after"
+    python3 "$DIR/nn_rpc.py" diff "$DIR/nn.before" "$DIR/nn.after" >> "$DIR/rpc.hdfscopy-ferry"
     sed -i "s#^url = \"$FERRY_TEST_HDFS_A/copy$r\"#url = \"$DIR/hdfscopy/warehouse\"#" "$DIR/hdfscopy/ferry.toml"
   done
 fi
@@ -338,18 +485,31 @@ fi
   echo "| run | wall (median; each round) | records/s | CPU | peak RSS | output |"
   echo "|---|---|---|---|---|---|"
 } > "$DIR/table.md"
-section "extract: read every byte, write it to staging (durably)"
-row "\`cp -r\` + \`sync\`, Avro ($((AVRO_BYTES / 1000000)) MB)" cp-avro
-row "ferry-extract, Avro" extract-avro
-row "\`cp -r\` + \`sync\`, JSON lines ($((JSONL_BYTES / 1000000)) MB)" cp-jsonl
-row "ferry-extract, JSON lines" extract-jsonl
-section "transform: Avro -> zstd Parquet, partitioned by dt"
-row "ferry-transform" transform-avro
-row "polars read_avro + write_parquet (zstd 3)" polars-avro
-if [ "$SPARK" = 1 ]; then row "Spark $(python3 -c 'import pyspark; print(pyspark.__version__)') local[*], spark-avro -> parquet (zstd)" spark-avro; fi
-section "transform: JSON lines -> zstd Parquet, partitioned by dt"
-row "ferry-transform" transform-jsonl
-row "DuckDB $(python3 -c 'import duckdb; print(duckdb.__version__)') COPY (FORMAT parquet, PARTITION_BY dt, COMPRESSION zstd)" duckdb-jsonl
+if [ "$COLD" = 1 ]; then CACHE="page cache dropped before each row"; else CACHE="the source in the page cache, as just-landed files are"; fi
+section "disk: $((DISK_PIECES * 64)) MiB of random bytes"
+ROW_BYTES=$((DISK_PIECES << 26)) row "write + \`sync\`" disk-write
+ROW_BYTES=$((DISK_PIECES << 26)) row "read back past the page cache (\`dd iflag=direct\`)" disk-read
+section "extract: read every byte, write it to staging (durably; $CACHE)"
+if has avro; then
+  row "\`cp -r\` + \`sync\`, Avro ($((AVRO_BYTES / 1000000)) MB)" cp-avro
+  row "ferry-extract, Avro" extract-avro
+fi
+if has jsonl; then
+  row "\`cp -r\` + \`sync\`, JSON lines ($((JSONL_BYTES / 1000000)) MB)" cp-jsonl
+  row "ferry-extract, JSON lines" extract-jsonl
+fi
+if has avro; then
+  section "transform: Avro -> zstd Parquet, partitioned by dt"
+  row "ferry-transform" transform-avro
+  if [ "$POLARS" = 1 ]; then row "polars read_avro + write_parquet (zstd 3)" polars-avro; fi
+  if [ "$SPARK" = 1 ]; then row "Spark $(python3 -c 'import pyspark; print(pyspark.__version__)') local[*], spark-avro -> parquet (zstd)" spark-avro; fi
+fi
+if has jsonl; then
+  section "transform: JSON lines -> zstd Parquet, partitioned by dt"
+  row "ferry-transform" transform-jsonl
+  row "DuckDB $(python3 -c 'import duckdb; print(duckdb.__version__)') COPY (FORMAT parquet, PARTITION_BY dt, COMPRESSION zstd)" duckdb-jsonl
+fi
+if has avro; then
 section "the whole pipeline on local dirs (SQLite ledger), Avro"
 row "ferry, four stages one after the other" extract-avro transform-avro copy-avro load-avro
 python3 - "$DIR" "$N" >> "$DIR/table.md" <<'PY'
@@ -367,6 +527,7 @@ print(f"| ...as a multiple of ferry-transform alone ({statistics.median(t):.2f} 
 print(f"| ...landing -> published per chunk, p50 / p99 ({int(w[0][3])} chunks) | "
       f"{statistics.median(x[1] for x in w):.2f} s / {statistics.median(x[2] for x in w):.2f} s | | | | |")
 PY
+fi
 if [ "$HDFS" = 1 ]; then
   section "HDFS (two MiniDFS clusters on this machine), Avro in $HDFS_FILES files: $(cat "$DIR/hdfs.shape")"
   row "ferry, four stages one after the other" hdfs-extract hdfs-transform hdfs-copy hdfs-load
@@ -380,13 +541,76 @@ if [ "$S3" = 1 ]; then
   row "rclone copy --checksum --transfers 4" rclone
   row "ferry-copy (blake3 on every byte)" s3-copy
 fi
-stamp=$(date -u +%Y-%m-%d-%H%M)
+
+# How far each stage is from the limit of this machine that bounds it (medians over rounds).
+python3 - "$DIR" "$N" "$AVRO_BYTES" "$JSONL_BYTES" "$COLD" "$NPROC" "$FORMATS" "$DISK_PIECES" > "$DIR/limits.md" <<'PY'
+import sys, os, statistics as st
+d, n, sizes, cold, cores, formats = sys.argv[1], int(sys.argv[2]), {"avro": int(sys.argv[3]), "jsonl": int(sys.argv[4])}, sys.argv[5] == "1", int(sys.argv[6]), sys.argv[7].split()
+disk_bytes = int(sys.argv[8]) << 26
+names = {"avro": "Avro", "jsonl": "JSON lines"}
+def m(key, col=0):
+    p = f"{d}/m.{key}"
+    return st.median(float(l.split()[col]) for l in open(p)) if os.path.exists(p) else None
+print("| stage | its limit here | the limit's time | measured | fraction of the limit |")
+print("|---|---|---|---|---|")
+w, r = m("disk-write"), m("disk-read")
+if w and r:
+    wbw, rbw = disk_bytes / w, disk_bytes / r
+    for f in formats:
+        b, t, c = sizes[f], m(f"extract-{f}"), m(f"cp-{f}")
+        if not t:
+            continue
+        # Every byte written durably; read from the disk too when the cache was dropped (the
+        # device reads and writes at once: the slower of the two). A VM's disk may absorb one
+        # size faster than another, so `cp` of the same files, when faster, shows what it can.
+        disk = max(b / wbw, b / rbw) if cold else b / wbw
+        what = f"read {rbw / 1e6:,.0f} MB/s, write {wbw / 1e6:,.0f} MB/s, at once" if cold else f"write + sync {wbw / 1e6:,.0f} MB/s"
+        floor = min(disk, c) if c else disk
+        print(f"| ferry-extract, {names[f]} ({b / 1e6:,.0f} MB) | the disk: {what} ({disk:.2f} s), or `cp -r` + `sync` of the same files "
+              f"if faster ({c:.2f} s) | {floor:.2f} s | {t:.2f} s | {floor / t:.0%} |")
+for f in formats:
+    p = f"{d}/profile.{f}"
+    if os.path.exists(p):
+        # The codec's share of the samples of the run under perf, applied to the measured runs.
+        z, b3, k = map(float, open(p).read().split()[:3])
+        wall, cpu = m(f"transform-{f}"), m(f"transform-{f}", 2)
+        floor = z / 100 * cpu / cores
+        print(f"| ferry-transform, {names[f]} | zstd level 3 on {cores} cores: the codec's {z:.1f}% of {cpu:.1f} s of CPU "
+              f"(blake3 {b3:.1f}%, kernel {k:.1f}%; shares from `perf record`) | {floor:.2f} s | {wall:.2f} s | {floor / wall:.0%} |")
+if os.path.exists(f"{d}/m.watch") and os.path.exists(f"{d}/m.watch-cpu"):
+    wall, cpu, t = m("watch"), m("watch-cpu"), m("transform-avro")
+    floor = max(cpu / cores, t)
+    print(f"| four `--watch` services, Avro | the CPU of the four stages on {cores} cores ({cpu:.1f} s), or transform alone ({t:.2f} s) if longer | {floor:.2f} s | {wall:.2f} s | {floor / wall:.0%} |")
+if os.path.exists(f"{d}/m.nnbench"):
+    cap = 2 * m("nnbench")  # create + complete per file
+    print(f"| NameNode (cluster A) | NNThroughputBenchmark: create + close of empty files, 8 threads | {cap:,.0f} RPC/s | | |")
+    for key, label in (("hdfs-extract", "ferry-extract to cluster B"), ("hdfs-transform", "ferry-transform from cluster B"),
+                       ("hdfs-copy", "ferry-copy to cluster A"), ("hdfs-load", "ferry-load on cluster A"),
+                       ("hdfs-put", "`hdfs dfs -put` of the spool"), ("hdfscopy-ferry", "ferry-copy of the same spool")):
+        p = f"{d}/rpc.{key}"
+        if not os.path.exists(p):
+            continue
+        rows = [l.split() for l in open(p)]
+        calls = st.median(int(x[0]) for x in rows)
+        dn = st.median(int(x[1]) for x in rows)
+        wall = m(key)
+        print(f"| {label} | the NameNode's RPC rate: {calls:,.0f} client calls ({rows[-1][2].replace(',', ', ')}), "
+              f"{dn:,.0f} DataNode calls | {calls / cap:.2f} s | {wall:.2f} s | {calls / wall / cap:.0%} |")
+PY
+# The run's time (TABLE_ONLY=1 keeps it).
+[ -z "${TABLE_ONLY:-}" ] || [ ! -s "$DIR/stamp" ] || stamp=$(cat "$DIR/stamp")
+stamp=${stamp:-$(date -u +%Y-%m-%d-%H%M)}; echo "$stamp" > "$DIR/stamp"
 {
   echo "# bench/compare.sh $EVENTS ($stamp UTC; $ROUNDS rounds; $PAYLOAD payloads; $(nproc) cores)"
   echo
-  echo "$N events: $AVRO_BYTES bytes of Avro (null codec), $JSONL_BYTES bytes of JSON lines. Release build."
+  echo "$N events: $(has avro && echo "$AVRO_BYTES bytes of Avro (null codec)")$(has avro && has jsonl && echo ", ")$(has jsonl && echo "$JSONL_BYTES bytes of JSON lines"). Release build."
   echo
   cat "$DIR/table.md"
+  echo
+  echo "How far each stage is from the limit that bounds it on this machine (the limit's time: what the"
+  echo "stage would take at that limit and nothing else; fraction: that time over the stage's own):"
+  echo
+  cat "$DIR/limits.md"
 } > "bench/results/compare-$EVENTS-$stamp.md"
 cat "bench/results/compare-$EVENTS-$stamp.md"
 # The measurements (m.*, o.*, logs) stay for TABLE_ONLY=1; the data goes unless KEEP=1.

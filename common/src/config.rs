@@ -756,9 +756,11 @@ pub struct CopySection {
     pub deadline: HumanDuration,
     /// An attempt that moves no bytes for this long is abandoned (no-progress watchdog).
     pub stall_timeout: HumanDuration,
-    /// Chunks copied at once. Default by destination: 16 for HDFS, where each file is one
+    /// Chunks copied at once. Default by destination: 64 for HDFS, where each file is one
     /// stream and every close waits for the DataNode's block report (hdfs-native sleeps
-    /// 500 ms); 4 elsewhere (S3 already sends `part_concurrency` parts of each file at once).
+    /// 500 ms), so most chunks in flight are waiting and hold no data (an upload holds at most
+    /// 4 MiB of its file at a time); 4 elsewhere (S3 already sends `part_concurrency` parts of
+    /// each file at once).
     pub concurrency: Option<usize>,
     /// Hedged copies: when a part's upload runs longer than `hedge_multiple` times the recent
     /// p95 for its size (and at least `hedge_min`), a second upload starts on new connections
@@ -860,7 +862,7 @@ impl Config {
 
     /// `copy.concurrency`, or its default for the destination's kind.
     pub fn copy_concurrency(&self) -> usize {
-        self.copy.concurrency.unwrap_or(if self.destination_is_hdfs() { 16 } else { 4 })
+        self.copy.concurrency.unwrap_or(if self.destination_is_hdfs() { 64 } else { 4 })
     }
 
     /// `load.concurrency`, or its default for the destination's kind.
@@ -1119,7 +1121,7 @@ name = "events"
         let hdfs = MIN.replace("[destination]\nurl = \"", "[destination]\nurl = \"hdfs://nn:8020");
         assert_ne!(hdfs, MIN, "the test config has a [destination] url line");
         let hdfs: Config = load_str(&hdfs).unwrap();
-        assert_eq!((hdfs.copy_concurrency(), hdfs.load_concurrency()), (16, 64));
+        assert_eq!((hdfs.copy_concurrency(), hdfs.load_concurrency()), (64, 64));
         let set: Config = load_str(&format!("{MIN}\n[load]\nconcurrency = 7\n")).unwrap();
         assert_eq!(set.load_concurrency(), 7);
     }

@@ -96,12 +96,21 @@ impl Classified for LoadError {
 
 /// Removes landed files older than `cutoff` of chunks whose load is done: a zombie copy that
 /// landed a chunk again after load published it. Returns how many went.
+///
+/// Only the chunk directories are listed first (one call on HDFS), and only those of done
+/// chunks are then listed whole: the landed tree holds every chunk waiting for load, and
+/// listing all of it cost load on HDFS one NameNode call per partition directory at each start.
 pub async fn remove_stray_landed(ledger: &Ledger, dest: &Store, table: &str, cutoff: i64) -> Result<usize, LoadError> {
-    let landed = dest.list(&paths::landed_dir(table)).await?;
-    if landed.is_empty() {
+    let dir = paths::landed_dir(table);
+    let chunks = dest.children(&dir).await?;
+    if chunks.is_empty() {
         return Ok(0);
     }
     let done: std::collections::HashSet<String> = ledger.done_chunks(Stage::Load).await?.into_iter().collect();
+    let mut landed = Vec::new();
+    for chunk in chunks.iter().filter(|c| done.contains(c.as_str())) {
+        landed.extend(dest.list(&format!("{dir}/{chunk}")).await?);
+    }
     let (mut n, mut first) = (0, None);
     for e in landed {
         let chunk = paths::parse_landed(table, &e.rel).map_or("", |(chunk, _)| chunk);

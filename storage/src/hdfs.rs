@@ -201,6 +201,16 @@ impl HdfsStore {
         }
     }
 
+    pub async fn children(&self, dir: &str) -> Result<Vec<String>> {
+        let path = self.path(dir);
+        let p = path.clone();
+        match self.call("list", &path, |c| async move { c.list_status(&p, false).await }).await {
+            Ok(sts) => Ok(sts.iter().map(|s| s.path.rsplit('/').next().unwrap_or(&s.path).to_string()).collect()),
+            Err(e) if e.is_not_found() => Ok(vec![]),
+            Err(e) => Err(e),
+        }
+    }
+
     pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
         let path = self.path(rel);
         let p = path.clone();
@@ -346,13 +356,16 @@ impl HdfsStore {
 
     pub async fn upload(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
         let f = tokio::fs::File::open(local).await.map_err(|e| Error::io(local.display(), e))?;
+        // Pieces of up to 4 MiB, each in its own buffer (handed to the writer): no larger than
+        // the file, so that many small parts in flight hold their size, not 4 MiB each.
+        let piece = f.metadata().await.map_err(|e| Error::io(local.display(), e))?.len().clamp(64 << 10, 4 << 20) as usize;
         let f = Arc::new(tokio::sync::Mutex::new(f));
         let src = local.display().to_string();
         let next = move || {
             let (f, src) = (f.clone(), src.clone());
             Box::pin(async move {
                 use tokio::io::AsyncReadExt;
-                let mut buf = vec![0u8; 4 << 20];
+                let mut buf = vec![0u8; piece];
                 let mut g = f.lock().await;
                 let mut filled = 0;
                 while filled < buf.len() {

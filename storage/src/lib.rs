@@ -23,7 +23,7 @@ pub mod s3;
 mod transfer;
 
 pub use error::{Error, Result};
-pub use local::{LocalStore, hash_file, remove_quiet_dirs, write_atomic};
+pub use local::{LocalStore, Unsynced, hash_file, remove_quiet_dirs, write_atomic};
 pub use retry::Backoff;
 pub use transfer::{InCall, Progress, watched};
 use transfer::{StreamReader, drain, drain_hash};
@@ -204,6 +204,18 @@ impl Store {
             Store::Hdfs(h) => h.list(dir).await,
             Store::S3(s) => s.list(dir).await,
         }
+    }
+
+    /// The names directly under `dir` (files and directories), sorted; none if it is missing.
+    /// One call on HDFS and S3, where [`Store::list`] of a tree makes one per directory.
+    pub async fn children(&self, dir: &str) -> Result<Vec<String>> {
+        let mut names = match self {
+            Store::Local(l) => l.children(dir).await,
+            Store::Hdfs(h) => h.children(dir).await,
+            Store::S3(s) => s.children(dir).await,
+        }?;
+        names.sort();
+        Ok(names)
     }
 
     pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {

@@ -49,6 +49,19 @@ impl LocalStore {
         .await
     }
 
+    pub(crate) async fn children(&self, dir: &str) -> Result<Vec<String>> {
+        let p = self.abs(dir);
+        blocking(self.call_timeout, "list", move || {
+            let rd = match std::fs::read_dir(&p) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+                Err(e) => return Err(Error::io(p.display(), e)),
+            };
+            rd.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()).map_err(|e| Error::io(p.display(), e))).collect()
+        })
+        .await
+    }
+
     pub(crate) async fn head(&self, rel: &str) -> Result<Option<Entry>> {
         let p = self.abs(rel);
         let rel = rel.to_string();
@@ -78,6 +91,11 @@ impl LocalStore {
 
     pub(crate) fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
         write_atomic(&self.abs(rel), bytes)
+    }
+
+    /// [`LocalStore::put_atomic_blocking`] up to its fsync: see [`Unsynced`].
+    pub fn write_unsynced_blocking(&self, rel: &str, bytes: &[u8]) -> Result<Unsynced> {
+        Unsynced::write(&self.abs(rel), bytes)
     }
 
     pub(crate) async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
@@ -187,19 +205,43 @@ fn newest_mtime_ms(dir: &Path) -> Result<Option<i64>> {
 /// Writes a file through a temp name in the same directory, fsyncs it, and renames it into
 /// place, so readers see the old file, no file, or the whole new file.
 pub fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = p.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
-    let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    // Unique per writer, so concurrent writers of one name never share a temp file; the last
-    // rename wins whole.
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(paths::atomic_temp(&name, seq));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::io(tmp.display(), e))?;
-    std::fs::rename(&tmp, p).map_err(|e| Error::io(p.display(), e))?;
-    sync_dir(p);
-    Ok(())
+    Unsynced::write(p, bytes)?.finish()
+}
+
+/// A file written under a temp name, not yet on disk for sure nor visible under its name: the
+/// first half of [`write_atomic`]. The bytes are in the page cache, which the kernel writes back
+/// meanwhile; [`Unsynced::finish`] (the fsync, which waits for that, and the rename) can run on
+/// another thread while the writer goes on. Dropped unfinished, the temp file is left for gc.
+#[derive(Debug)]
+#[must_use = "the file appears only when finished"]
+pub struct Unsynced {
+    file: std::fs::File,
+    tmp: PathBuf,
+    dst: PathBuf,
+}
+
+impl Unsynced {
+    pub fn write(p: &Path, bytes: &[u8]) -> Result<Unsynced> {
+        let dir = p.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // Unique per writer, so concurrent writers of one name never share a temp file; the last
+        // rename wins whole.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(paths::atomic_temp(&name, seq));
+        let mut file = std::fs::File::create(&tmp).map_err(|e| Error::io(tmp.display(), e))?;
+        file.write_all(bytes).map_err(|e| Error::io(tmp.display(), e))?;
+        Ok(Unsynced { file, tmp, dst: p.to_path_buf() })
+    }
+
+    /// fsync, then the rename into place (made durable too).
+    pub fn finish(self) -> Result<()> {
+        self.file.sync_all().map_err(|e| Error::io(self.tmp.display(), e))?;
+        std::fs::rename(&self.tmp, &self.dst).map_err(|e| Error::io(self.dst.display(), e))?;
+        sync_dir(&self.dst);
+        Ok(())
+    }
 }
 
 /// Makes a rename durable; failures only weaken durability, so they are ignored.

@@ -256,6 +256,13 @@ impl S3Store {
         Ok(out)
     }
 
+    pub async fn children(&self, dir: &str) -> Result<Vec<String>> {
+        let prefix = self.key(dir);
+        let found = self.call("list", dir, self.store.list_with_delimiter(Some(&prefix))).await?;
+        let name = |p: &object_store::path::Path| p.filename().unwrap_or_default().to_string();
+        Ok(found.common_prefixes.iter().map(name).chain(found.objects.iter().map(|m| name(&m.location))).collect())
+    }
+
     pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
         match self.call("HEAD", rel, self.store.head(&self.key(rel))).await {
             Ok(m) => {

@@ -35,6 +35,10 @@ async fn conformance(store: Store) {
     assert_eq!(names, vec!["a/b/two.txt".to_string(), "a/one.txt".to_string()]);
     let e = store.list("a").await.unwrap();
     assert!(e.iter().all(|e| e.mtime_ms > 1_700_000_000_000), "mtimes are real: {e:?}");
+    // children: one level only, directories by name, a missing directory is empty
+    assert_eq!(store.children("a").await.unwrap(), vec!["b".to_string(), "one.txt".to_string()]);
+    assert_eq!(store.children("a/b").await.unwrap(), vec!["two.txt".to_string()]);
+    assert!(store.children("nothing/here").await.unwrap().is_empty());
 
     // upload (hashing every byte) then publish by no-overwrite rename
     for (name, len) in [("small", 300_000usize), ("large", 13 << 20)] {

@@ -245,6 +245,10 @@ public final class MiniDfs {
       int port = cluster.getNameNodePort();
       uri = "hdfs://" + HOST + ":" + port;
       hdfsSite.put("dfs.namenode.rpc-address", HOST + ":" + port);
+      // Its web server too (bound to port 0 above): bench/compare.sh reads the NameNode's RPC
+      // counters from its /jmx page.
+      java.net.InetSocketAddress http = cluster.getNameNode().getHttpAddress();
+      hdfsSite.put("dfs.namenode.http-address", HOST + ":" + http.getPort());
       where = uri;
     }
 
