@@ -9,7 +9,7 @@
 #        FORMATS="avro jsonl" (the source formats of the local rows; the --watch and HDFS rows
 #        need avro)
 #        PROFILE=1 (one more transform run per format under `perf record`: the codec's share of
-#        the CPU, and how close transform comes to the floor that share sets; needs perf)
+#        the CPU, and how close transform comes to the floor that share sets; installs perf)
 #        PAYLOAD=words|letters, FILES=17, CHUNK=64MiB (extract.chunk_size of the local pipeline)
 #        POLARS=1 (polars holds all the data in memory: ~1.7 GB at 1.7M events, too much at 17M)
 #        SPARK=1 (Spark local mode, pyspark + spark-avro; SPARK_VERSION=4.2.0), HDFS=1 (two MiniDFS clusters: the
@@ -48,7 +48,7 @@ cd "$(dirname "$0")/.."
 EVENTS=${1:-1700000}; ROUNDS=${ROUNDS:-3}; PAYLOAD=${PAYLOAD:-words}; FILES=${FILES:-17}; CHUNK=${CHUNK:-64MiB}
 SPARK=${SPARK:-1}; POLARS=${POLARS:-1}; SPARK_VERSION=${SPARK_VERSION:-4.2.0}; HDFS=${HDFS:-1}; S3=${S3:-1}; HDFS_FILES=${HDFS_FILES:-100}
 DIR=${DIR:-/tmp/ferry-compare}; FORMATS=${FORMATS:-avro jsonl}; COLD=${COLD:-0}
-PROFILE=${PROFILE:-$(command -v perf >/dev/null && echo 1 || echo 0)}
+PROFILE=${PROFILE:-1}
 has() { [[ " $FORMATS " == *" $1 "* ]]; }
 has avro || [ "$HDFS$S3" = 00 ] || { echo "the HDFS and S3 rows need FORMATS to include avro" >&2; exit 1; }
 if [ "$COLD" = 1 ] && [ -z "${TABLE_ONLY:-}" ] && ! [ -w /proc/sys/vm/drop_caches ]; then
@@ -58,6 +58,9 @@ RECORDS=$((EVENTS / FILES)); N=$((RECORDS * FILES))
 . scripts/services.sh
 ferry_python_deps
 python3 -c 'import polars' 2>/dev/null || python3 -m pip install -q polars >&2
+if [ "$PROFILE" = 1 ] && [ -z "${TABLE_ONLY:-}" ]; then
+  ferry_apt perf linux-perf || { echo "cannot install perf (linux-perf); PROFILE=0 leaves the profiles out" >&2; exit 1; }
+fi
 if [ "$SPARK" = 1 ]; then
   # pyspark from PyPI, and spark-avro (not part of it) of the same version from Maven Central
   # through Maven (its mirror settings apply; Spark's own Ivy resolver would ignore them).
