@@ -242,15 +242,15 @@ fi
 profile() {
   local f=$1
   rm -rf "$DIR/$f/spool" "$DIR/$f"/ledger.db*; cp "$DIR/$f/ledger.extracted" "$DIR/$f/ledger.db"
-  /usr/bin/time -f "%e %M %U %S" -o "$DIR/time" perf record -q -F 499 -o "$DIR/perf.$f" -- \
+  perf record -q -F 499 -o "$DIR/perf.$f" -- \
     env FERRY_CONFIG="$DIR/$f/ferry.toml" "$BIN/ferry-transform" --once > "$DIR/log.perf-$f" 2>&1 ||
     { tail "$DIR/log.perf-$f" >&2; echo "perf record of transform failed (PROFILE=0 leaves it out)" >&2; exit 1; }
-  # Shares of the samples: the zstd codec (ZSTD_/HUF_/HIST_/FSE_ functions), blake3, the kernel;
-  # then the run's wall and CPU seconds.
-  perf report -i "$DIR/perf.$f" --no-children --sort dso,sym --stdio 2>/dev/null | awk -v t="$(cat "$DIR/time")" '
+  # Shares of the samples: the zstd codec (ZSTD_/HUF_/HIST_/FSE_ functions), blake3, the kernel.
+  # The limits table applies them to the measured (unprofiled) runs' CPU.
+  perf report -i "$DIR/perf.$f" --no-children --sort dso,sym --stdio 2>/dev/null | awk '
     /^ +[0-9.]+%/ { p = $1; sub("%", "", p)
       if ($0 ~ /(ZSTD_|HUF_|HIST_|FSE_|ZDICT)/) z += p; else if ($0 ~ /blake3/) b += p; else if ($0 ~ /\[k\]/) k += p }
-    END { split(t, a, " "); printf "%.1f %.1f %.1f %.2f %.2f\n", z, b, k, a[1], a[3] + a[4] }' > "$DIR/profile.$f"
+    END { printf "%.1f %.1f %.1f\n", z, b, k }' > "$DIR/profile.$f"
   rm -f "$DIR/perf.$f"
 }
 
@@ -411,6 +411,13 @@ else:
     print(sum(client.values()), sum(v for k, v in d.items() if k in DATANODE), top or "-")
 PY
   export NN_CONFS="$FERRY_TEST_HDFS_A_CONF $FERRY_TEST_HDFS_B_CONF"
+  # measure_rpc KEY CMD...: measure, and the NameNode calls CMD made appended to $DIR/rpc.KEY.
+  measure_rpc() {
+    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.before"
+    measure "$@"
+    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.after"
+    python3 "$DIR/nn_rpc.py" diff "$DIR/nn.before" "$DIR/nn.after" >> "$DIR/rpc.$1"
+  }
   for r in $(seq "$ROUNDS"); do
     echo "HDFS round $r of $ROUNDS" >&2
     # The four stages: staging on cluster B, the table on cluster A (seed 001's layout).
@@ -419,10 +426,7 @@ PY
       -e "s#^url = \"$DIR/hdfs/warehouse\"#url = \"$FERRY_TEST_HDFS_A/warehouse$r\"#" "$DIR/hdfs/ferry.toml"
     fresh hdfs
     for s in extract transform copy load; do
-      python3 "$DIR/nn_rpc.py" snap "$DIR/nn.before"
-      measure "hdfs-$s" bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-$2" --once' "$DIR/hdfs" "$BIN" "$s"
-      python3 "$DIR/nn_rpc.py" snap "$DIR/nn.after"
-      python3 "$DIR/nn_rpc.py" diff "$DIR/nn.before" "$DIR/nn.after" >> "$DIR/rpc.hdfs-$s"
+      measure_rpc "hdfs-$s" bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-$2" --once' "$DIR/hdfs" "$BIN" "$s"
     done
     sqlite3 "$DIR/hdfs/ledger.db" "SELECT COUNT(*) || ' chunks of ' || printf('%.1f', AVG(n)) || ' partitions' FROM (SELECT COUNT(*) n FROM parts GROUP BY chunk_id)" > "$DIR/hdfs.shape"
     [ "$(sqlite3 "$DIR/hdfs/ledger.db" "SELECT COUNT(*) FROM tasks WHERE stage = 'load' AND state = 'done'")" = \
@@ -452,16 +456,10 @@ EOF
   export FERRY_MINIDFS_CLASSPATH_FILE FERRY_MINIDFS_HOME FERRY_FSSHELL_JAVA_OPTS
   out hdfs-put "$(du -sb "$DIR/hdfscopy/spool.orig/events" | cut -f1)"; out hdfscopy-ferry "$(cat "$DIR/o.hdfs-put")"
   for r in $(seq "$ROUNDS"); do
-    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.before"
-    measure hdfs-put bash -c 'ferry_fsshell -fs "$0" -put "$1" "/put$2" 2>/dev/null' "$FERRY_TEST_HDFS_A" "$DIR/hdfscopy/spool.orig/events" "$r"
-    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.after"
-    python3 "$DIR/nn_rpc.py" diff "$DIR/nn.before" "$DIR/nn.after" >> "$DIR/rpc.hdfs-put"
+    measure_rpc hdfs-put bash -c 'ferry_fsshell -fs "$0" -put "$1" "/put$2" 2>/dev/null' "$FERRY_TEST_HDFS_A" "$DIR/hdfscopy/spool.orig/events" "$r"
     restore hdfscopy
     sed -i "s#^url = \"$DIR/hdfscopy/warehouse.*\"#url = \"$FERRY_TEST_HDFS_A/copy$r\"#" "$DIR/hdfscopy/ferry.toml"
-    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.before"
-    measure hdfscopy-ferry bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-copy" --once' "$DIR/hdfscopy" "$BIN"
-    python3 "$DIR/nn_rpc.py" snap "$DIR/nn.after"
-    python3 "$DIR/nn_rpc.py" diff "$DIR/nn.before" "$DIR/nn.after" >> "$DIR/rpc.hdfscopy-ferry"
+    measure_rpc hdfscopy-ferry bash -c 'FERRY_CONFIG=$0/ferry.toml "$1/ferry-copy" --once' "$DIR/hdfscopy" "$BIN"
     sed -i "s#^url = \"$FERRY_TEST_HDFS_A/copy$r\"#url = \"$DIR/hdfscopy/warehouse\"#" "$DIR/hdfscopy/ferry.toml"
   done
 fi

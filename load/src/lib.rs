@@ -113,8 +113,8 @@ pub async fn remove_stray_landed(ledger: &Ledger, dest: &Store, table: &str, cut
     }
     let (mut n, mut first) = (0, None);
     for e in landed {
-        let chunk = paths::parse_landed(table, &e.rel).map_or("", |(chunk, _)| chunk);
-        if e.mtime_ms < cutoff && done.contains(chunk) {
+        // Every entry is under a done chunk's directory; a part's path below it is required.
+        if e.mtime_ms < cutoff && paths::parse_landed(table, &e.rel).is_some() {
             tracing::info!(file = %dest.url(&e.rel), "removing a landed copy of a published chunk");
             // One that cannot go now does not keep the others.
             match dest.delete(&e.rel).await {
