@@ -749,19 +749,26 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "a panic without a message".into())
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
+/// future is first polled: until then either signal still kills the process, and a stage that
+/// polls it only between passes (extract, after a first pass held up by an outage) would die by
+/// the signal instead of stopping cleanly. Call it inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (term, int) = (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok());
+    async move {
+        let recv = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            _ = recv(term) => {}
+            _ = recv(int) => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
     }
 }
 
