@@ -12,6 +12,8 @@
 # `ferry check-config`, and start either the timers (--once every minute) or the services:
 #   systemctl enable --now ferry-extract.timer ferry-transform.timer ferry-copy.timer ferry-load.timer
 #   systemctl enable --now ferry-{extract,transform,copy,load}-watch.service
+# and, with either, cleanup (hourly) and the ledger's retention (nightly):
+#   systemctl enable --now ferry-gc.timer ferry-prune.timer
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -56,8 +58,12 @@ install -m 0644 "$repo/README.md" "$repo/CONTRIBUTING.md" "$here/ferry.example.t
 if [ ! -e "$root/etc/ferry/ferry.toml" ]; then
   sed -e 's#^url = "sqlite://ferry-ledger.db"#url = "sqlite:///var/lib/ferry/ledger.db"#' \
       "$here/ferry.example.toml" > "$root/etc/ferry/ferry.toml"
-  chmod 0644 "$root/etc/ferry/ferry.toml"
+  # It may hold secrets (S3 keys, a ledger URL with a password): readable by the stages only.
+  chmod 0640 "$root/etc/ferry/ferry.toml"
   echo "wrote $root/etc/ferry/ferry.toml: edit source, staging, destination and table"
+elif [ -n "$(find "$root/etc/ferry/ferry.toml" -perm -o=r 2>/dev/null)" ]; then
+  chmod o-rwx "$root/etc/ferry/ferry.toml"
+  echo "$root/etc/ferry/ferry.toml was readable by every user; it is no longer (it may hold secrets)"
 fi
 if [ ! -e "$root/etc/ferry/ferry.env" ]; then
   cat > "$root/etc/ferry/ferry.env" <<'ENV'
@@ -74,7 +80,7 @@ if [ -z "$root" ]; then
   getent group ferry >/dev/null || groupadd --system ferry
   getent passwd ferry >/dev/null || useradd --system --gid ferry --home-dir /var/lib/ferry --shell /usr/sbin/nologin ferry
   chown ferry:ferry /var/spool/ferry /var/lib/ferry /var/log/ferry
-  chown root:ferry /etc/ferry/ferry.env && chmod 0640 /etc/ferry/ferry.env
+  chown root:ferry /etc/ferry/ferry.env /etc/ferry/ferry.toml && chmod 0640 /etc/ferry/ferry.env
   command -v systemctl >/dev/null && systemctl daemon-reload 2>/dev/null || true
 fi
 
@@ -83,5 +89,6 @@ installed: ${binaries[*]}
 next:
   \$EDITOR /etc/ferry/ferry.toml && ferry check-config --config /etc/ferry/ferry.toml
   systemctl enable --now ferry-extract.timer ferry-transform.timer ferry-copy.timer ferry-load.timer
+  systemctl enable --now ferry-gc.timer ferry-prune.timer
   ferry status --config /etc/ferry/ferry.toml
 EOF

@@ -74,6 +74,8 @@ ferry_start_s3() {
   export FERRY_TEST_S3_ENDPOINT="https://127.0.0.1:$FERRY_S3_PORT"
   export FERRY_TEST_S3_BUCKET=ferry
   export FERRY_TEST_S3_CA=$FERRY_S3_DIR/tls/ca.pem
+  # The posix backend's directory: a test may make one of its directories refuse writes.
+  export FERRY_TEST_S3_DATA=$FERRY_S3_DIR/data
   export FERRY_TEST_S3_ACCESS_KEY=${FERRY_TEST_S3_ACCESS_KEY:-ferrytestaccess}
   export FERRY_TEST_S3_SECRET_KEY=${FERRY_TEST_S3_SECRET_KEY:-ferrytestsecret0123456789}
   export AWS_ACCESS_KEY_ID=$FERRY_TEST_S3_ACCESS_KEY

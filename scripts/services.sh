@@ -62,8 +62,10 @@ ferry_python_deps() {
 }
 
 # The tools that read what deploy/ ships: Prometheus and promtool (a real scrape in the tests),
-# systemd-analyze (unit files).
+# systemd-analyze (unit files); and strace, which shows the durability test the order of a
+# stage's fsyncs and unlinks.
 ferry_deploy_tools() {
   ferry_apt prometheus prometheus
   ferry_apt systemd-analyze systemd
+  ferry_apt strace strace
 }

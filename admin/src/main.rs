@@ -442,7 +442,7 @@ async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>) ->
     let text = |r: Result<usize, ferry_storage::Error>| r.map_err(|e| (e.removed(), e.to_string()));
     for (what, r) in [
         ("staging", text(staging.remove_stale_temps(table, cutoff).await)),
-        ("destination temp files and uploads", text(dest.gc(paths::COPY_TEMP_DIR, cutoff).await)),
+        ("destination temp files and uploads", text(ferry_copy::remove_abandoned(&ledger, &dest, table, cutoff).await)),
         ("destination table metadata", text(dest.remove_stale_temps(&paths::table_meta(table), cutoff).await)),
         ("spool", text(spool.remove_stale_temps(table, cutoff).await)),
         ("spool directories of copied chunks", remove_spent_spool(cfg, &ledger, cutoff).await),

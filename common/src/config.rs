@@ -324,7 +324,8 @@ pub struct LedgerSection {
     /// Deadline of one ledger call.
     pub call_timeout: HumanDuration,
     /// The longest wait between probes of a store that is down (staging, destination, the
-    /// ledger). Probes start 1 s apart and double, with jitter, up to this.
+    /// ledger). Probes start 1 s apart and double, with jitter, up to this: it bounds how long
+    /// a stage idles after the store is back (a probe is one cheap call).
     pub outage_probe_max: HumanDuration,
     /// Apply pending ledger migrations when a stage starts. Default: yes for SQLite (one host),
     /// no for Postgres, where `ferry migrate` upgrades the shared ledger once, on purpose.
@@ -346,7 +347,7 @@ impl Default for LedgerSection {
             call_timeout: HumanDuration(Duration::from_secs(30)),
             // An outage is noticed back within five minutes, and a store that is down for
             // hours sees a dozen probes an hour per worker.
-            outage_probe_max: HumanDuration(Duration::from_secs(300)),
+            outage_probe_max: HumanDuration(Duration::from_secs(60)),
             auto_migrate: None,
         }
     }
@@ -369,7 +370,8 @@ impl LedgerUrl {
             }
             Ok(LedgerUrl::Sqlite(path.into()))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+            url::Url::parse(url)
+                .map_err(|e| bad(&format!("{e} (a password holding '/', '?', '#', '@' or ':' must be percent-encoded)")))?;
             Ok(LedgerUrl::Postgres(url.to_string()))
         } else {
             Err(bad("expected sqlite://PATH or postgres://USER@HOST/DB"))
@@ -809,8 +811,8 @@ impl Config {
         let err = |message: String| ConfigError::new(file.clone(), message);
         let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
         // Deserializing the text itself first gives errors with the line and the key in it.
-        toml::from_str::<Config>(&text).map_err(|e| err(e.to_string().trim_end().to_string()))?;
-        let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| err(e.to_string()))?;
+        toml::from_str::<Config>(&text).map_err(|e| err(toml_error(&text, &e)))?;
+        let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| err(toml_error(&text, &e)))?;
         apply_env(&mut doc, std::env::vars()).map_err(err)?;
         let mut cfg: Config = toml::Value::Table(doc)
             .try_into()
@@ -836,6 +838,18 @@ impl Config {
         globset::Glob::new(&self.source.glob).map_err(|e| format!("source.glob: {e}"))?;
         if self.table.name.is_empty() || self.table.name.contains('/') {
             return Err(format!("table.name: {:?} must be a non-empty name without '/'", self.table.name));
+        }
+        // Names that go into the DDL: a name Hive cannot hold is refused here, with its key.
+        let t = &self.transform;
+        let names = std::iter::once(("table.name", &self.table.name))
+            .chain(self.table.columns.iter().map(|c| ("table.columns", &c.name)))
+            .chain(self.table.partition_by.iter().map(|n| ("table.partition_by", n)))
+            .chain(t.rename.values().map(|n| ("transform.rename", n)))
+            .chain(t.derive.keys().map(|n| ("transform.derive", n)));
+        for (key, name) in names {
+            if let Some(why) = crate::hive::unfit_name(name) {
+                return Err(format!("{key}: {why}"));
+            }
         }
         for (name, v) in [
             ("extract.concurrency", self.extract.concurrency),
@@ -932,11 +946,48 @@ impl Config {
 /// What a secret is shown as.
 pub const REDACTED: &str = "***";
 
+/// Keys whose values are secrets: their lines are never quoted in an error.
+fn is_secret_key(key: &str) -> bool {
+    let key = key.trim().trim_matches(['"', '\'']).to_ascii_lowercase();
+    ["secret", "token", "password", "passwd"].iter().any(|w| key.contains(w)) || key == "url" || key == "access_key_id"
+}
+
+/// A TOML error as "line L, column C: what", quoting the offending line as the parser does,
+/// unless that line sets a secret (`secret_access_key = abc` without quotes would print the
+/// secret) or the ledger URL (which may hold a password): then only the key is named.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else { return e.message().to_string() };
+    let start = span.start.min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    let line_no = text[..start].matches('\n').count() + 1;
+    let column = text[line_start..start].chars().count() + 1;
+    let line = text[line_start..line_end].trim_end_matches('\r');
+    let key = line.split('=').next().unwrap_or_default().trim();
+    if line.contains('=') && is_secret_key(key) {
+        return format!(
+            "line {line_no}, column {column}: the value of `{key}` is not valid TOML (not shown: it is a secret; quote it as \"...\")"
+        );
+    }
+    format!("line {line_no}, column {column}: {}\n  {line_no} | {line}", e.message().trim_end())
+}
+
 /// A URL with its password replaced by `***` (`postgres://ferry:***@db/ferry`), for logs,
 /// errors and `ferry status`. A URL without a password is returned as it is.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let (authority, tail) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
+    let mut end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    // A password holding `/`, `?` or `#` without percent-encoding ends the authority early
+    // for a parser; for the redaction, a `user:` before such a character and an `@` after
+    // it mean the `@` ends the userinfo (hiding too much is the safe side).
+    let after_colon = rest[..end].split_once(':').map(|(_, p)| p);
+    if !rest[..end].contains('@')
+        && after_colon.is_some_and(|p| !p.bytes().all(|b| b.is_ascii_digit()))
+        && let Some(at) = rest.rfind('@')
+    {
+        end = at + rest[at..].find(['/', '?', '#']).unwrap_or(rest.len() - at);
+    }
+    let (authority, tail) = rest.split_at(end);
     let authority = match authority.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
             Some((user, _)) => format!("{user}:{REDACTED}@{host}"),
@@ -1200,6 +1251,42 @@ name = "events"
         assert_eq!(redact_url("sqlite:///var/lib/ferry/ledger.db"), "sqlite:///var/lib/ferry/ledger.db");
         let e = LedgerUrl::parse("mysql://root:hunter2@db/x").unwrap_err().to_string();
         assert!(!e.contains("hunter2") && e.contains("mysql://root:***@db/x"), "{e}");
+    }
+
+    #[test]
+    fn passwords_with_delimiters_are_hidden_too() {
+        let url = "postgres://u:p?ss#w/rd@host:1/x";
+        let shown = redact_url(url);
+        assert!(!shown.contains("p?ss") && !shown.contains("w/rd"), "{shown}");
+        assert_eq!(shown, "postgres://u:***@host:1/x");
+        let e = LedgerUrl::parse(url).map(|_| ()).unwrap_err().to_string();
+        assert!(!e.contains("ss#w") && !e.contains("w/rd"), "{e}");
+        assert_eq!(redact_url("postgres://u:pw@h/db?options=a@b"), "postgres://u:***@h/db?options=a@b");
+    }
+
+    #[test]
+    fn a_syntax_error_on_a_secret_line_does_not_echo_it() {
+        let text = format!("{MIN}\n[destination.store.s3]\nsecret_access_key = abcSECRETdef\n");
+        let e = load_str(&text).unwrap_err().to_string();
+        assert!(!e.contains("abcSECRETdef"), "{e}");
+        assert!(e.contains("secret_access_key") && e.contains("ferry.toml") && e.contains("line"), "{e}");
+        let text = MIN.replace("[source]", "[ledger]\nurl = postgres://u:hunter2@db/x\n[source]");
+        let e = load_str(&text).unwrap_err().to_string();
+        assert!(!e.contains("hunter2") && e.contains("url"), "{e}");
+        // Other lines are still quoted, which is what helps.
+        let e = load_str(&format!("{MIN}\n[copy]\nconcurrency = = 3\n")).unwrap_err().to_string();
+        assert!(e.contains("concurrency = = 3"), "{e}");
+    }
+
+    #[test]
+    fn a_name_hive_cannot_hold_is_refused_with_its_key() {
+        let text =
+            MIN.replace("[table]\nname = \"events\"", "[table]\nname = \"events\"\ncolumns = [{ name = \"a\\nb\", type = \"long\" }]");
+        let e = load_str(&text).unwrap_err().to_string();
+        assert!(e.contains("table.columns") && e.contains("control character"), "{e}");
+        let text = format!("{MIN}\n[transform]\nrename = {{ a = \"\" }}\n");
+        let e = load_str(&text).unwrap_err().to_string();
+        assert!(e.contains("transform.rename") && e.contains("empty"), "{e}");
     }
 
     #[test]

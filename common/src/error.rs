@@ -41,6 +41,13 @@ pub trait Classified: std::error::Error + Send + 'static {
     fn store(&self) -> Option<&'static str> {
         None
     }
+
+    /// Not a failure of the chunk but a wait for others (a corrected file's version waits for
+    /// all of its chunks): the task is looked at again after this long, without the attempt
+    /// counting toward `max_attempts`.
+    fn waits(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// A configuration the binaries cannot work with; `file` names the file, flag or URL.

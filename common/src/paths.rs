@@ -28,6 +28,9 @@ use crate::config::Format;
 
 /// Destination folder of copy's uploads in flight.
 pub const COPY_TEMP_DIR: &str = "_ferry/tmp";
+
+/// The name a store probe asks about (it need not exist: absent is an answer).
+pub const PROBE: &str = "_ferry/probe";
 /// Destination folder of copy's verified files, per table.
 const LANDED_DIR: &str = "_ferry/landed";
 /// Ferry's own files inside a table folder (manifests, DDL): readers skip `_`-prefixed names.
@@ -166,6 +169,15 @@ pub fn parse_landed<'a>(table: &str, rel: &'a str) -> Option<(&'a str, &'a str)>
 /// `<table>/<part_rel>`: a published file.
 pub fn table_file(table: &str, part_rel: &str) -> String {
     format!("{table}/{part_rel}")
+}
+
+/// The chunk of a published file of `table` (`<table>/<k=v>/.../part-<chunk>.parquet`).
+pub fn parse_table_file<'a>(table: &str, rel: &'a str) -> Option<&'a str> {
+    let rest = rel.strip_prefix(table)?.strip_prefix('/')?;
+    if rest.starts_with(TABLE_META) {
+        return None;
+    }
+    chunk_of_part(rest.rsplit('/').next()?)
 }
 
 /// `<table>/_ferry`: load's own files beside the table's.

@@ -53,6 +53,21 @@ use ferry_ledger::observe::names;
 use ferry_ledger::{Lease, Ledger, Part, Tally, Work};
 use ferry_storage::{Backoff, Progress, Store, watched};
 
+/// Removes the temp files and multipart uploads older than `cutoff` that copies of this
+/// pipeline's chunks left in `dest` (a crashed or cancelled upload). Only names Ferry writes,
+/// and only for chunks in this pipeline's ledger rows: another tool's upload, or a slower
+/// pipeline's live one, under the same root is never touched. Returns how many went.
+pub async fn remove_abandoned(ledger: &Ledger, dest: &Store, table: &str, cutoff: i64) -> Result<usize, ferry_storage::Error> {
+    let found = dest.abandoned(table, cutoff).await?;
+    if found.is_empty() {
+        return Ok(0);
+    }
+    let chunks: Vec<String> = found.iter().map(|a| a.chunk.clone()).collect();
+    let ours = ledger.own_chunks(&chunks).await.map_err(|e| ferry_storage::Error::Other(format!("which chunks are ours: {e}")))?;
+    let chosen: Vec<_> = found.into_iter().filter(|a| ours.contains(&a.chunk)).collect();
+    dest.remove_abandoned(&chosen).await
+}
+
 /// The copy stage's one error type; [`Classified::class`] decides retry-or-not.
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {
@@ -165,6 +180,11 @@ pub fn landed_path(table: &str, p: &Part) -> String {
 }
 
 impl Copier {
+    /// The destination store, as the chunks reach it.
+    pub fn destination(&self) -> &Store {
+        &self.dest
+    }
+
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Copier, CopyError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
         Ok(Copier { cfg, ledger, dest, recent: Recent::default(), hedges: Default::default(), hedges_won: Default::default() })
@@ -438,7 +458,7 @@ impl Copier {
         let spent = self.ledger.spool_spent().await?.into_iter().map(|c| self.spool_dir(&c));
         // Each place on its own: one that fails does not keep the others.
         let dirs = ferry_storage::remove_quiet_dirs(spent, cutoff);
-        let dest = self.dest.gc(paths::COPY_TEMP_DIR, cutoff).await;
+        let dest = remove_abandoned(&self.ledger, &self.dest, &self.cfg.table.name, cutoff).await;
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
         let spool = spool.remove_stale_temps(&self.cfg.table.name, cutoff).await;
         ferry_storage::combine(vec![dirs, dest, spool])?;

@@ -6,7 +6,7 @@ use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
 use ferry_copy::{Copier, CopyError};
 use ferry_ledger::Stage;
-use ferry_ledger::runner::{self, open_stage};
+use ferry_ledger::runner::{self, StoreProbe, Stores, open_stage};
 
 /// Move each transformed chunk from the local spool to the destination (cluster A): upload to
 /// a temp name under a deadline and a no-progress watchdog, verify size and hash, rename into
@@ -33,6 +33,8 @@ async fn run(args: Args) -> Result<i32, CopyError> {
     let stores = vec![("destination", cfg.destination.url.clone()), ("ledger", "the work ledger".to_string())];
     let concurrency = cfg.copy_concurrency();
     let c = Arc::new(Copier::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
+    // The store's own probe tells its outage from a chunk's failure.
+    let probe = StoreProbe(Arc::new(c.destination().clone().prober("destination")));
     runner::cleanup(c.gc()).await;
     let (work, after) = (c.clone(), c.clone());
     let code = runner::serve(
@@ -40,7 +42,7 @@ async fn run(args: Args) -> Result<i32, CopyError> {
         &args.stage,
         Stage::Copy,
         concurrency,
-        stores,
+        Stores { names: stores, probe: Some(probe) },
         move |lease| Box::pin(work.clone().chunk(lease)),
         Arc::new(move |lease| after.remove_spool(lease)),
     )

@@ -15,13 +15,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_common::config::{Config, Disposition};
+use ferry_common::config::{Config, Disposition, Versions};
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
 use ferry_common::paths;
 use ferry_formats::{Piece, SplitError};
 use ferry_ledger::observe::{Health, names};
 use ferry_ledger::runner::{human_bytes, progress_bar};
-use ferry_ledger::{FileState, Ledger, NewChunk, NewSourceFile, RangeKind, Stage, chunk_id};
+use ferry_ledger::{FileState, Ledger, NewChunk, NewSourceFile, RangeKind, Recorded, Stage, chunk_id};
 use ferry_storage::{Entry, Store};
 
 /// The extract stage's one error type; [`Classified::class`] decides retry-or-not.
@@ -123,7 +123,15 @@ pub struct Extractor {
     cpu: Arc<tokio::sync::Semaphore>,
     /// MiB of chunks being written to a remote staging store (see [`Writes`]).
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// When staging was last swept for crashed writers' temp files (see [`TEMP_SWEEP_EVERY`]).
+    swept: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often a running extract sweeps staging for temp files crashed writers left: at its first
+/// pass, then at most this often. The sweep lists the whole staged table, which grows with
+/// history (a week of chunks); every pass (every 2 s under `--watch`) would make a NameNode or
+/// S3 LIST load that grows with it, for files that only a crash leaves. `ferry gc` sweeps too.
+pub const TEMP_SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
 impl Extractor {
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Extractor> {
@@ -146,6 +154,7 @@ impl Extractor {
             buffers: Default::default(),
             cpu,
             in_flight,
+            swept: std::sync::Mutex::new(None),
         })
     }
 
@@ -158,18 +167,42 @@ impl Extractor {
     /// One pass over the source: every finished, new file is chunked and recorded.
     pub async fn pass(&self) -> Result<Pass> {
         let mut pass = Pass::default();
-        ferry_ledger::runner::cleanup(self.staging.remove_stale_temps(&self.cfg.table.name, self.cfg.temp_cutoff_ms(self.ledger.now_ms())))
-            .await;
-        let entries = self.source.list("").await?;
+        let sweep = {
+            let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+            let due = swept.is_none_or(|t| t.elapsed() >= TEMP_SWEEP_EVERY);
+            if due {
+                *swept = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if sweep {
+            let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
+            ferry_ledger::runner::cleanup(self.staging.remove_stale_temps(&self.cfg.table.name, cutoff)).await;
+        }
+        let listing = self.source.list_source("").await?;
+        let entries = listing.entries;
+        // Hidden and `_`-prefixed names are what Hadoop, Spark and Hive readers skip too:
+        // `_SUCCESS`, `.part-0.crc`, `_temporary/` of a job still writing.
+        let hidden = |rel: &str| rel.split('/').any(|c| c.starts_with('.') || c.starts_with('_'));
+        // An entry that cannot be taken in as it is: set aside, in the ledger once (the walk
+        // warns every pass); the others go on.
+        for (name, why) in &listing.set_aside {
+            if hidden(name) || !self.glob.is_match(name) {
+                continue;
+            }
+            let uri = self.source.url(name);
+            let reason = format!("{name}: {why}");
+            if self.ledger.set_aside_entry(&uri, &reason).await? {
+                tracing::error!(file = %name, reason = %why, "set aside: an entry of the source that cannot be taken in");
+                pass.quarantined += 1;
+            }
+        }
         let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.rel.as_str()).collect();
         let now = self.ledger.now_ms();
         let mut ready = Vec::new();
         for e in &entries {
-            // Hidden and `_`-prefixed names are what Hadoop, Spark and Hive readers skip too:
-            // `_SUCCESS`, `.part-0.crc`, `_temporary/` of a job still writing.
-            let hidden = e.rel.split('/').any(|c| c.starts_with('.') || c.starts_with('_'));
             let is_marker = self.cfg.source.marker.as_deref().is_some_and(|m| e.rel.ends_with(m));
-            if hidden || is_marker || !self.glob.is_match(&e.rel) {
+            if hidden(&e.rel) || is_marker || !self.glob.is_match(&e.rel) {
                 continue;
             }
             let finished = match &self.cfg.source.marker {
@@ -190,15 +223,28 @@ impl Extractor {
         self.health.set_idle(ready.is_empty());
         // A few files at once: reading, hashing and writing chunks to a remote staging store
         // are mostly waiting (an HDFS close alone waits for the DataNode's block report).
+        // Files of one size go one after another in name order: two copies of the same bytes
+        // under two names then always get the same decision (the first name taken in, the
+        // other set aside naming it), whatever the timing.
         use futures::StreamExt;
-        let mut files = futures::stream::iter(ready)
-            .map(|e| async move {
-                let mut p = Pass::default();
-                let r = self.file(e, &mut p).await;
-                (e, r, p)
+        ready.sort_by(|a, b| (a.size, &a.rel).cmp(&(b.size, &b.rel)));
+        let mut groups: Vec<Vec<&Entry>> = Vec::new();
+        for e in ready {
+            match groups.last_mut() {
+                Some(g) if g[0].size == e.size => g.push(e),
+                _ => groups.push(vec![e]),
+            }
+        }
+        let mut files = futures::stream::iter(groups)
+            .map(|group| {
+                Box::pin(futures::stream::iter(group).then(|e| async move {
+                    let mut p = Pass::default();
+                    let r = self.file(e, &mut p).await;
+                    (e, r, p)
+                }))
             })
             // Files past their split wait for writes to a remote staging store without a core.
-            .buffer_unordered(self.cfg.extract.concurrency.max(1) * 8);
+            .flatten_unordered(self.cfg.extract.concurrency.max(1) * 8);
         while let Some((e, r, p)) = files.next().await {
             pass.add(&p);
             self.health.progressed();
@@ -248,9 +294,12 @@ impl Extractor {
         let uri = self.source.url(&e.rel);
         // Skipped unread only when nothing can have rewritten it (see `Entry::change_token`);
         // otherwise read, so no bytes are skipped or deleted without being looked at.
-        if let Some(known) = self.ledger.find_file(&uri, e.size as i64, e.mtime_ms, e.change_token.as_deref()).await?
+        let replace = self.cfg.source.versions == Versions::Replace;
+        if let Some(known) = self.ledger.find_file(&uri, e.size as i64, e.mtime_ms, e.change_token.as_deref(), replace).await?
             && known.state != FileState::Registered
         {
+            // Never an undone correction: the old bytes put back changed the token, and a
+            // revival cut short by a crash left the row older than its path's newest version.
             pass.skipped += 1;
             return self.dispose(e, known.state).await;
         }
@@ -299,7 +348,7 @@ impl Extractor {
         match split.outcome {
             Ok(pieces) => {
                 let pipeline = self.ledger.pipeline();
-                let chunks: Vec<NewChunk> = pieces
+                let mut chunks: Vec<NewChunk> = pieces
                     .into_iter()
                     .enumerate()
                     .map(|(seq, mut c)| {
@@ -307,10 +356,36 @@ impl Extractor {
                         c
                     })
                     .collect();
+                // A file without records is still a version: with `versions = "replace"` it
+                // replaces the rows of the version before it (and a revert to it does too), so
+                // it gets one empty chunk, which goes through the stages with nothing in it
+                // (nothing is staged for it: transform has nothing to read).
+                if chunks.is_empty() && self.cfg.source.versions == Versions::Replace {
+                    // Every empty file has the same bytes: its chunk is named by its path.
+                    let id = chunk_id(pipeline, &blake3::hash(format!("empty\0{uri}").as_bytes()).to_hex(), 0);
+                    chunks.push(NewChunk {
+                        location: self.staging.url(&paths::staged_chunk(&self.cfg.table.name, &id, format)),
+                        id,
+                        seq: 0,
+                        range_kind: RangeKind::Records,
+                        range_start: 0,
+                        range_end: 0,
+                        records: Some(0),
+                        bytes: 0,
+                        content_hash: blake3::hash(b"").to_hex().to_string(),
+                    });
+                }
                 let records: i64 = chunks.iter().filter_map(|c| c.records).sum();
-                self.ledger.record_chunks(file.id, &chunks, Stage::Transform).await?;
-                if chunks.is_empty() {
-                    tracing::warn!(file = ?e.rel, "the file holds no records; recorded as done with nothing to load");
+                if let Recorded::SameBytesAs(first) = self.ledger.record_chunks(file.id, &chunks, Stage::Transform).await? {
+                    // Taken in under another name while this one was split: quarantined
+                    // in the same transaction; what it staged is no one's.
+                    tracing::error!(file = ?e.rel, reason = ?ferry_ledger::duplicate_reason(&uri, &first), "quarantined");
+                    pass.quarantined += 1;
+                    self.unstage(&split.staged).await;
+                    return Ok(());
+                }
+                if records == 0 {
+                    tracing::warn!(file = ?e.rel, "the file holds no records; recorded with nothing to load");
                 } else {
                     tracing::info!(file = ?e.rel, chunks = chunks.len(), records, "extracted");
                 }
@@ -376,13 +451,15 @@ impl Extractor {
             .await?;
         if file.state != FileState::Registered {
             pass.skipped += 1;
+            self.revive_if_undone(e, uri, &file).await?;
             self.dispose(e, file.state).await?;
             return Ok(Err(NotTaken::Known));
         }
         // The same bytes under another name (a file delivered twice): loading them again
         // would double every record, so it is set aside with the name of the first.
-        if let Some(first) = self.ledger.same_bytes_as(&hash, uri).await? {
-            let reason = format!("{}: the same bytes as {first}, which is taken in already; not loaded twice", e.rel);
+        // An empty file holds nothing to double: it is never a duplicate.
+        if let Some(first) = if size == 0 { None } else { self.ledger.same_bytes_as(&hash, uri).await? } {
+            let reason = ferry_ledger::duplicate_reason(uri, &first);
             tracing::error!(file = ?e.rel, reason = ?reason, "quarantined");
             self.ledger.quarantine_file(file.id, &reason).await?;
             pass.quarantined += 1;
@@ -403,6 +480,10 @@ impl Extractor {
             (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), uri.to_string());
         let (listed_size, mtime_ms) = (e.size as i64, e.mtime_ms);
         let buffers = self.buffers.clone();
+        // Progress is bytes moved, not files finished: a file that takes longer to split than
+        // the health window (a large file, a slow link) must not get the stage killed and the
+        // file split again from the start, for ever.
+        let health = self.health.clone();
         // Reading, hashing and splitting take a core; writes to a remote staging store then
         // finish without one, while the next file is split.
         let cpu = self.cpu.clone().acquire_owned().await.map_err(|e| ExtractError::Internal(e.to_string()))?;
@@ -439,6 +520,7 @@ impl Extractor {
                             };
                             let name = paths::staged_chunk(&table, &name, format);
                             writes.put(&name, p.bytes)?;
+                            health.progressed();
                             staged.push(name.clone());
                             pieces.push(NewChunk {
                                 id: String::new(),
@@ -494,6 +576,40 @@ impl Extractor {
         Ok(split)
     }
 
+    /// A file taken in before whose bytes are at its path again although a newer version
+    /// came after them (a correction undone): with `versions = "replace"` these bytes are the
+    /// file's newest version again. It gets the next version number, and its chunks whose rows
+    /// the newer version replaced run again from transform, staged anew from the file at hand
+    /// (its staged copies may be gone); load then replaces the newer version's rows, whole.
+    async fn revive_if_undone(&self, e: &Entry, uri: &str, file: &ferry_ledger::SourceFile) -> Result<()> {
+        if file.state != FileState::Chunked || self.cfg.source.versions != Versions::Replace {
+            return Ok(());
+        }
+        let Some(chunks) = self.ledger.undone_version(file.id).await? else { return Ok(()) };
+        let rerun: Vec<&(String, i64, String, bool)> = chunks.iter().filter(|c| c.3).collect();
+        let mut locations = Vec::new();
+        let mut staged_anew = Vec::new();
+        if let (false, Some(format)) = (rerun.is_empty(), self.cfg.source.format.of(&e.rel)) {
+            let split = self.split(e, uri, format, Some(file.content_hash.clone())).await?;
+            staged_anew = split.staged.clone();
+            if let Ok(pieces) = split.outcome {
+                for (seq, piece) in pieces.iter().enumerate() {
+                    if let Some(c) = chunks.iter().find(|c| c.1 == seq as i64 && c.2 == piece.content_hash) {
+                        locations.push((c.0.clone(), piece.location.clone()));
+                    }
+                }
+            }
+        }
+        let again: Vec<String> = rerun.iter().map(|c| c.0.clone()).collect();
+        let version = self.ledger.revive_version(file.id, &locations, &again).await?;
+        tracing::warn!(file = ?e.rel, version, chunks_again = rerun.len(), "the bytes of an earlier version are back: they are the file's newest version again");
+        // Staged anew but not taken (the chunking changed since): no one's.
+        let taken: std::collections::HashSet<String> = locations.iter().map(|(_, l)| l.clone()).collect();
+        let orphans: Vec<String> = staged_anew.into_iter().filter(|rel| !taken.contains(&self.staging.url(rel))).collect();
+        self.unstage(&orphans).await;
+        Ok(())
+    }
+
     /// Best effort: removes staged chunks no ledger row points to. What cannot go now is
     /// logged; it is a file in staging, not a record in the table.
     async fn unstage(&self, staged: &[String]) {
@@ -504,23 +620,57 @@ impl Extractor {
         }
     }
 
-    /// keep / archive / delete, only once the file's chunks are committed in the ledger.
+    /// keep / archive / delete, only once the file's chunks are durable: staged (fsynced, or
+    /// acknowledged by a remote store) and the ledger rows naming them on stable storage.
     async fn dispose(&self, e: &Entry, state: FileState) -> Result<()> {
-        if state != FileState::Chunked {
+        if state != FileState::Chunked || self.cfg.source.disposition == Disposition::Keep {
             return Ok(());
         }
+        // Durable before destructive: the commit of the chunks may still be in the page cache.
+        self.ledger.make_durable().await?;
         match self.cfg.source.disposition {
             Disposition::Keep => Ok(()),
             Disposition::Delete => Ok(self.source.delete(&e.rel).await?),
             Disposition::Archive => {
-                // The whole file is read into memory: as few at once as files are split.
-                let _cpu = self.cpu.clone().acquire_owned().await.map_err(|e| ExtractError::Internal(e.to_string()))?;
-                let archive = Store::open(self.cfg.source.archive_url.as_deref().unwrap_or_default(), &self.cfg.source.store)?;
-                let bytes = self.source.read(&e.rel).await?;
-                archive.put_atomic(&e.rel, bytes).await?;
+                self.archive(e).await?;
                 Ok(self.source.delete(&e.rel).await?)
             }
         }
+    }
+
+    /// Streams a source file to `source.archive_url`: never held in memory (a file of a few
+    /// hundred MB would not fit a pod's limit), sent from the file itself when the source is
+    /// a local directory, else through a temp file in the system's temp directory. As many at
+    /// once as files are split. Bounded like any transfer: a deadline that grows with the
+    /// size (a 1 MiB/s floor) and the no-progress watchdog of `source.store.read_stall`.
+    async fn archive(&self, e: &Entry) -> Result<()> {
+        let _cpu = self.cpu.clone().acquire_owned().await.map_err(|e| ExtractError::Internal(e.to_string()))?;
+        let archive = Store::open(self.cfg.source.archive_url.as_deref().unwrap_or_default(), &self.cfg.source.store)?;
+        let mut _local_copy = None;
+        let local = match self.source.local_path(&e.rel) {
+            Some(p) => p,
+            None => {
+                let (source, rel) = (self.source.clone(), e.rel.clone());
+                let copy = tokio::task::spawn_blocking(move || -> Result<tempfile::NamedTempFile> {
+                    let tmp_err = |e| ExtractError::Read { path: "a temp file for archiving".into(), source: e };
+                    let mut tmp = tempfile::Builder::new().prefix(".ferry-archive-").tempfile().map_err(tmp_err)?;
+                    let mut r = source.open_blocking(&rel)?;
+                    std::io::copy(&mut r, tmp.as_file_mut()).map_err(|e| ExtractError::Read { path: rel.clone(), source: e })?;
+                    Ok(tmp)
+                })
+                .await
+                .map_err(|e| ExtractError::Internal(e.to_string()))??;
+                let p = copy.path().to_path_buf();
+                _local_copy = Some(copy);
+                p
+            }
+        };
+        let o = &self.cfg.source.store;
+        let deadline = o.call_timeout.0 * 2 + Duration::from_secs(e.size >> 20);
+        let progress = ferry_storage::Progress::default();
+        let what = format!("archiving {} to {}", self.source.url(&e.rel), archive.url(&e.rel));
+        ferry_storage::watched(&what, deadline, o.read_stall.0, progress.clone(), archive.put_file(&local, &e.rel, progress)).await?;
+        Ok(())
     }
 }
 

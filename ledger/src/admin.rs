@@ -49,6 +49,21 @@ pub struct RequeueFilter {
     pub chunk_id: Option<String>,
 }
 
+/// Takes the row locks of a chunk's tasks before an admin command reads them (a no-op write,
+/// one statement for both backends). On Postgres a claim then skips those rows (`SKIP
+/// LOCKED`) and one in flight is waited for and then seen, so what the command read is what
+/// it changes; SQLite's write transaction holds the whole database already.
+macro_rules! lock_chunk_tasks {
+    ($tx:expr, $chunk:expr, $pipeline:expr, $op:expr) => {
+        sqlx::query("UPDATE tasks SET epoch = epoch WHERE chunk_id = $1 AND pipeline = $2")
+            .bind($chunk)
+            .bind($pipeline)
+            .execute(&mut *$tx)
+            .await
+            .map_err(db($op))?
+    };
+}
+
 impl Ledger {
     /// Sends quarantined tasks back to `available` with a fresh attempt budget.
     pub async fn requeue(&self, filter: &RequeueFilter) -> Result<u64> {
@@ -178,6 +193,7 @@ impl Ledger {
                 on_backend!(self, |pool, begin| {
                     let op = "rerun";
                     let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                    lock_chunk_tasks!(tx, chunk, self.pipeline(), op);
                     let rows: Vec<(String, String)> =
                         sqlx::query_as("SELECT stage, state FROM tasks WHERE chunk_id = $1 AND pipeline = $2")
                             .bind(chunk)
@@ -208,18 +224,28 @@ impl Ledger {
                     }
                     let ready = (missing || rows.iter().any(|(s, _)| s == from.as_str())) && !running;
                     if ready && !dry_run {
-                        sqlx::query(
+                        // Never a running task (claimed since the read above, on Postgres):
+                        // its worker's lease stays good and the rerun says it could not.
+                        let n = sqlx::query(
                             "UPDATE tasks SET state = $3, attempt = 0, scheduled_at = $4, finalized_at = NULL,
-                                last_error = NULL, last_error_class = NULL
-                             WHERE chunk_id = $1 AND stage = $2",
+                                last_error = NULL, last_error_class = NULL, epoch = epoch + 1
+                             WHERE chunk_id = $1 AND stage = $2 AND pipeline = $5
+                               AND NOT EXISTS (SELECT 1 FROM tasks r WHERE r.chunk_id = $1 AND r.pipeline = $5 AND r.state = $6)",
                         )
                         .bind(chunk)
                         .bind(from.as_str())
                         .bind(TaskState::Available.as_str())
                         .bind(now)
+                        .bind(self.pipeline())
+                        .bind(TaskState::Running.as_str())
                         .execute(&mut *tx)
                         .await
-                        .map_err(db(op))?;
+                        .map_err(db(op))?
+                        .rows_affected();
+                        if n == 0 {
+                            tx.rollback().await.map_err(db(op))?;
+                            return Ok((vec![("one of its stages".to_string(), TaskState::Running.as_str().to_string())], false));
+                        }
                         sqlx::query("DELETE FROM skips WHERE chunk_id = $1").bind(chunk).execute(&mut *tx).await.map_err(db(op))?;
                     }
                     tx.commit().await.map_err(db(op))?;
@@ -252,6 +278,7 @@ impl Ledger {
                 on_backend!(self, |pool, begin| {
                     let op = "skip";
                     let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                    lock_chunk_tasks!(tx, chunk, self.pipeline(), op);
                     let open: Vec<(String, String)> =
                         sqlx::query_as("SELECT stage, state FROM tasks WHERE chunk_id = $1 AND state IN ($2, $3, $4) AND pipeline = $5")
                             .bind(chunk)
@@ -262,28 +289,39 @@ impl Ledger {
                             .fetch_all(&mut *tx)
                             .await
                             .map_err(db(op))?;
+                    let mut closed = 0;
                     if !dry_run {
-                        for (stage, _) in &open {
-                            sqlx::query(
+                        for (stage, state) in &open {
+                            // Guarded by the state just read: a worker that claimed the task
+                            // since (Postgres reads committed rows only) keeps it, and its
+                            // side effects are never handed on under a skip.
+                            let n = sqlx::query(
                                 "UPDATE tasks SET state = $3, finalized_at = $4, lease_owner = NULL, lease_expires_at = NULL,
                                     epoch = epoch + 1, last_error = $5, bytes = 0, records = 0
-                                 WHERE chunk_id = $1 AND stage = $2",
+                                 WHERE chunk_id = $1 AND stage = $2 AND state = $6 AND pipeline = $7",
                             )
                             .bind(chunk)
                             .bind(stage)
                             .bind(TaskState::Done.as_str())
                             .bind(now)
-                            .bind(format!("skipped by an operator: {reason}"))
+                            .bind(crate::text(&format!("skipped by an operator: {reason}")))
+                            .bind(state)
+                            .bind(self.pipeline())
                             .execute(&mut *tx)
                             .await
-                            .map_err(db(op))?;
+                            .map_err(db(op))?
+                            .rows_affected();
+                            if n == 0 {
+                                continue;
+                            }
+                            closed += 1;
                             sqlx::query(
                                 "INSERT INTO skips (chunk_id, stage, reason, skipped_at) VALUES ($1, $2, $3, $4)
                                  ON CONFLICT (chunk_id, stage) DO UPDATE SET reason = excluded.reason, skipped_at = excluded.skipped_at",
                             )
                             .bind(chunk)
                             .bind(stage)
-                            .bind(reason)
+                            .bind(crate::text(reason))
                             .bind(now)
                             .execute(&mut *tx)
                             .await
@@ -291,14 +329,14 @@ impl Ledger {
                         }
                     }
                     tx.commit().await.map_err(db(op))?;
-                    Ok(open.len() as u64)
+                    Ok(if dry_run { open.len() as u64 } else { closed })
                 })
             })
             .await?;
         if n == 0 {
             let bad = ferry_common::error::ConfigError::new(
                 "--chunk",
-                format!("chunk {chunk} has no task to skip (none waiting or quarantined; a running one must end first)"),
+                format!("chunk {chunk} has no task to skip now (none waiting or quarantined; a running one must end first)"),
             );
             return Err(crate::Error::Config(bad));
         }
@@ -373,17 +411,48 @@ impl Ledger {
         Ok(Status { files, backlog, stuck_leases, redone_attempts, redone_bytes })
     }
 
-    /// Chunks whose `stage` task is done (for cleaning up what that stage left behind).
-    pub async fn done_chunks(&self, stage: Stage) -> Result<Vec<String>> {
-        self.call("done_chunks", || async move {
+    /// Which of `chunks` are this pipeline's (in its ledger rows): what its cleanup may touch
+    /// of what it finds under a root other pipelines and tools may share.
+    pub async fn own_chunks(&self, chunks: &[String]) -> Result<std::collections::HashSet<String>> {
+        let mut ours = std::collections::HashSet::new();
+        for c in chunks.iter().collect::<std::collections::BTreeSet<_>>() {
+            let n: i64 = self
+                .call("own_chunks", || async move {
+                    on_backend!(self, |pool, begin| {
+                        sqlx::query_scalar(
+                            "SELECT COUNT(*) FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.id = $1 AND f.pipeline = $2",
+                        )
+                        .bind(c)
+                        .bind(self.pipeline())
+                        .fetch_one(pool)
+                        .await
+                        .map_err(db("own_chunks"))
+                    })
+                })
+                .await?;
+            if n > 0 {
+                ours.insert(c.clone());
+            }
+        }
+        Ok(ours)
+    }
+
+    /// Chunks that are published and that no stage is working on again: their load is done
+    /// and no task of theirs is anything but done. A chunk being redone (`ferry rerun`) is not
+    /// among them while any of its stages is due, however long its copy takes, so what its new
+    /// copy lands is never taken for a stray.
+    pub async fn published_and_settled(&self) -> Result<Vec<String>> {
+        self.call("published_and_settled", || async move {
             on_backend!(self, |pool, begin| {
-                sqlx::query_scalar("SELECT chunk_id FROM tasks WHERE stage = $1 AND state = $2 AND pipeline = $3")
-                    .bind(stage.as_str())
-                    .bind(TaskState::Done.as_str())
-                    .bind(self.pipeline())
-                    .fetch_all(pool)
-                    .await
-                    .map_err(db("done_chunks"))
+                sqlx::query_scalar(
+                    "SELECT l.chunk_id FROM tasks l WHERE l.stage = 'load' AND l.state = 'done' AND l.pipeline = $1
+                       AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.chunk_id = l.chunk_id AND o.pipeline = l.pipeline
+                                       AND o.state <> 'done')",
+                )
+                .bind(self.pipeline())
+                .fetch_all(pool)
+                .await
+                .map_err(db("published_and_settled"))
             })
         })
         .await
@@ -391,14 +460,20 @@ impl Ledger {
 
     /// Chunks whose spool files no one needs any more: copied, and not being transformed again
     /// (`ferry rerun`), so no transform is writing them now. A spool node's Parquet for a chunk
-    /// that another node transformed and copied (its lease was lost mid-write) is among them.
+    /// that another node transformed and copied (its lease was lost mid-write) is among them,
+    /// and so is a published chunk whose transform and copy tasks `ferry prune` took (a copy
+    /// whose after-commit removal never ran, its reply lost, would leave them for ever).
     pub async fn spool_spent(&self) -> Result<Vec<String>> {
         self.call("spool_spent", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query_scalar(
                     "SELECT c.chunk_id FROM tasks c JOIN tasks t ON t.chunk_id = c.chunk_id AND t.pipeline = c.pipeline
                        AND t.stage = 'transform'
-                     WHERE c.pipeline = $1 AND c.stage = 'copy' AND c.state = 'done' AND t.state = 'done'",
+                     WHERE c.pipeline = $1 AND c.stage = 'copy' AND c.state = 'done' AND t.state = 'done'
+                     UNION
+                     SELECT l.chunk_id FROM tasks l
+                     WHERE l.pipeline = $1 AND l.stage = 'load' AND l.state = 'done'
+                       AND NOT EXISTS (SELECT 1 FROM tasks e WHERE e.chunk_id = l.chunk_id AND e.stage IN ('transform', 'copy'))",
                 )
                 .bind(self.pipeline())
                 .fetch_all(pool)
@@ -603,10 +678,15 @@ impl Ledger {
         let skipped = self
             .call("skips", || async move {
                 on_backend!(self, |pool, begin| {
-                    sqlx::query_as("SELECT chunk_id, stage, reason FROM skips ORDER BY skipped_at DESC, chunk_id LIMIT 50")
-                        .fetch_all(pool)
-                        .await
-                        .map_err(db("skips"))
+                    sqlx::query_as(
+                        "SELECT s.chunk_id, s.stage, s.reason FROM skips s
+                         WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.chunk_id = s.chunk_id AND t.pipeline = $1)
+                         ORDER BY s.skipped_at DESC, s.chunk_id LIMIT 50",
+                    )
+                    .bind(self.pipeline())
+                    .fetch_all(pool)
+                    .await
+                    .map_err(db("skips"))
                 })
             })
             .await?;
@@ -638,18 +718,29 @@ pub struct Pruned {
 
 impl Ledger {
     /// Deletes this pipeline's history finished before `cutoff_ms`: attempts of done tasks,
-    /// the transform and copy tasks of chunks whose load is done (with their attempts), closed
-    /// outages and chunk notes. Exactly-once needs none of it: source files, chunks, parts,
-    /// rejects, published rows and the load task of every chunk stay, so extract still knows
-    /// every file and no stage finds work to redo.
+    /// the transform and copy tasks of chunks whose load is done (with their attempts), every
+    /// task of a chunk of a replaced version (a newer version of its file is in the table,
+    /// nothing of it is), closed outages and chunk notes. Exactly-once needs none of it:
+    /// source files, chunks, parts, rejects, published rows and the load task of every chunk
+    /// in the table stay, so extract still knows every file and no stage finds work to redo.
     pub async fn prune(&self, cutoff_ms: i64, dry_run: bool) -> Result<Pruned> {
         // Transform and copy tasks that may go: their chunk is published (load done), and the
         // task finished before the cutoff.
         // The conditions are on the deleted rows themselves (not only in a subquery), so a task
         // a concurrent `rerun` just made available again is not deleted under it.
+        // And every task of a chunk of a replaced version: nothing of it is in the table, a
+        // newer version of its file is, and none of its tasks is unfinished. Should the old
+        // bytes come back, extract sends such a chunk through transform again (see
+        // `undone_version`), so its history is not needed for that either.
         const OLD_TASK: &str = "tasks.pipeline = $1 AND tasks.state = 'done' AND tasks.finalized_at < $2
-             AND tasks.stage IN ('transform', 'copy')
-             AND EXISTS (SELECT 1 FROM tasks l WHERE l.chunk_id = tasks.chunk_id AND l.stage = 'load' AND l.state = 'done')";
+             AND ((tasks.stage IN ('transform', 'copy')
+                   AND EXISTS (SELECT 1 FROM tasks l WHERE l.chunk_id = tasks.chunk_id AND l.stage = 'load' AND l.state = 'done'))
+                  OR (NOT EXISTS (SELECT 1 FROM published p WHERE p.chunk_id = tasks.chunk_id)
+                      AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.chunk_id = tasks.chunk_id AND o.state <> 'done')
+                      AND EXISTS (SELECT 1 FROM chunks c JOIN source_files f ON f.id = c.file_id
+                                  JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version
+                                  JOIN chunks nc ON nc.file_id = n.id JOIN published np ON np.chunk_id = nc.id
+                                  WHERE c.id = tasks.chunk_id)))";
         let old_attempt = format!(
             "attempts.task_id IN (SELECT id FROM tasks WHERE {OLD_TASK})
              OR (attempts.ended_at < $2 AND attempts.task_id IN (SELECT id FROM tasks WHERE pipeline = $1 AND state = 'done'))"
@@ -663,7 +754,7 @@ impl Ledger {
             "DELETE FROM tasks WHERE {OLD_TASK} AND id IN (SELECT tasks.id FROM tasks WHERE {OLD_TASK}
                AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.task_id = tasks.id) LIMIT {PRUNE_BATCH})"
         );
-        let outages_sql = "DELETE FROM outages WHERE ended_at IS NOT NULL AND ended_at < $2 AND $1 = $1".to_string();
+        let outages_sql = "DELETE FROM outages WHERE ended_at IS NOT NULL AND ended_at < $2 AND pipeline = $1".to_string();
         let notes_sql = "DELETE FROM chunk_notes WHERE noted_at < $2 AND chunk_id IN
             (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.pipeline = $1)"
             .to_string();

@@ -22,6 +22,13 @@
 //! through never trips the breaker (its streak is broken by their successes, and one chunk
 //! alone is not a streak), so it is still quarantined after `max_attempts`. The state is per
 //! process: several workers that find one store down share its ledger row.
+//!
+//! A store with a probe of its own (a cheap call that needs no chunk: `Store::probe`) is told
+//! apart by asking it instead of counting chunks: a transient failure is followed by a probe;
+//! the store is down when the probe fails too (one lone chunk is enough), and the chunk's own
+//! failure when it answers (two chunks too large for their deadline are that: counted, and in
+//! the end quarantined, never an outage for ever). While such a store is down no chunk is
+//! claimed at all; the probe runs on the schedule, and the first answer ends the outage.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -70,6 +77,8 @@ struct Store {
     streak: Vec<(i64, i64)>,
     chunks: std::collections::HashSet<i64>,
     down: Option<Down>,
+    /// Down on the word of its own probe: probed again by the same, not by a chunk.
+    probed: bool,
 }
 
 /// The breakers of one stage process, one per store its chunks go to.
@@ -115,6 +124,60 @@ impl Breakers {
         Verdict::Tripped { refund, retry_at: next_probe }
     }
 
+    /// A transient failure of task `(id, epoch)` on `store`, after the store's own probe
+    /// answered (`store_answers`) or not: down only when the probe failed too.
+    pub fn failed_probed(&mut self, store: &'static str, task: (i64, i64), store_answers: bool) -> Verdict {
+        if self.is_down(store) {
+            return self.failed(store, task);
+        }
+        let cap = self.backoff();
+        let s = self.stores.entry(store).or_default();
+        if store_answers {
+            // The chunk's own failure: it counts, and says nothing of the store.
+            s.streak.clear();
+            s.chunks.clear();
+            return Verdict::Counted;
+        }
+        let mut backoff = cap;
+        let now = Instant::now();
+        let next_probe = now + backoff.next().unwrap_or(Duration::from_secs(1));
+        s.down = Some(Down { since: now, probes: 0, next_probe, backoff });
+        s.probed = true;
+        s.chunks.clear();
+        Verdict::Tripped { refund: std::mem::take(&mut s.streak), retry_at: next_probe }
+    }
+
+    /// Whether `store` is down now.
+    pub fn is_down(&self, store: &str) -> bool {
+        self.stores.get(store).is_some_and(|s| s.down.is_some())
+    }
+
+    /// The stores down on their probe's word whose next probe is due.
+    pub fn probes_due(&self) -> Vec<&'static str> {
+        let now = Instant::now();
+        let mut v: Vec<_> =
+            self.stores.iter().filter(|(_, s)| s.probed && s.down.as_ref().is_some_and(|d| now >= d.next_probe)).map(|(n, _)| *n).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// A probe of `store` failed again: the next one later. Returns the probes so far.
+    pub fn probe_failed(&mut self, store: &'static str) -> u64 {
+        let Some(d) = self.stores.get_mut(store).and_then(|s| s.down.as_mut()) else { return 0 };
+        d.probes += 1;
+        d.next_probe = Instant::now() + d.backoff.next().unwrap_or(Duration::from_secs(1));
+        d.probes
+    }
+
+    /// `store`'s probe answered: it is up. Returns how long it was down, if it was.
+    pub fn probe_answered(&mut self, store: &'static str) -> Option<Duration> {
+        let s = self.stores.get_mut(store)?;
+        s.streak.clear();
+        s.chunks.clear();
+        s.probed = false;
+        s.down.take().map(|d| d.since.elapsed())
+    }
+
     /// A chunk finished, or failed for a reason of its own (the store answered): every store of
     /// the stage is up. Returns the stores that were down, with how long.
     pub fn succeeded(&mut self) -> Vec<(&'static str, Duration)> {
@@ -122,6 +185,7 @@ impl Breakers {
         for (name, s) in self.stores.iter_mut() {
             s.streak.clear();
             s.chunks.clear();
+            s.probed = false;
             if let Some(d) = s.down.take() {
                 back.push((*name, d.since.elapsed()));
             }
@@ -148,6 +212,10 @@ impl Breakers {
         let downs: Vec<&Down> = self.stores.values().filter_map(|s| s.down.as_ref()).collect();
         if downs.is_empty() {
             return free;
+        }
+        // A store that has a probe of its own is probed by it, never by a chunk.
+        if self.stores.values().any(|s| s.probed && s.down.is_some()) {
+            return 0;
         }
         let due = downs.iter().all(|d| Instant::now() >= d.next_probe);
         if due && in_flight == 0 { free.min(1) } else { 0 }
@@ -191,6 +259,27 @@ mod tests {
             if t % 2 == 1 {
                 b.succeeded(); // others get through between the failures
             }
+        }
+        assert!(!b.any_down());
+    }
+
+    #[test]
+    fn with_a_probe_a_lone_chunk_trips_and_chunks_that_fail_alone_never_do() {
+        let mut b = Breakers::new(Duration::from_secs(300));
+        // The store does not answer its probe either: down at the first failure.
+        let Verdict::Tripped { refund, .. } = b.failed_probed("destination", (1, 1), false) else { panic!("trips") };
+        assert!(refund.is_empty());
+        assert_eq!(b.claim_limit(0, 4), 0, "no chunk goes out while the store is down");
+        assert!(matches!(b.failed_probed("destination", (1, 2), false), Verdict::StillDown { .. }));
+        assert_eq!(b.probe_failed("destination"), 2);
+        assert_eq!(b.claim_limit(0, 4), 0, "not even a probe chunk: the store's own probe runs");
+        assert!(b.probe_answered("destination").is_some());
+        assert_eq!(b.claim_limit(0, 4), 4);
+        // Two chunks that fail while the store answers (too large for their deadline): each
+        // failure counts, however many in a row.
+        for epoch in 1..10 {
+            assert_eq!(b.failed_probed("destination", (7, epoch), true), Verdict::Counted);
+            assert_eq!(b.failed_probed("destination", (8, epoch), true), Verdict::Counted);
         }
         assert!(!b.any_down());
     }

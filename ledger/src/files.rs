@@ -21,6 +21,21 @@ pub struct NewSourceFile {
 /// The text of a format the file name did not tell.
 const UNKNOWN_FORMAT: &str = "unknown";
 
+/// What [`Ledger::record_chunks`] did with a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// Its chunks and their first tasks are in.
+    Chunked,
+    /// Another file with the same bytes (this URI) is taken in: this one is quarantined.
+    SameBytesAs(String),
+}
+
+/// Why a file with the same bytes as one taken in is set aside (the same words whether the
+/// two came in one pass or in two).
+pub fn duplicate_reason(uri: &str, first: &str) -> String {
+    format!("{uri}: the same bytes as {first}, which is taken in already; not loaded twice")
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct SourceFile {
     pub id: i64,
@@ -107,21 +122,35 @@ macro_rules! select_source_file {
 
 impl Ledger {
     /// The file already known at this uri with this size and mtime, if any: lets extract skip
-    /// hashing files it has seen.
-    pub async fn find_file(&self, uri: &str, size: i64, mtime_ms: i64, change_token: Option<&str>) -> Result<Option<SourceFile>> {
+    /// hashing files it has seen. With `newest_only`, only a row that is its path's newest
+    /// version counts: an older version whose token matches is an undone correction whose
+    /// revival did not happen yet (extract died between registering the bytes, which stores
+    /// the token, and reviving them), and must be read again, not skipped for ever.
+    pub async fn find_file(
+        &self,
+        uri: &str,
+        size: i64,
+        mtime_ms: i64,
+        change_token: Option<&str>,
+        newest_only: bool,
+    ) -> Result<Option<SourceFile>> {
         // Without a change token, size and mtime prove nothing: the caller hashes.
         let Some(token) = change_token else { return Ok(None) };
         self.call("find_file", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query_as::<_, SourceFile>(concat!(
                     select_source_file!(),
-                    " WHERE uri = $1 AND size = $2 AND mtime_ms = $3 AND change_token = $4 AND pipeline = $5 ORDER BY id DESC LIMIT 1"
+                    " WHERE uri = $1 AND size = $2 AND mtime_ms = $3 AND change_token = $4 AND pipeline = $5
+                       AND (NOT $6 OR NOT EXISTS (SELECT 1 FROM source_files n
+                            WHERE n.pipeline = source_files.pipeline AND n.uri = source_files.uri AND n.version > source_files.version))
+                     ORDER BY id DESC LIMIT 1"
                 ))
                 .bind(uri)
                 .bind(size)
                 .bind(mtime_ms)
                 .bind(token)
                 .bind(self.pipeline())
+                .bind(newest_only)
                 .fetch_optional(pool)
                 .await
                 .map_err(db("find_file"))
@@ -159,7 +188,7 @@ impl Ledger {
                     "INSERT INTO source_files
                         (pipeline, uri, size, mtime_ms, content_hash, version, format, registered_at, change_token)
                      VALUES ($9, $1, $2, $3, $4,
-                        (SELECT COUNT(*) + 1 FROM source_files WHERE pipeline = $9 AND uri = $1), $5, $6, $7)
+                        (SELECT COALESCE(MAX(version), 0) + 1 FROM source_files WHERE pipeline = $9 AND uri = $1), $5, $6, $7)
                      ON CONFLICT (pipeline, uri, content_hash) DO UPDATE SET
                         mtime_ms = excluded.mtime_ms, change_token = excluded.change_token,
                         format = CASE WHEN source_files.state = $8 THEN excluded.format ELSE source_files.format END",
@@ -188,15 +217,176 @@ impl Ledger {
         .await
     }
 
-    /// Records a file's chunks and their first tasks, and marks the file `chunked`, in one
-    /// transaction. Idempotent: chunks and tasks that exist are left alone.
-    pub async fn record_chunks(&self, file_id: i64, chunks: &[NewChunk], first: Stage) -> Result<()> {
+    /// When a file taken in before (`file_id`) is at its path again but is not the newest
+    /// version there (a correction undone: the old bytes put back), its chunks as (id, seq,
+    /// hash, whether it must run again: none of its tasks is unfinished and nothing of it is
+    /// in the table, as the newer version replaced it, or a newer version is in the table
+    /// too). None when it is the newest version.
+    pub async fn undone_version(&self, file_id: i64) -> Result<Option<Vec<(String, i64, String, bool)>>> {
+        self.call("undone_version", || async move {
+            on_backend!(self, |pool, begin| {
+                let newest: bool = sqlx::query_scalar::<_, i64>(
+                    "SELECT COUNT(*) FROM source_files f JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri
+                     AND n.version > f.version WHERE f.id = $1",
+                )
+                .bind(file_id)
+                .fetch_one(pool)
+                .await
+                .map_err(db("undone_version"))?
+                    == 0;
+                if newest {
+                    return Ok(None);
+                }
+                // A chunk runs again unless one of its tasks is still on its way (its load is
+                // done, or its tasks were all pruned as a replaced version's). Rows of a chunk
+                // still in `published` while a newer version is published too are a switch cut
+                // short (the newer version's load removes the old files, then their rows): its
+                // files may be gone, so it runs again as well; load finds in place whatever of
+                // it is still in the table.
+                let rows: Vec<(String, i64, String, i64)> = sqlx::query_as(
+                    "SELECT c.id, c.seq, c.content_hash,
+                            CAST(CASE WHEN NOT EXISTS (SELECT 1 FROM tasks t WHERE t.chunk_id = c.id AND t.state <> 'done')
+                               AND (NOT EXISTS (SELECT 1 FROM published p WHERE p.chunk_id = c.id)
+                                    OR EXISTS (SELECT 1 FROM source_files n JOIN chunks nc ON nc.file_id = n.id
+                                               JOIN published np ON np.chunk_id = nc.id
+                                               WHERE n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version))
+                             THEN 1 ELSE 0 END AS BIGINT)
+                     FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.file_id = $1 ORDER BY c.seq",
+                )
+                .bind(file_id)
+                .fetch_all(pool)
+                .await
+                .map_err(db("undone_version"))?;
+                Ok(Some(rows.into_iter().map(|(id, seq, hash, rerun)| (id, seq, hash, rerun > 0)).collect()))
+            })
+        })
+        .await
+    }
+
+    /// Makes `file_id` its path's newest version again (the next version number), with its
+    /// chunks staged again at `locations` (chunk id, staged URL) where extract staged them
+    /// anew, and the chunks `rerun` sent to transform again: one transaction, so the version is
+    /// never the newest without its chunks on their way back into the table.
+    pub async fn revive_version(&self, file_id: i64, locations: &[(String, String)], rerun: &[String]) -> Result<i64> {
         let now = self.now_ms();
         let max_attempts = self.opts.max_attempts;
+        self.call("revive_version", || async move {
+            on_backend!(self, |pool, begin| {
+                let op = "revive_version";
+                let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                let next: i64 = sqlx::query_scalar(
+                    "SELECT MAX(n.version) + 1 FROM source_files f JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri
+                     WHERE f.id = $1",
+                )
+                .bind(file_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db(op))?;
+                sqlx::query("UPDATE source_files SET version = $2 WHERE id = $1")
+                    .bind(file_id)
+                    .bind(next)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                for (chunk, location) in locations {
+                    sqlx::query("UPDATE chunks SET location = $2 WHERE id = $1 AND file_id = $3")
+                        .bind(chunk)
+                        .bind(location)
+                        .bind(file_id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                }
+                for chunk in rerun {
+                    // As `ferry rerun --from transform`: the task again (recreated if prune
+                    // took it); a running one is on its way already.
+                    sqlx::query(
+                        "INSERT INTO tasks (pipeline, chunk_id, stage, state, max_attempts, scheduled_at, created_at)
+                         VALUES ($1, $2, 'transform', 'available', $3, $4, $4) ON CONFLICT (chunk_id, stage) DO NOTHING",
+                    )
+                    .bind(self.pipeline())
+                    .bind(chunk)
+                    .bind(max_attempts)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                    sqlx::query(
+                        "UPDATE tasks SET state = 'available', attempt = 0, scheduled_at = $2, finalized_at = NULL,
+                            last_error = NULL, last_error_class = NULL, epoch = epoch + 1
+                         WHERE chunk_id = $1 AND stage = 'transform' AND state <> 'running'",
+                    )
+                    .bind(chunk)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                    sqlx::query("DELETE FROM skips WHERE chunk_id = $1").bind(chunk).execute(&mut *tx).await.map_err(db(op))?;
+                }
+                tx.commit().await.map_err(db(op))?;
+                Ok(next)
+            })
+        })
+        .await
+    }
+
+    /// Records a file's chunks and their first tasks, and marks the file `chunked`, in one
+    /// transaction. Idempotent: chunks and tasks that exist are left alone.
+    ///
+    /// Unless another file of the pipeline with the same bytes is chunked already (two names
+    /// delivered at once both pass the check before the split): then this one is quarantined
+    /// instead, with the first one's name, in the same transaction. The check and the commit
+    /// are one step (SQLite's write lock; on Postgres a transaction lock on the content hash),
+    /// so of two copies exactly one is taken in, and the other says which.
+    pub async fn record_chunks(&self, file_id: i64, chunks: &[NewChunk], first: Stage) -> Result<Recorded> {
+        let now = self.now_ms();
+        let max_attempts = self.opts.max_attempts;
+        let postgres = self.backend_name() == "postgres";
         self.call("record_chunks", || async move {
             on_backend!(self, |pool, begin| {
                 let op = "record_chunks";
                 let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                let (uri, hash, size): (String, String, i64) =
+                    sqlx::query_as("SELECT uri, content_hash, size FROM source_files WHERE id = $1")
+                        .bind(file_id)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                if postgres {
+                    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                        .bind(&hash)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                }
+                // An empty file holds nothing to double: never a duplicate.
+                let twin: Option<String> = if size == 0 {
+                    None
+                } else {
+                    sqlx::query_scalar(
+                        "SELECT uri FROM source_files WHERE content_hash = $1 AND uri <> $2 AND state = $3 AND pipeline = $4
+                     ORDER BY id LIMIT 1",
+                    )
+                    .bind(&hash)
+                    .bind(&uri)
+                    .bind(FileState::Chunked.as_str())
+                    .bind(self.pipeline())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db(op))?
+                };
+                if let Some(twin) = twin {
+                    sqlx::query("UPDATE source_files SET state = $3, error = $2 WHERE id = $1 AND state <> $4")
+                        .bind(file_id)
+                        .bind(crate::text(&duplicate_reason(&uri, &twin)))
+                        .bind(FileState::Quarantined.as_str())
+                        .bind(FileState::Chunked.as_str())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                    tx.commit().await.map_err(db(op))?;
+                    return Ok(Recorded::SameBytesAs(twin));
+                }
                 for c in chunks {
                     sqlx::query(
                         "INSERT INTO chunks (id, file_id, seq, range_kind, range_start, range_end,
@@ -244,7 +434,8 @@ impl Ledger {
                 .execute(&mut *tx)
                 .await
                 .map_err(db(op))?;
-                tx.commit().await.map_err(db(op))
+                tx.commit().await.map_err(db(op))?;
+                Ok(Recorded::Chunked)
             })
         })
         .await
@@ -272,13 +463,36 @@ impl Ledger {
         .await
     }
 
+    /// Records an entry of the source that cannot be taken in as it is (a name that is not
+    /// UTF-8, an unreadable directory, an S3 key that is not a valid path) as a quarantined
+    /// source file with `reason`, once: true when this call recorded it, false when it was
+    /// recorded before (it is skipped on every pass until it is renamed or removed).
+    pub async fn set_aside_entry(&self, uri: &str, reason: &str) -> Result<bool> {
+        let f = self
+            .register_file(&NewSourceFile {
+                uri: uri.to_string(),
+                size: 0,
+                mtime_ms: 0,
+                // Not the bytes' hash (they cannot be read as a file): one row per name.
+                content_hash: format!("unread:{}", blake3::hash(uri.as_bytes()).to_hex()),
+                format: None,
+                change_token: None,
+            })
+            .await?;
+        if f.state != FileState::Registered {
+            return Ok(false);
+        }
+        self.quarantine_file(f.id, reason).await?;
+        Ok(true)
+    }
+
     /// Marks a source file as bad input that will not be chunked, with the reason.
     pub async fn quarantine_file(&self, file_id: i64, reason: &str) -> Result<()> {
         self.call("quarantine_file", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query("UPDATE source_files SET state = $3, error = $2 WHERE id = $1")
                     .bind(file_id)
-                    .bind(reason)
+                    .bind(crate::text(reason))
                     .bind(FileState::Quarantined.as_str())
                     .execute(pool)
                     .await

@@ -23,7 +23,18 @@
 //! Operators move tasks too: `requeue` (quarantined -> available, fresh budget), `rerun`
 //! (any state but running -> available; when that stage completes, the trigger resets the next
 //! stage's existing task instead of keeping it, so the chunk runs on to load again) and `skip`
-//! (waiting or quarantined -> done without output, the reason in `skips`).
+//! (waiting or quarantined -> done without output, the reason in `skips`). `rerun` and `skip`
+//! first lock the chunk's task rows (a no-op update), then change only tasks still in the
+//! state they read: a task a worker claims meanwhile stays the worker's, and the command says
+//! it could not.
+//!
+//! A task that waits for others (load of a corrected file's version, until all its chunks are
+//! copied) goes running -> retryable without counting its attempt ([`Ledger::wait`]).
+//!
+//! ## Durable before destructive
+//! Commits do not wait for the disk (SQLite: WAL, `synchronous = NORMAL`; Postgres: whatever
+//! `synchronous_commit` says). Anything destroyed on the strength of a commit (extract
+//! deleting or archiving a source file) waits for [`Ledger::make_durable`] first.
 //!
 //! `attempts` is append-only: one row per lease that ended (done, retryable, quarantined,
 //! lease_expired, released), with the worker, the times, the error class and the bytes moved.
@@ -80,16 +91,16 @@ pub use admin::{BacklogRow, Count, Overview, Pruned, Quarantined, RecentFailure,
 use backend::{Backend, Begin};
 use clock::{Clock, SystemClock};
 pub use error::{Error, Result};
-pub use files::{Chunk, NewChunk, NewSourceFile, SourceFile, chunk_id, staged_name};
+pub use files::{Chunk, NewChunk, NewSourceFile, Recorded, SourceFile, chunk_id, duplicate_reason, staged_name};
 pub use outages::Outage;
-pub use outputs::{Part, PartitionStats, Reject};
+pub use outputs::{Part, PartitionStats, Reject, VersionChunk, VersionState};
 pub use schemas::{SchemaColumn, TableSchema};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 11;
 /// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 9)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 11)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
@@ -274,6 +285,8 @@ pub const COMPAT: &[(i64, i64, &str)] = &[
     (7, 7, "pipelines: an older binary would claim every pipeline's tasks"),
     (8, 8, "spool nodes: an older copy would claim chunks spooled on another host"),
     (9, 8, "additive: redone bytes per attempt"),
+    (10, 10, "pipeline scope: schema versions and outages are keyed by pipeline (an older binary's upserts no longer match)"),
+    (11, 10, "additive: an index on published.chunk_id"),
 ];
 
 /// The pipeline of a config without `pipeline`, and of every row from before pipelines.
@@ -499,6 +512,63 @@ impl Ledger {
         &self.opts
     }
 
+    /// Makes every transaction this process has committed durable: on stable storage, not
+    /// only acknowledged. Called before anything is destroyed on the strength of a commit
+    /// (extract deleting or archiving a source file), since the ledger commits without
+    /// waiting for the disk: SQLite in WAL mode with `synchronous = NORMAL` syncs the WAL only
+    /// at checkpoints, and a Postgres run with `synchronous_commit = off` acknowledges before
+    /// its WAL is flushed; after a power loss either can have lost the commit while the
+    /// unlink survived.
+    ///
+    /// SQLite: the WAL file is fsynced (a checkpoint since the commit has synced the database
+    /// file itself). Postgres: a transaction that commits with `synchronous_commit = on`
+    /// returns only once the WAL is flushed up to its own commit record, so up to every
+    /// earlier commit too.
+    pub async fn make_durable(&self) -> Result<()> {
+        self.call("make_durable", || async move {
+            match &self.backend {
+                Backend::Sqlite(pool) => {
+                    let db = pool.connect_options().get_filename().to_path_buf();
+                    let deadline = self.opts.call_timeout;
+                    let synced = tokio::time::timeout(
+                        deadline,
+                        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                            let mut wal = db.clone().into_os_string();
+                            wal.push("-wal");
+                            for path in [std::path::PathBuf::from(wal), db] {
+                                match std::fs::File::open(&path) {
+                                    Ok(f) => f.sync_all()?,
+                                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                                    Err(e) => return Err(e),
+                                }
+                            }
+                            Ok(())
+                        }),
+                    )
+                    .await;
+                    match synced {
+                        Ok(Ok(Ok(()))) => Ok(()),
+                        Ok(Ok(Err(e))) => Err(Error::io("the SQLite ledger's WAL", e)),
+                        Ok(Err(e)) => Err(Error::Internal(format!("syncing the ledger: {e}"))),
+                        Err(_) => Err(Error::io(
+                            "the SQLite ledger's WAL",
+                            std::io::Error::new(std::io::ErrorKind::TimedOut, format!("fsync not done within {deadline:?}")),
+                        )),
+                    }
+                }
+                Backend::Postgres(pool, _) => {
+                    let op = "make_durable";
+                    let mut tx = pool.begin().await.map_err(db(op))?;
+                    sqlx::query("SET LOCAL synchronous_commit = on").execute(&mut *tx).await.map_err(db(op))?;
+                    // An xid of its own, so that the commit writes (and waits for) a record.
+                    sqlx::query("SELECT txid_current()").execute(&mut *tx).await.map_err(db(op))?;
+                    tx.commit().await.map_err(db(op))
+                }
+            }
+        })
+        .await
+    }
+
     pub fn backend_name(&self) -> &'static str {
         match self.backend {
             Backend::Sqlite(_) => "sqlite",
@@ -572,6 +642,13 @@ impl Ledger {
             }
         }
     }
+}
+
+/// Free text (reasons, notes, errors) as the ledger can hold it: Postgres refuses a NUL in
+/// `text`, which would make a reject row, and so its chunk, impossible to record for ever.
+/// A NUL is written `\0`, as `{:?}` would show it.
+pub(crate) fn text(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') { s.replace('\0', "\\0").into() } else { s.into() }
 }
 
 /// Wraps a sqlx error with the operation it interrupted.

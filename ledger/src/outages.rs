@@ -27,13 +27,14 @@ impl Ledger {
         self.call("outage_open", || async move {
             on_backend!(self, |pool, begin| {
                 let n = sqlx::query(
-                    "INSERT INTO outages (store, stage, started_at, last_error) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (store, stage) WHERE ended_at IS NULL DO NOTHING",
+                    "INSERT INTO outages (store, stage, started_at, last_error, pipeline) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (pipeline, store, stage) WHERE ended_at IS NULL DO NOTHING",
                 )
                 .bind(store)
                 .bind(stage.as_str())
                 .bind(now)
-                .bind(error)
+                .bind(crate::text(error))
+                .bind(self.pipeline())
                 .execute(pool)
                 .await
                 .map_err(db("outage_open"))?
@@ -51,12 +52,13 @@ impl Ledger {
             on_backend!(self, |pool, begin| {
                 sqlx::query(
                     "UPDATE outages SET probes = probes + 1, last_probe_at = $3, last_error = $4
-                     WHERE store = $1 AND stage = $2 AND ended_at IS NULL",
+                     WHERE store = $1 AND stage = $2 AND ended_at IS NULL AND pipeline = $5",
                 )
                 .bind(store)
                 .bind(stage.as_str())
                 .bind(now)
-                .bind(error)
+                .bind(crate::text(error))
+                .bind(self.pipeline())
                 .execute(pool)
                 .await
                 .map_err(db("outage_probe"))?;
@@ -66,15 +68,17 @@ impl Ledger {
         .await
     }
 
-    /// Closes the open outage of `store` for `stage`; returns whether there was one.
-    pub async fn outage_close(&self, store: &str, stage: Stage) -> Result<bool> {
+    /// Closes the open outages of `store`, every stage's: it answers, whoever opened them (a
+    /// process that exited while it was down, or whose close failed, leaves them to the next
+    /// one that sees it work). Returns whether there was one.
+    pub async fn outage_close(&self, store: &str) -> Result<bool> {
         let now = self.now_ms();
         self.call("outage_close", || async move {
             on_backend!(self, |pool, begin| {
-                let n = sqlx::query("UPDATE outages SET ended_at = $3 WHERE store = $1 AND stage = $2 AND ended_at IS NULL")
+                let n = sqlx::query("UPDATE outages SET ended_at = $2 WHERE store = $1 AND ended_at IS NULL AND pipeline = $3")
                     .bind(store)
-                    .bind(stage.as_str())
                     .bind(now)
+                    .bind(self.pipeline())
                     .execute(pool)
                     .await
                     .map_err(db("outage_close"))?
@@ -92,15 +96,16 @@ impl Ledger {
         self.call("outage_recorded", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query(
-                    "INSERT INTO outages (store, stage, started_at, ended_at, probes, last_probe_at, last_error)
-                     VALUES ($1, $2, $3, $4, $5, $4, $6)",
+                    "INSERT INTO outages (store, stage, started_at, ended_at, probes, last_probe_at, last_error, pipeline)
+                     VALUES ($1, $2, $3, $4, $5, $4, $6, $7)",
                 )
                 .bind(store)
                 .bind(stage.as_str())
                 .bind(started_at)
                 .bind(now)
                 .bind(probes)
-                .bind(error)
+                .bind(crate::text(error))
+                .bind(self.pipeline())
                 .execute(pool)
                 .await
                 .map_err(db("outage_recorded"))?;
@@ -110,13 +115,15 @@ impl Ledger {
         .await
     }
 
-    /// The outages not over yet, oldest first.
+    /// This pipeline's outages not over yet, oldest first.
     pub async fn open_outages(&self) -> Result<Vec<Outage>> {
         self.call("open_outages", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query_as(
-                    "SELECT id, store, stage, started_at, probes, last_probe_at, last_error FROM open_outages ORDER BY started_at, id",
+                    "SELECT id, store, stage, started_at, probes, last_probe_at, last_error FROM open_outages
+                     WHERE pipeline = $1 ORDER BY started_at, id",
                 )
+                .bind(self.pipeline())
                 .fetch_all(pool)
                 .await
                 .map_err(db("open_outages"))

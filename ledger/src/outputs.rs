@@ -59,6 +59,35 @@ macro_rules! fence {
     }};
 }
 
+/// The newest version of a chunk's source file, newer than the chunk's own, with files in
+/// the table (`$1`: the chunk).
+const NEWER_PUBLISHED: &str = "SELECT MAX(n.version) FROM chunks c
+     JOIN source_files f ON f.id = c.file_id
+     JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version
+     WHERE c.id = $1 AND EXISTS (SELECT 1 FROM chunks nc JOIN published p ON p.chunk_id = nc.id WHERE nc.file_id = n.id)";
+
+/// One version of a source file, as load needs it to publish the version whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionState {
+    pub version: i64,
+    pub uri: String,
+    /// Another version of the file was registered before this one: publishing this one
+    /// replaces it, so it happens only once every chunk of this one is copied.
+    pub replaces: bool,
+    pub chunks: Vec<VersionChunk>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionChunk {
+    pub id: String,
+    /// Copied to the destination (its load task exists).
+    pub copied: bool,
+    /// The stage where one of its tasks is quarantined.
+    pub quarantined_at: Option<String>,
+    /// Given up on by an operator (`ferry skip`): the version is whole without it.
+    pub skipped: bool,
+}
+
 impl Ledger {
     /// Replaces the chunk's parts and rejects with these, if `lease` is still current.
     pub async fn record_parts(&self, lease: &Lease, parts: &[Part], rejects: &[Reject]) -> Result<()> {
@@ -94,8 +123,8 @@ impl Ledger {
                              ON CONFLICT (chunk_id, position) DO NOTHING",
                         )
                         .bind(&lease.chunk_id)
-                        .bind(&r.position)
-                        .bind(&r.reason)
+                        .bind(crate::text(&r.position))
+                        .bind(crate::text(&r.reason))
                         .execute(&mut *tx)
                         .await
                         .map_err(db(op))?;
@@ -178,21 +207,51 @@ impl Ledger {
         .await
     }
 
-    /// The newest version registered for the source file of `chunk_id`, when it is newer
-    /// than the chunk's own (the chunk's file was replaced by a corrected one).
-    pub async fn newer_version(&self, chunk_id: &str) -> Result<Option<i64>> {
-        self.call("newer_version", || async move {
+    /// The newest version of the source file of `chunk_id` that is newer than the chunk's own
+    /// and has files in the table: the file was corrected, and the correction is published
+    /// (so this chunk's rows must not be).
+    pub async fn newer_version_published(&self, chunk_id: &str) -> Result<Option<i64>> {
+        self.call("newer_version_published", || async move {
             on_backend!(self, |pool, begin| {
-                sqlx::query_scalar(
-                    "SELECT MAX(n.version) FROM chunks c
-                     JOIN source_files f ON f.id = c.file_id
-                     JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version
-                     WHERE c.id = $1",
+                sqlx::query_scalar(NEWER_PUBLISHED).bind(chunk_id).fetch_one(pool).await.map_err(db("newer_version_published"))
+            })
+        })
+        .await
+    }
+
+    /// Where the version of the source file that `chunk_id` belongs to stands: its number,
+    /// its URI, whether another version of that file was registered before it, and each of
+    /// its chunks (copied yet, quarantined at which stage, skipped by an operator).
+    pub async fn version_of(&self, chunk_id: &str) -> Result<VersionState> {
+        self.call("version_of", || async move {
+            on_backend!(self, |pool, begin| {
+                let (version, uri, older): (i64, String, i64) = sqlx::query_as(
+                    "SELECT f.version, f.uri,
+                            (SELECT COUNT(*) FROM source_files o WHERE o.pipeline = f.pipeline AND o.uri = f.uri AND o.version < f.version)
+                     FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.id = $1",
                 )
                 .bind(chunk_id)
                 .fetch_one(pool)
                 .await
-                .map_err(db("newer_version"))
+                .map_err(db("version_of"))?;
+                let chunks: Vec<(String, i64, Option<String>, i64)> = sqlx::query_as(
+                    "SELECT s.id,
+                            (SELECT COUNT(*) FROM tasks t WHERE t.chunk_id = s.id AND t.stage = 'load'
+                               AND NOT EXISTS (SELECT 1 FROM tasks e WHERE e.chunk_id = s.id
+                                               AND e.stage IN ('transform', 'copy') AND e.state <> 'done')),
+                            (SELECT MIN(t.stage) FROM tasks t WHERE t.chunk_id = s.id AND t.state = 'quarantined'),
+                            (SELECT COUNT(*) FROM skips k WHERE k.chunk_id = s.id)
+                     FROM chunks s WHERE s.file_id = (SELECT file_id FROM chunks WHERE id = $1) ORDER BY s.seq",
+                )
+                .bind(chunk_id)
+                .fetch_all(pool)
+                .await
+                .map_err(db("version_of"))?;
+                let chunks = chunks
+                    .into_iter()
+                    .map(|(id, load, quarantined_at, skips)| VersionChunk { id, copied: load > 0, quarantined_at, skipped: skips > 0 })
+                    .collect();
+                Ok(VersionState { version, uri, replaces: older > 0, chunks })
             })
         })
         .await
@@ -219,12 +278,47 @@ impl Ledger {
         .await
     }
 
-    /// Forgets published files that were removed from the table (an older version's).
-    pub async fn retract_published(&self, paths: &[String]) -> Result<()> {
+    /// Makes these chunks' `stage` tasks that wait (retryable) due now: what they waited
+    /// for has happened.
+    pub async fn wake(&self, chunks: &[String], stage: crate::Stage) -> Result<()> {
+        let now = self.now_ms();
+        self.call("wake", || async move {
+            on_backend!(self, |pool, begin| {
+                let op = "wake";
+                let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                for c in chunks {
+                    sqlx::query(
+                        "UPDATE tasks SET scheduled_at = $3 WHERE chunk_id = $1 AND stage = $2 AND state = $4 AND scheduled_at > $3",
+                    )
+                    .bind(c)
+                    .bind(stage.as_str())
+                    .bind(now)
+                    .bind(TaskState::Retryable.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                }
+                tx.commit().await.map_err(db(op))
+            })
+        })
+        .await
+    }
+
+    /// Forgets published files that were removed from the table (an older version's of the
+    /// source file at `uri`).
+    pub async fn retract_published(&self, uri: &str, paths: &[String]) -> Result<()> {
+        let postgres = self.backend_name() == "postgres";
         self.call("retract_published", || async move {
             on_backend!(self, |pool, begin| {
                 let op = "retract_published";
                 let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                if postgres {
+                    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 1))")
+                        .bind(uri)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                }
                 for p in paths {
                     sqlx::query("DELETE FROM published WHERE path = $1").bind(p).execute(&mut *tx).await.map_err(db(op))?;
                 }
@@ -235,16 +329,38 @@ impl Ledger {
     }
 
     /// Records the chunk's files as published in `table`, if `lease` is still current. They
-    /// replace what was recorded for the chunk before (a rerun); idempotent.
-    pub async fn record_published(&self, lease: &Lease, table: &str, parts: &[(String, Part)]) -> Result<()> {
+    /// replace what was recorded for the chunk before (a rerun); idempotent. With `replace`
+    /// (`source.versions = "replace"`), nothing is recorded and false returned when a newer
+    /// version of the chunk's source file has been published meanwhile: the check and the
+    /// record are one step (SQLite's write lock; a transaction lock on the file's URI on
+    /// Postgres, which [`Ledger::retract_published`] takes too).
+    pub async fn record_published(&self, lease: &Lease, table: &str, parts: &[(String, Part)], replace: bool) -> Result<bool> {
         let now = self.now_ms();
+        let postgres = self.backend_name() == "postgres";
         let ok = self
             .call("record_published", || async move {
                 on_backend!(self, |pool, begin| {
                     let op = "record_published";
                     let (_write, mut tx) = write_tx!(self, pool, begin, op);
                     if !fence!(tx, lease, op) {
-                        return Ok(false);
+                        return Ok(None);
+                    }
+                    if replace {
+                        if postgres {
+                            sqlx::query(
+                                "SELECT pg_advisory_xact_lock(hashtextextended(f.uri, 1)) FROM chunks c
+                                 JOIN source_files f ON f.id = c.file_id WHERE c.id = $1",
+                            )
+                            .bind(&lease.chunk_id)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
+                        }
+                        let newer: Option<i64> =
+                            sqlx::query_scalar(NEWER_PUBLISHED).bind(&lease.chunk_id).fetch_one(&mut *tx).await.map_err(db(op))?;
+                        if newer.is_some() {
+                            return Ok(Some(false));
+                        }
                     }
                     sqlx::query("DELETE FROM published WHERE chunk_id = $1")
                         .bind(&lease.chunk_id)
@@ -270,11 +386,14 @@ impl Ledger {
                         .map_err(db(op))?;
                     }
                     tx.commit().await.map_err(db(op))?;
-                    Ok(true)
+                    Ok(Some(true))
                 })
             })
             .await?;
-        if ok { Ok(()) } else { Err(self.lease_lost(lease).await) }
+        match ok {
+            Some(recorded) => Ok(recorded),
+            None => Err(self.lease_lost(lease).await),
+        }
     }
 
     /// Files and records per published partition, from the `table_partitions` view.
@@ -282,8 +401,10 @@ impl Ledger {
         self.call("table_partitions", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query_as::<_, PartitionStats>(
-                    "SELECT table_name, partition, files, records FROM table_partitions ORDER BY table_name, partition",
+                    "SELECT table_name, partition, files, records FROM table_partitions WHERE pipeline = $1
+                     ORDER BY table_name, partition",
                 )
+                .bind(self.pipeline())
                 .fetch_all(pool)
                 .await
                 .map_err(db("table_partitions"))

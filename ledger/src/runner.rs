@@ -80,7 +80,38 @@ pub struct RunOptions {
     pub stores: Vec<(&'static str, String)>,
     /// The longest wait between probes of a store that is down.
     pub outage_probe_max: Duration,
+    /// The stores' own probes (see [`StoreProbe`]); none: outages are told by chunks alone.
+    pub probe: Option<StoreProbe>,
 }
+
+/// The stores a stage's chunks go to: by the name their errors give (`destination`), with
+/// what the outage record calls them (`destination s3://bucket/prefix`), and their probes.
+pub struct Stores {
+    pub names: Vec<(&'static str, String)>,
+    pub probe: Option<StoreProbe>,
+}
+
+/// A cheap call of a store's own, by the name its errors give (`destination`): Ok when the
+/// store answered, the error when it did not. None for a store without one (the ledger). It
+/// tells a store that is down from a chunk that fails on its own, and heals outage records
+/// that no process of this stage will close (one that exited while the store was down).
+#[derive(Clone)]
+pub struct StoreProbe(pub Arc<dyn Fn(&'static str) -> Option<ProbeFuture> + Send + Sync>);
+
+pub type ProbeFuture = Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
+
+impl std::fmt::Debug for StoreProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreProbe")
+    }
+}
+
+/// The longest a probe may take: the store's own deadlines bound it first.
+const PROBE_BOUND: Duration = Duration::from_secs(60);
+
+/// Under `--watch`, how often outage records of this stage's stores are looked at (and the
+/// stores probed): an outage a process that exited left open is closed within this.
+const HEAL_EVERY: Duration = Duration::from_secs(60);
 
 impl RunOptions {
     /// Options with the defaults of the binaries' flags.
@@ -95,8 +126,19 @@ impl RunOptions {
             progress_interval: Duration::from_secs(60),
             health: Health::new(Duration::from_secs(900)),
             stores: Vec::new(),
-            outage_probe_max: Duration::from_secs(300),
+            outage_probe_max: Duration::from_secs(60),
+            probe: None,
         }
+    }
+
+    /// What `store`'s probe says: Ok when it answered, its error when not; None when it has
+    /// no probe.
+    async fn probe(&self, store: &'static str) -> Option<std::result::Result<(), String>> {
+        let call = (self.probe.as_ref()?.0)(store)?;
+        Some(match tokio::time::timeout(PROBE_BOUND, call).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("the probe did not end within {PROBE_BOUND:?}")),
+        })
     }
 
     /// How the outage record names `store`.
@@ -194,7 +236,7 @@ pub async fn serve<E, F>(
     args: &StageArgs,
     stage: Stage,
     concurrency: usize,
-    stores: Vec<(&'static str, String)>,
+    stores: Stores,
     work: F,
     after: AfterCommit,
 ) -> Result<i32>
@@ -212,8 +254,9 @@ where
         worker: crate::worker_name(stage.as_str()),
         progress_interval: args.progress_interval,
         health: observer.health(),
-        stores,
+        stores: stores.names,
         outage_probe_max: ledger.options().outage_probe_max,
+        probe: stores.probe,
     };
     let code = run(ledger, &opts, work, after).await?.exit_code();
     observer.finish(ledger, code).await;
@@ -301,6 +344,11 @@ where
     let mut report = tokio::time::interval(opts.progress_interval.max(Duration::from_millis(100)));
     report.tick().await;
     let mut link = LedgerLink::new(opts.outage_probe_max);
+    // Outages an earlier run left open (it exited while the store was down, or could not
+    // write the close): closed now if the store answers. Under `--watch`, again every minute.
+    heal_recorded_outages(ledger, opts).await;
+    let mut heal = tokio::time::interval(HEAL_EVERY);
+    heal.tick().await;
     // `--once`: the tasks that failed in this run, and whether one of them came due again.
     let mut failed_here = std::collections::HashSet::new();
     let mut claims_over = false;
@@ -308,6 +356,11 @@ where
     loop {
         let stopping = *stop.borrow();
         let mut claimed = 0;
+        // A store down on its own probe's word is probed by it when due, not by a chunk.
+        let due = breakers.lock().unwrap_or_else(|e| e.into_inner()).probes_due();
+        for store in due {
+            probe_down_store(ledger, opts, &breakers, store).await;
+        }
         // While a store is down: no claims, then one probe at a time.
         let free =
             breakers.lock().unwrap_or_else(|e| e.into_inner()).claim_limit(set.len(), opts.concurrency - set.len().min(opts.concurrency));
@@ -375,6 +428,7 @@ where
             _ = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() && !opts.once => {}
             _ = stop.changed(), if !stopping => {}
             _ = report.tick(), if !opts.once => progress.log(&summary, set.len()),
+            _ = heal.tick(), if !opts.once => heal_recorded_outages(ledger, opts).await,
         }
     }
     progress.finish();
@@ -578,6 +632,10 @@ where
             }
         }
     };
+    let waits = match &result {
+        Ok(Err(e)) => e.waits(),
+        _ => None,
+    };
     let failed = match result {
         Ok(Ok(w)) => Ok(w),
         Ok(Err(e)) => Err((e.class(), e.to_string(), e.store())),
@@ -590,22 +648,37 @@ where
     let unfinished = Work { bytes: lease.tally.moved_bytes(), records: 0, redone_bytes: lease.tally.redone_bytes() };
     let record = Recorder { ledger: &ledger, lease: &lease, stop: stop.clone(), once: opts.once, cap: opts.outage_probe_max };
     let outcome = match failed {
+        // A wait, not a failure: looked at again later; the attempt is not counted and the
+        // breaker is not told (the store answered).
+        Err((_, msg, _)) if waits.is_some() => {
+            let at = ledger.now_ms() + waits.unwrap_or_default().as_millis() as i64;
+            tracing::info!(chunk = %lease.chunk_id, %stage, reason = %msg, "waiting");
+            record
+                .retrying("wait", || ledger.wait(&lease, &msg, unfinished, at))
+                .await
+                .map(|o| Ended::Failed(o, lease.task_id, msg.clone(), unfinished.redone_bytes))
+        }
         Ok(mut w) => {
             w.redone_bytes = w.redone_bytes.max(lease.tally.redone_bytes());
             let back = breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
-            for (store, down_for) in back {
-                let label = opts.label(store);
-                tracing::info!(%stage, store = %label, down_for = ?down_for, "store is back; claiming again");
-                metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => store).set(0.0);
-                best_effort("close the outage record", ledger.outage_close(&label, stage)).await;
-            }
+            stores_back(&ledger, &opts, back).await;
             record.retrying("complete", || ledger.complete(&lease, w)).await.map(|()| {
                 after(&lease);
                 Ended::Done(w)
             })
         }
         Err((ErrorClass::Transient, msg, Some(store))) => {
-            let verdict = breakers.lock().unwrap_or_else(|e| e.into_inner()).failed(store, (lease.task_id, lease.epoch));
+            let task = (lease.task_id, lease.epoch);
+            // Asked only while the store is thought up: down, its own schedule probes it.
+            let up = !breakers.lock().unwrap_or_else(|e| e.into_inner()).is_down(store);
+            let answers = if up { opts.probe(store).await } else { None };
+            let verdict = {
+                let mut b = breakers.lock().unwrap_or_else(|e| e.into_inner());
+                match &answers {
+                    Some(r) => b.failed_probed(store, task, r.is_ok()),
+                    None => b.failed(store, task),
+                }
+            };
             let at_ms = |at: Instant| ledger.now_ms() + at.saturating_duration_since(Instant::now()).as_millis() as i64;
             match verdict {
                 Verdict::Counted => record.failed(ErrorClass::Transient, &msg, unfinished).await,
@@ -635,7 +708,8 @@ where
         Err((class, msg, _)) => {
             if class == ErrorClass::Permanent {
                 // The store answered (with a refusal): it is not down.
-                breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
+                let back = breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
+                stores_back(&ledger, &opts, back).await;
             }
             record.failed(class, &msg, unfinished).await
         }
@@ -679,6 +753,69 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// Stores found up again (by a chunk or a probe): their outage records are closed, for every
+/// stage (the store answers; a stage that still finds it down opens a new one).
+async fn stores_back(ledger: &Ledger, opts: &RunOptions, back: Vec<(&'static str, Duration)>) {
+    let stage = opts.stage;
+    for (store, down_for) in back {
+        let label = opts.label(store);
+        tracing::info!(%stage, store = %label, down_for = ?down_for, "store is back; claiming again");
+        metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => store).set(0.0);
+        best_effort("close the outage record", ledger.outage_close(&label)).await;
+        // Chunks that found it down wait for their next probe time: due now instead.
+        best_effort("wake the chunks that waited for the store", ledger.wake_after_outage(stage)).await;
+    }
+}
+
+/// Probes a store that is down on its probe's word; closes the outage when it answers.
+async fn probe_down_store(ledger: &Ledger, opts: &RunOptions, breakers: &std::sync::Mutex<Breakers>, store: &'static str) {
+    let Some(answer) = opts.probe(store).await else { return };
+    match answer {
+        Ok(()) => {
+            let back = breakers.lock().unwrap_or_else(|e| e.into_inner()).probe_answered(store);
+            stores_back(ledger, opts, back.map(|d| (store, d)).into_iter().collect()).await;
+        }
+        Err(e) => {
+            let probes = breakers.lock().unwrap_or_else(|e| e.into_inner()).probe_failed(store);
+            let label = opts.label(store);
+            tracing::warn!(stage = %opts.stage, store = %label, probes, error = %e, "store still down");
+            best_effort("count the probe", ledger.outage_probe(&label, opts.stage, &e)).await;
+        }
+    }
+}
+
+/// Open outage records of this stage's stores, whoever opened them: each store that answers
+/// its probe now has them closed. A `--once` run that exited while the store was down, or a
+/// close that failed while the ledger was away, would otherwise leave the record (and the
+/// alert on it) open for ever.
+async fn heal_recorded_outages(ledger: &Ledger, opts: &RunOptions) {
+    if opts.probe.is_none() {
+        return;
+    }
+    let open = match ledger.open_outages().await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the open outages now");
+            return;
+        }
+    };
+    let mut seen = std::collections::HashSet::new();
+    for (store, _) in &opts.stores {
+        let label = opts.label(store);
+        if !open.iter().any(|o| o.store == label) || !seen.insert(label.clone()) {
+            continue;
+        }
+        match opts.probe(store).await {
+            Some(Ok(())) => {
+                tracing::info!(stage = %opts.stage, store = %label, "store answers: closing the outage an earlier run left open");
+                best_effort("close the outage record", ledger.outage_close(&label)).await;
+            }
+            Some(Err(e)) => tracing::info!(stage = %opts.stage, store = %label, error = %e, "store still down (outage left open)"),
+            None => {}
+        }
     }
 }
 

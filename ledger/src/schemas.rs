@@ -52,9 +52,10 @@ impl Ledger {
                 on_backend!(self, |pool, begin| {
                     sqlx::query_as::<_, Row>(
                         "SELECT version, columns, change, chunk_id, recorded_at FROM table_schemas
-                         WHERE table_name = $1 ORDER BY version",
+                         WHERE table_name = $1 AND pipeline = $2 ORDER BY version",
                     )
                     .bind(table)
+                    .bind(self.pipeline())
                     .fetch_all(pool)
                     .await
                     .map_err(db("table_schemas"))
@@ -87,8 +88,8 @@ impl Ledger {
         self.call("record_table_schema", || async move {
             on_backend!(self, |pool, begin| {
                 let n = sqlx::query(
-                    "INSERT INTO table_schemas (table_name, version, columns, change, chunk_id, recorded_at)
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (table_name, version) DO NOTHING",
+                    "INSERT INTO table_schemas (table_name, version, columns, change, chunk_id, recorded_at, pipeline)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (pipeline, table_name, version) DO NOTHING",
                 )
                 .bind(table)
                 .bind(version)
@@ -96,6 +97,7 @@ impl Ledger {
                 .bind(change)
                 .bind(chunk)
                 .bind(now)
+                .bind(self.pipeline())
                 .execute(pool)
                 .await
                 .map_err(db("record_table_schema"))?
@@ -117,7 +119,7 @@ impl Ledger {
                 for note in notes {
                     sqlx::query("INSERT INTO chunk_notes (chunk_id, note, noted_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
                         .bind(chunk)
-                        .bind(note)
+                        .bind(crate::text(note))
                         .bind(now)
                         .execute(pool)
                         .await

@@ -81,7 +81,7 @@ macro_rules! insert_attempt {
             .bind($now)
             .bind(outcome.as_str())
             .bind(class.map(|c| c.as_str()))
-            .bind(error)
+            .bind(error.map(crate::text))
             .bind(work.bytes)
             .bind(work.records)
             .bind(work.redone_bytes)
@@ -110,6 +110,10 @@ const END_RUNNING: &str = "UPDATE tasks SET state = $3, scheduled_at = $4, lease
         lease_expires_at = NULL, last_error = $5, last_error_class = $6,
         finalized_at = CASE WHEN $3 = $9 THEN $7 ELSE NULL END, attempt = attempt - $10
     WHERE id = $1 AND epoch = $2 AND state = $8";
+
+/// What `last_error` of a failure that found its store down ends with (see
+/// [`Ledger::fail_uncounted`]); [`Ledger::wake_after_outage`] finds such tasks by it.
+const STORE_DOWN_NOTE: &str = " (store down: not counted as an attempt)";
 
 impl Ledger {
     /// Claims up to `n` due tasks of `stage` for `worker`. Each claim bumps the task's attempt
@@ -240,7 +244,39 @@ impl Ledger {
     /// Records a failed attempt that does not count toward `max_attempts`: the chunk's store
     /// was down (an outage is not the chunk's fault). The task is retried at `retry_at_ms`.
     pub async fn fail_uncounted(&self, lease: &Lease, error: &str, work: Work, retry_at_ms: i64) -> Result<FailOutcome> {
-        self.end_failed(lease, ErrorClass::Transient, error, work, Some(retry_at_ms)).await
+        self.end_failed(lease, ErrorClass::Transient, error, work, Some((retry_at_ms, STORE_DOWN_NOTE))).await
+    }
+
+    /// Makes this pipeline's `stage` tasks that wait for a store found down (see
+    /// [`Ledger::fail_uncounted`]) due now: the store is back, and they would otherwise idle
+    /// until the probe time they were given. Returns how many.
+    pub async fn wake_after_outage(&self, stage: Stage) -> Result<u64> {
+        let now = self.now_ms();
+        self.call("wake_after_outage", || async move {
+            on_backend!(self, |pool, begin| {
+                let n = sqlx::query(
+                    "UPDATE tasks SET scheduled_at = $1 WHERE pipeline = $2 AND stage = $3 AND state = $4
+                       AND scheduled_at > $1 AND last_error LIKE $5",
+                )
+                .bind(now)
+                .bind(self.pipeline())
+                .bind(stage.as_str())
+                .bind(TaskState::Retryable.as_str())
+                .bind(format!("%{STORE_DOWN_NOTE}"))
+                .execute(pool)
+                .await
+                .map_err(db("wake_after_outage"))?
+                .rows_affected();
+                Ok(n)
+            })
+        })
+        .await
+    }
+
+    /// Sends a task that waits for others (not a failure) back to `retryable` until
+    /// `retry_at_ms`, without counting the attempt; `reason` says what it waits for.
+    pub async fn wait(&self, lease: &Lease, reason: &str, work: Work, retry_at_ms: i64) -> Result<FailOutcome> {
+        self.end_failed(lease, ErrorClass::Transient, reason, work, Some((retry_at_ms, ""))).await
     }
 
     async fn end_failed(
@@ -249,9 +285,10 @@ impl Ledger {
         class: ErrorClass,
         error: &str,
         work: Work,
-        uncounted_until: Option<i64>,
+        uncounted: Option<(i64, &str)>,
     ) -> Result<FailOutcome> {
         let now = self.now_ms();
+        let uncounted_until = uncounted.map(|(at, _)| at);
         let exhausted = lease.attempt >= lease.max_attempts && uncounted_until.is_none();
         let quarantine = class == ErrorClass::Permanent || exhausted;
         let retry_at = uncounted_until.unwrap_or_else(|| now + self.opts.backoff.delay(lease.attempt).as_millis() as i64);
@@ -264,8 +301,8 @@ impl Ledger {
         let attempt_outcome = if quarantine { AttemptOutcome::Quarantined } else { AttemptOutcome::Retryable };
         let message = if exhausted && class == ErrorClass::Transient {
             format!("{error} (gave up after {} attempts)", lease.attempt)
-        } else if refund == 1 {
-            format!("{error} (store down: not counted as an attempt)")
+        } else if let Some((_, why)) = uncounted {
+            format!("{error}{why}")
         } else {
             error.to_string()
         };
@@ -280,7 +317,7 @@ impl Ledger {
                         .bind(lease.epoch)
                         .bind(state.as_str())
                         .bind(if quarantine { now } else { retry_at })
-                        .bind(message)
+                        .bind(crate::text(message))
                         .bind(class.as_str())
                         .bind(now)
                         .bind(TaskState::Running.as_str())
@@ -392,7 +429,7 @@ impl Ledger {
                         .bind(lease.epoch)
                         .bind(state.as_str())
                         .bind(now)
-                        .bind(&message)
+                        .bind(crate::text(&message))
                         .bind(ErrorClass::Transient.as_str())
                         .bind(now)
                         .bind(TaskState::Running.as_str())

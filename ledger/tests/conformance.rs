@@ -10,7 +10,7 @@ use ferry_common::error::ErrorClass;
 use ferry_ledger::Error;
 use ferry_ledger::clock::ManualClock;
 use ferry_ledger::{
-    Backoff, FailOutcome, Lease, Ledger, LedgerOptions, NewChunk, NewSourceFile, RangeKind, RequeueFilter, Stage, Work, chunk_id,
+    Backoff, FailOutcome, Lease, Ledger, LedgerOptions, NewChunk, NewSourceFile, RangeKind, Reject, RequeueFilter, Stage, Work, chunk_id,
 };
 use support::{Db, T0, TestDb, seed};
 
@@ -56,6 +56,7 @@ conformance!(
     registration_is_idempotent_and_versions_changes,
     views_and_constraints,
     copies_stay_on_the_spool_node_of_their_transform,
+    free_text_with_a_nul_is_recorded,
 );
 
 async fn racing_workers_each_task_held_once_none_lost(db: Db) {
@@ -382,16 +383,23 @@ async fn registration_is_idempotent_and_versions_changes(db: Db) {
     let a2 = ledger.register_file(&f).await.unwrap();
     assert_eq!(a, a2);
     assert_eq!(a.version, 1);
-    let found = ledger.find_file(&f.uri, 10, T0, Some("dev:ino:ctime1")).await.unwrap().unwrap();
+    let found = ledger.find_file(&f.uri, 10, T0, Some("dev:ino:ctime1"), true).await.unwrap().unwrap();
     assert_eq!(found.id, a.id);
     // Same size and mtime, but rewritten (another ctime), or a store with no token: not
     // found, so the caller hashes the bytes instead of skipping them.
-    assert!(ledger.find_file(&f.uri, 10, T0, Some("dev:ino:ctime2")).await.unwrap().is_none());
-    assert!(ledger.find_file(&f.uri, 10, T0, None).await.unwrap().is_none());
+    assert!(ledger.find_file(&f.uri, 10, T0, Some("dev:ino:ctime2"), true).await.unwrap().is_none());
+    assert!(ledger.find_file(&f.uri, 10, T0, None, true).await.unwrap().is_none());
     let changed = NewSourceFile { size: 12, mtime_ms: T0 + 1, content_hash: "bbb".into(), ..f.clone() };
     let b = ledger.register_file(&changed).await.unwrap();
     assert_ne!(b.id, a.id);
     assert_eq!(b.version, 2);
+    // The first bytes back (a correction undone), registered again with their new token: an
+    // older version is not "known" to a caller that replaces versions (its revival may not
+    // have happened), and is to one that keeps them.
+    let back = NewSourceFile { change_token: Some("dev:ino:ctime3".into()), ..f.clone() };
+    assert_eq!(ledger.register_file(&back).await.unwrap().id, a.id);
+    assert!(ledger.find_file(&f.uri, 10, T0, Some("dev:ino:ctime3"), true).await.unwrap().is_none());
+    assert_eq!(ledger.find_file(&f.uri, 10, T0, Some("dev:ino:ctime3"), false).await.unwrap().unwrap().id, a.id);
     // Recording chunks twice (a crash between the two) leaves one set.
     let chunk = NewChunk {
         id: chunk_id("default", "bbb", 0),
@@ -435,4 +443,78 @@ async fn views_and_constraints(db: Db) {
     assert!(t.try_execute("UPDATE tasks SET state = 'running', lease_owner = NULL WHERE state = 'available'").await.is_err());
     assert!(t.try_execute("UPDATE tasks SET finalized_at = NULL WHERE state = 'done'").await.is_err());
     assert!(t.try_execute("UPDATE tasks SET last_error_class = 'maybe'").await.is_err());
+}
+
+/// Input decides what a reason holds: a NUL in a rejected value (Postgres refuses it in
+/// `text`) must not make the chunk's rejects, its notes or its errors impossible to record.
+async fn free_text_with_a_nul_is_recorded(db: Db) {
+    let t = TestDb::new(db).await;
+    let ledger = t.ledger(opts(), None).await;
+    seed(&ledger, "nul", 1).await;
+    let l = claim_one(&ledger, "a").await.unwrap();
+    let reject = Reject { position: "line 1".into(), reason: "column \"s\": expected a number, got a\0b".into() };
+    ledger.record_parts(&l, &[], &[reject]).await.unwrap();
+    ledger.note_chunk(&l.chunk_id, &["header name \"x\0y\" matches no column".into()]).await.unwrap();
+    ledger.fail(&l, ErrorClass::Transient, "read \0 failed", Work::default()).await.unwrap();
+    // Stored with the NUL written as two characters, `\0` (LIKE escapes differ by backend).
+    let shown = "column \"s\": expected a number, got a\\0b";
+    let sql = format!("SELECT COUNT(*) FROM rejects WHERE reason LIKE 'column %' AND length(reason) = {}", shown.len());
+    assert_eq!(t.scalar(&sql).await, 1);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM chunk_notes").await, 1);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE error LIKE 'read %'").await, 1);
+}
+
+/// `ferry skip` and `ferry rerun` read a chunk's tasks and then write them. On Postgres a
+/// worker can claim a task between the read and the write: the write must leave that task
+/// running (its worker's side effects are its own), and say it could not. The claim is held
+/// open in a transaction of its own while the admin command runs, then committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_skip_and_rerun_leave_a_task_claimed_meanwhile_alone() {
+    use sqlx::Connection;
+    let t = TestDb::new(Db::Postgres).await;
+    let ledger = t.ledger(opts(), None).await;
+    let ids = seed(&ledger, "claimed-meanwhile", 2).await;
+    // Chunk 1 gets past transform, so a rerun from transform has a done task to reset.
+    let first = ledger.claim(Stage::Transform, "w0", 1).await.unwrap().pop().unwrap();
+    let rerun_chunk = first.chunk_id.clone();
+    ledger.complete(&first, Work::default()).await.unwrap();
+    let skip_chunk = ids.iter().find(|c| **c != rerun_chunk).unwrap().clone();
+    for (chunk, stage) in [(skip_chunk.clone(), "transform"), (rerun_chunk.clone(), "copy")] {
+        let mut claim = sqlx::PgConnection::connect(&t.url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut claim).await.unwrap();
+        sqlx::query(
+            "UPDATE tasks SET state = 'running', attempt = attempt + 1, epoch = epoch + 1, lease_owner = 'w1',
+                lease_expires_at = $2, attempted_at = $2 WHERE chunk_id = $1 AND stage = $3",
+        )
+        .bind(&chunk)
+        .bind(T0 + 60_000)
+        .bind(stage)
+        .execute(&mut claim)
+        .await
+        .unwrap();
+        let admin = {
+            let ledger = ledger.clone();
+            let chunk = chunk.clone();
+            tokio::spawn(async move {
+                if stage == "transform" {
+                    ledger.skip(&chunk, "test", false).await.map(|_| ())
+                } else {
+                    ledger.rerun(&chunk, Stage::Transform, false).await.map(|_| ())
+                }
+            })
+        };
+        // The admin command has read the tasks and now waits on the claimed row's lock.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        sqlx::query("COMMIT").execute(&mut claim).await.unwrap();
+        let e = admin.await.unwrap().unwrap_err().to_string();
+        assert!(e.contains("running") || e.contains("no task to skip"), "{e}");
+        let sql = format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{chunk}' AND stage = '{stage}' AND state = 'running'");
+        assert_eq!(t.scalar(&sql).await, 1, "the claimed {stage} task of {chunk} is still its worker's");
+        assert_eq!(t.scalar(&format!("SELECT COUNT(*) FROM skips WHERE chunk_id = '{chunk}'")).await, 0);
+    }
+    assert_eq!(
+        t.scalar(&format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{rerun_chunk}' AND stage = 'transform' AND state = 'done'")).await,
+        1,
+        "the rerun changed nothing"
+    );
 }

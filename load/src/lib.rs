@@ -27,18 +27,35 @@
 //!   new landed file replaces it, and earlier files of the chunk that the new parts do not
 //!   cover are removed before the ledger commit, which replaces the chunk's `published` rows.
 //!
-//! Versions (`source.versions = "replace"`): before a chunk of version N of a source file is
-//! published, the files of versions < N are removed from the table and then from `published`
-//! (a crash between the two is finished by the next chunk of version N or its retry), and a
-//! chunk of an older version is not published at all once a newer one is registered. The
-//! table never holds two versions of one file's rows.
+//! A failure after some of a chunk's parts moved (any error, on any store) takes the moved
+//! parts back out before the attempt ends; only if that fails too do they stay, and the chunk
+//! is then retried (never quarantined) so that the next attempt publishes the rest.
+//!
+//! Versions (`source.versions = "replace"`): the table shows one whole version of each source
+//! file, the newest that can be loaded whole.
+//! - A version N that replaces another (one was registered before it) is published whole:
+//!   its chunks' loads wait (not counted as attempts) until every chunk of N is copied; the
+//!   first to find them all copied moves all of N's parts in one all-or-nothing step, records
+//!   its own, then removes the older versions' files and `published` rows; the others find
+//!   their parts in place and record them. A chunk of N quarantined anywhere keeps N waiting
+//!   (with the reason) and the older version whole, until it is requeued or skipped.
+//! - A chunk of an older version is not published once a newer version has files in the
+//!   table; the check is repeated in the transaction that records it (a transaction lock on
+//!   the file's URI on Postgres, taken by the retraction too), and a chunk that lost that race
+//!   takes its parts back out. One whose parts vanished under it (the newer version's switch
+//!   removed them between its check and its look) looks again and is superseded, not missing.
+//!   A superseded chunk also removes what of it no row names (parts a sibling moved in while
+//!   switching its version in) and its landed files.
+//! - What a crash leaves: N's parts moved but not recorded and the older version still
+//!   published (both visible): the retry of any chunk of N finds them in place and finishes;
+//!   N recorded but the older version not yet removed: the same retry removes it.
 
 use std::sync::Arc;
 
 use ferry_common::config::{ColumnType, Config, Versions};
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
-use ferry_common::paths;
-use ferry_ledger::{Lease, Ledger, Part, Stage, Work};
+use ferry_common::{hive, paths};
+use ferry_ledger::{Lease, Ledger, Part, Work};
 use ferry_storage::Store;
 
 /// The load stage's one error type; [`Classified::class`] decides retry-or-not.
@@ -47,9 +64,19 @@ pub enum LoadError {
     /// The table already holds different content under this chunk's name.
     #[error("conflict: {0}")]
     Conflict(String),
-    /// Neither the landed file nor the table file exists; the chunk must be copied again.
-    #[error("missing: {0}")]
-    Missing(String),
+    /// A part's landed file is not there (and no table file holds it already): `chunk` must
+    /// be copied again.
+    #[error("missing: {message}")]
+    Missing { chunk: String, message: String },
+    /// A version of a corrected source file waits for all of its chunks (see
+    /// [`version_ready`]), and is looked at again `after` this long (or when the chunk that
+    /// publishes the version wakes it).
+    #[error("waiting: {reason}")]
+    Waiting { reason: String, after: std::time::Duration },
+    /// A permanent failure after some parts moved, and they could not all be taken back:
+    /// retried (not quarantined), so that the next attempt publishes the rest or takes them out.
+    #[error("partly published: {0}")]
+    PartlyVisible(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
@@ -71,7 +98,8 @@ impl LoadError {
 impl Classified for LoadError {
     fn class(&self) -> ErrorClass {
         match self {
-            LoadError::Conflict(_) | LoadError::Missing(_) => ErrorClass::Permanent,
+            LoadError::Conflict(_) | LoadError::Missing { .. } => ErrorClass::Permanent,
+            LoadError::PartlyVisible(_) | LoadError::Waiting { .. } => ErrorClass::Transient,
             LoadError::Config(e) => e.class(),
             LoadError::Ledger(e) => e.class(),
             LoadError::Storage(e) => e.class(),
@@ -81,6 +109,12 @@ impl Classified for LoadError {
         match self {
             LoadError::Storage(_) => Some("destination"),
             LoadError::Ledger(e) if e.is_transient() => Some("ledger"),
+            _ => None,
+        }
+    }
+    fn waits(&self) -> Option<std::time::Duration> {
+        match self {
+            LoadError::Waiting { after, .. } => Some(*after),
             _ => None,
         }
     }
@@ -94,8 +128,9 @@ impl Classified for LoadError {
     }
 }
 
-/// Removes landed files older than `cutoff` of chunks whose load is done: a zombie copy that
-/// landed a chunk again after load published it. Returns how many went.
+/// Removes landed files older than `cutoff` of chunks that are published and settled (no
+/// stage of theirs due again): a zombie copy that landed a chunk again after load published
+/// it. A chunk that `ferry rerun` is redoing keeps its landed files. Returns how many went.
 ///
 /// Only the chunk directories are listed first (one call on HDFS), and only those of done
 /// chunks are then listed whole: the landed tree holds every chunk waiting for load, and
@@ -106,7 +141,7 @@ pub async fn remove_stray_landed(ledger: &Ledger, dest: &Store, table: &str, cut
     if chunks.is_empty() {
         return Ok(0);
     }
-    let done: std::collections::HashSet<String> = ledger.done_chunks(Stage::Load).await?.into_iter().collect();
+    let done: std::collections::HashSet<String> = ledger.published_and_settled().await?.into_iter().collect();
     let mut landed = Vec::new();
     for chunk in chunks.iter().filter(|c| done.contains(c.as_str())) {
         landed.extend(dest.list(&format!("{dir}/{chunk}")).await?);
@@ -156,9 +191,28 @@ pub struct Loader {
     ddl_stop: std::sync::atomic::AtomicBool,
     /// This run published or retracted something.
     ddl_touched: std::sync::atomic::AtomicBool,
+    /// Versions of corrected files being switched into the table by this process.
+    switches: Arc<std::sync::Mutex<std::collections::HashSet<(String, i64)>>>,
+}
+
+/// Holds a version's switch (see [`Loader::switching`]) until dropped.
+struct Switching {
+    key: (String, i64),
+    switches: Arc<std::sync::Mutex<std::collections::HashSet<(String, i64)>>>,
+}
+
+impl Drop for Switching {
+    fn drop(&mut self) {
+        self.switches.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.key);
+    }
 }
 
 impl Loader {
+    /// The destination store, as the chunks reach it.
+    pub fn destination(&self) -> &Store {
+        &self.dest
+    }
+
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Loader, LoadError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
         Ok(Loader {
@@ -170,6 +224,7 @@ impl Loader {
             ddl_wake: Default::default(),
             ddl_stop: Default::default(),
             ddl_touched: Default::default(),
+            switches: Default::default(),
         })
     }
 
@@ -189,7 +244,7 @@ impl Loader {
     /// Removes from the table the files of older versions of this chunk's source file, and
     /// then their `published` rows. Idempotent: a crash between the two is finished by the
     /// next chunk of the new version (or its retry).
-    async fn retract_older_versions(&self, dest: &Store, chunk_id: &str) -> Result<(), LoadError> {
+    async fn retract_older_versions(&self, dest: &Store, chunk_id: &str, uri: &str) -> Result<(), LoadError> {
         let old = self.ledger.older_versions_published(chunk_id).await?;
         if old.is_empty() {
             return Ok(());
@@ -204,9 +259,31 @@ impl Loader {
             dest.delete(&manifest).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
         }
         let paths: Vec<String> = old.into_iter().map(|(p, _)| p).collect();
-        self.ledger.retract_published(&paths).await?;
+        self.ledger.retract_published(uri, &paths).await?;
         // The DDL lists partitions from `published`: one may have gone.
         self.ddl_changed();
+        Ok(())
+    }
+
+    /// Takes a superseded chunk (a newer version of its file is in the table) out of the way:
+    /// its parts that another chunk of its version moved into the table while switching the
+    /// version in, and that it never recorded, go (else they would stay visible beside the
+    /// newer version for ever: the newer version's switch removes only what `published`
+    /// names); its landed files go too. Should these bytes come back, they go through
+    /// transform again. What it did record is the newer version's switch to remove.
+    async fn withdraw(&self, dest: &Store, chunk: &str) -> Result<(), LoadError> {
+        let recorded: std::collections::HashSet<String> = self.ledger.published_of(chunk).await?.into_iter().map(|(p, _)| p).collect();
+        for p in self.ledger.parts(chunk).await? {
+            let target = self.table_path(&p);
+            if !recorded.contains(&target) && self.in_table(dest, &target, &p).await? == Some(true) {
+                tracing::info!(chunk, file = %dest.url(&target), "removing an unrecorded part of a superseded version from the table");
+                dest.delete(&target).await?;
+            }
+            let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
+            if let Err(e) = dest.delete(&landed).await {
+                tracing::debug!(file = %dest.url(&landed), error = %e, "cannot remove a landed file now; gc will");
+            }
+        }
         Ok(())
     }
 
@@ -216,12 +293,37 @@ impl Loader {
     async fn check_part(&self, dest: &Store, p: &Part, before: &[(String, String)]) -> Result<Place, LoadError> {
         let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
         let target = self.table_path(p);
-        match dest.head(&target).await? {
-            Some(h) if h.size as i64 == p.bytes && dest.hash(&target).await?.1 == p.content_hash => Ok(Place::Published),
-            Some(_) if before.iter().any(|(path, _)| *path == target) => Ok(Place::Ours),
-            Some(_) => Err(self.conflict(dest, &target, &p.chunk_id)),
+        match self.in_table(dest, &target, p).await? {
+            Some(true) => Ok(Place::Published),
+            // Replacing an earlier output needs its replacement: without a landed file the
+            // published one stays, and the chunk waits for its copy.
+            Some(false) if before.iter().any(|(path, _)| *path == target) => match dest.head(&landed).await? {
+                Some(_) => Ok(Place::Ours),
+                None => Err(self.replacement_missing(dest, &landed, &target, &p.chunk_id)),
+            },
+            Some(false) => Err(self.conflict(dest, &target, &p.chunk_id)),
             None if dest.head(&landed).await?.is_some() => Ok(Place::Absent),
-            None => Err(self.missing(dest, &landed, &target, &p.chunk_id)),
+            // Another publisher of the same part (the chunks of a corrected file's version are
+            // moved by whichever of them goes first) may have moved it between the two looks.
+            None => match self.in_table(dest, &target, p).await? {
+                Some(true) => Ok(Place::Published),
+                _ => Err(self.missing(dest, &landed, &target, &p.chunk_id)),
+            },
+        }
+    }
+
+    /// Whether the table holds `target`: None if not, else whether it is this part (size and
+    /// hash). A file that goes between the look and the hash (another publisher took it back)
+    /// is not there.
+    async fn in_table(&self, dest: &Store, target: &str, p: &Part) -> Result<Option<bool>, LoadError> {
+        let Some(h) = dest.head(target).await? else { return Ok(None) };
+        if h.size as i64 != p.bytes {
+            return Ok(Some(false));
+        }
+        match dest.hash(target).await {
+            Ok((_, hash)) => Ok(Some(hash == p.content_hash)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -230,7 +332,7 @@ impl Loader {
     async fn publish_part(
         &self,
         dest: &Store,
-        lease: &Lease,
+        chunk: &str,
         p: &Part,
         (landed, target): (&str, &str),
         place: Place,
@@ -255,7 +357,12 @@ impl Loader {
                 Ok(false)
             }
             Place::Ours => {
-                tracing::info!(chunk = %lease.chunk_id, file = ?dest.url(target), "replacing the chunk's earlier output");
+                // Looked at again right before the delete: the table file goes only when its
+                // replacement is there to take its place.
+                if dest.head(landed).await?.is_none() {
+                    return Err(self.replacement_missing(dest, landed, target, &p.chunk_id));
+                }
+                tracing::info!(chunk, file = ?dest.url(target), "replacing the chunk's earlier output");
                 dest.delete(target).await?;
                 if !dest.rename_noreplace(landed, target).await? {
                     return Err(LoadError::Conflict(format!("{} reappeared while it was being replaced", dest.url(target))));
@@ -271,11 +378,27 @@ impl Loader {
     }
 
     fn missing(&self, dest: &Store, landed: &str, target: &str, chunk: &str) -> LoadError {
-        LoadError::Missing(format!(
-            "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {chunk} --from transform)",
-            dest.url(landed),
-            dest.url(target)
-        ))
+        LoadError::Missing {
+            chunk: chunk.to_string(),
+            message: format!(
+                "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {chunk} --from transform)",
+                dest.url(landed),
+                dest.url(target)
+            ),
+        }
+    }
+
+    /// A published file's replacement (a rerun) is not there: the published file stays.
+    fn replacement_missing(&self, dest: &Store, landed: &str, target: &str, chunk: &str) -> LoadError {
+        LoadError::Missing {
+            chunk: chunk.to_string(),
+            message: format!(
+                "{} would replace {}, but it is not there; the published file stays. Run the chunk again \
+                 (ferry rerun --chunk {chunk} --from transform)",
+                dest.url(landed),
+                dest.url(target)
+            ),
+        }
     }
 
     fn table_path(&self, p: &Part) -> String {
@@ -288,19 +411,34 @@ impl Loader {
         // Its own connections: a hung one holds back this chunk only (hdfs-native sends every
         // call of a client over one NameNode connection).
         let dest = self.dest.isolated()?;
-        // A chunk of a file that has since been corrected (a newer version at the same path)
-        // is not published: the newer version's rows replace its.
-        if replace && let Some(v) = self.ledger.newer_version(&lease.chunk_id).await? {
-            tracing::info!(chunk = %lease.chunk_id, newer_version = v, "not publishing: its source file was replaced by a newer version");
+        // A chunk of a file whose corrected version (a newer one at the same path) is in the
+        // table is not published: the newer version's rows replace its.
+        if replace && let Some(v) = self.ledger.newer_version_published(&lease.chunk_id).await? {
+            tracing::info!(chunk = %lease.chunk_id, newer_version = v, "not publishing: a newer version of its source file is published");
+            self.withdraw(&dest, &lease.chunk_id).await?;
             return Ok(Work::default());
         }
-        // This chunk's own earlier publish, if any (`ferry rerun`): its files are ours to replace.
-        let before = self.ledger.published_of(&lease.chunk_id).await?;
-        // Before this version's rows go in, the older versions' go out: never both.
-        if replace {
-            self.retract_older_versions(&dest, &lease.chunk_id).await?;
-        }
+        let version = if replace { Some(self.ledger.version_of(&lease.chunk_id).await?) } else { None };
         let parts = self.ledger.parts(&lease.chunk_id).await?;
+        // This chunk's own earlier publish, if any (`ferry rerun`): its files are ours to replace.
+        let mut before = self.ledger.published_of(&lease.chunk_id).await?;
+        // A version that replaces another goes in whole: once every one of its chunks is
+        // copied, all of their parts move in this one step (all or nothing), and only then do
+        // the older version's files go. Until then the older version stays whole.
+        let mut moving = parts.clone();
+        let mut siblings = Vec::new();
+        let mut _switching = None;
+        if let Some(v) = version.as_ref().filter(|v| v.replaces) {
+            version_ready(v)?;
+            // One switch of a version at a time in this process: the others wait for it and
+            // then find their parts in place.
+            _switching = Some(self.switching(&v.uri, v.version)?);
+            for c in v.chunks.iter().filter(|c| !c.skipped && c.id != lease.chunk_id) {
+                moving.extend(self.ledger.parts(&c.id).await?);
+                before.extend(self.ledger.published_of(&c.id).await?);
+                siblings.push(c.id.clone());
+            }
+        }
         let started = std::time::Instant::now();
         // Every part goes to its one table path, so the manifest is known before any moves:
         // its temp file is written while the parts are checked and moved (on HDFS that write
@@ -315,33 +453,75 @@ impl Loader {
         let manifest_rel = paths::manifest(table, &lease.chunk_id);
         let (prepared, moved) = tokio::join!(
             dest.prepare_put(&manifest_rel, serde_json::to_vec_pretty(&manifest).unwrap_or_default()),
-            self.move_parts(&dest, &lease, &parts, &before),
+            self.move_parts(&dest, &lease.chunk_id, &moving, &before),
         );
-        let work = match (moved, prepared) {
-            (Ok(work), Ok(prepared)) => {
+        let moved = match (moved, prepared) {
+            (Ok(moved), Ok(prepared)) => {
                 let renamed = started.elapsed();
                 dest.commit(prepared).await?;
                 tracing::debug!(chunk = %lease.chunk_id, parts = parts.len(), ?renamed, manifested = ?started.elapsed(), "parts and manifest in place");
-                work
+                moved
             }
-            (Err(e), Ok(prepared)) => {
-                dest.discard(prepared).await;
-                return Err(e);
+            (Err(e), prepared) => {
+                if let Ok(prepared) = prepared {
+                    dest.discard(prepared).await;
+                }
+                // A newer version switched in while this chunk looked (its check above came
+                // first, and the switch removed this chunk's files from the table under it): the
+                // chunk is superseded, not missing or in conflict.
+                if replace && let Some(v) = self.ledger.newer_version_published(&lease.chunk_id).await? {
+                    tracing::info!(chunk = %lease.chunk_id, newer_version = v, error = %e, "not publishing: a newer version of its source file was published meanwhile");
+                    self.withdraw(&dest, &lease.chunk_id).await?;
+                    return Ok(Work::default());
+                }
+                // The moves' error says what happened to the chunk (a conflict is not
+                // retried), except that a sibling's part gone while a version is switched in
+                // is that sibling's business (another load may be moving it): wait and look again.
+                return Err(match e {
+                    LoadError::Missing { chunk, message } if chunk != lease.chunk_id => LoadError::Waiting {
+                        reason: format!("a part of chunk {chunk} of the same version: {message}"),
+                        after: WAIT_BRIEFLY,
+                    },
+                    e => e,
+                });
             }
-            // The moves' error says what happened to the chunk (a conflict is not retried).
-            (Err(e), Err(_)) => return Err(e),
             // The parts are in place but not recorded: the retry finds them there.
             (Ok(_), Err(e)) => return Err(e.into()),
         };
-        self.ledger.record_published(&lease, table, &published).await?;
+        if !self.ledger.record_published(&lease, table, &published, replace).await? {
+            // A newer version went in while these parts moved: they go back out.
+            tracing::info!(chunk = %lease.chunk_id, "not publishing: a newer version of its source file was published meanwhile");
+            if !self.take_back(&dest, &lease.chunk_id, &moved).await {
+                return Err(LoadError::PartlyVisible(format!(
+                    "chunk {} was superseded while it was published, and not all of its parts could be taken back out",
+                    lease.chunk_id
+                )));
+            }
+            let _ = dest.delete(&manifest_rel).await;
+            return Ok(Work::default());
+        }
+        if let Some(v) = &version {
+            self.retract_older_versions(&dest, &lease.chunk_id, &v.uri).await?;
+            if !siblings.is_empty() {
+                // Their parts are in place: their own load tasks, waiting, record them now.
+                self.ledger.wake(&siblings, ferry_ledger::Stage::Load).await?;
+            }
+        }
         self.ddl_changed();
         tracing::debug!(chunk = %lease.chunk_id, recorded = ?started.elapsed(), "published");
-        Ok(work)
+        Ok(Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum(), ..Work::default() })
     }
 
-    /// Moves every part of the chunk into the table, all or nothing, and removes the chunk's
-    /// earlier output that the new parts do not cover.
-    async fn move_parts(&self, dest: &Store, lease: &Lease, parts: &[Part], before: &[(String, String)]) -> Result<Work, LoadError> {
+    /// Moves every part into the table, all or nothing, and removes the earlier output (of the
+    /// same chunks) that the new parts do not cover. Returns what this call moved, as (table
+    /// file, landed file). `chunk` names the work in messages.
+    async fn move_parts(
+        &self,
+        dest: &Store,
+        chunk: &str,
+        parts: &[Part],
+        before: &[(String, String)],
+    ) -> Result<Vec<(String, String)>, LoadError> {
         let table = &self.cfg.table.name;
         // All or nothing: every part is checked before any goes in, so a conflict on the
         // second partition cannot leave the first one's rows visible and unrecorded.
@@ -350,44 +530,67 @@ impl Loader {
             places.push(self.check_part(dest, p, before).await?);
         }
         let mut moved: Vec<(String, String)> = Vec::new(); // (table file, landed file) moved by this attempt
-        let mut work = Work::default();
         for (p, place) in parts.iter().zip(places) {
             let landed = paths::landed(table, &p.chunk_id, &p.rel_path());
             let target = self.table_path(p);
-            match self.publish_part(dest, lease, p, (&landed, &target), place, before).await {
+            match self.publish_part(dest, chunk, p, (&landed, &target), place, before).await {
                 Ok(true) => moved.push((target.clone(), landed)),
                 Ok(false) => {}
-                Err(e @ (LoadError::Conflict(_) | LoadError::Missing(_))) => {
-                    // Something changed between the check and the move (another writer):
-                    // take back what this attempt put in, so the chunk stays invisible.
-                    for (t, l) in moved.iter().rev() {
-                        match dest.rename_noreplace(t, l).await {
-                            Ok(true) => {}
-                            // The landed file is still there (on S3 its removal after the copy
-                            // may have failed): the table file is the one to remove.
-                            Ok(false) => {
-                                if let Err(err) = dest.delete(t).await {
-                                    tracing::error!(chunk = %lease.chunk_id, file = ?dest.url(t), error = %err, "could not take a part back out of the table");
-                                }
-                            }
-                            Err(err) => {
-                                tracing::error!(chunk = %lease.chunk_id, file = ?dest.url(t), error = %err, "could not take a part back out of the table")
-                            }
-                        }
-                    }
-                    return Err(e);
+                // Whatever failed (another writer, a store error, a timeout): take back what
+                // this attempt put in, so that no reader sees part of the chunk. If that fails
+                // too, the parts stay where they are and the chunk must be retried, whatever
+                // its error was: the next attempt finds them in place and finishes the rest.
+                Err(e) => {
+                    let all_back = self.take_back(dest, chunk, &moved).await;
+                    return Err(match (all_back, e.class()) {
+                        (false, ErrorClass::Permanent) => LoadError::PartlyVisible(format!(
+                            "{e}; {} of the chunk's parts could not be taken back out of the table and stay there until it is retried",
+                            moved.len()
+                        )),
+                        _ => e,
+                    });
                 }
-                Err(e) => return Err(e),
             }
-            work.bytes += p.bytes;
-            work.records += p.records;
         }
         // Earlier output of this chunk that the new parts do not cover (another partition).
         for (path, _) in before.iter().filter(|(path, _)| !parts.iter().any(|p| self.table_path(p) == *path)) {
-            tracing::info!(chunk = %lease.chunk_id, file = %dest.url(path), "removing the chunk's earlier output");
+            tracing::info!(chunk, file = %dest.url(path), "removing the chunk's earlier output");
             dest.delete(path).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
         }
-        Ok(work)
+        Ok(moved)
+    }
+
+    /// The switch of version `version` of `uri` for this task, or a short wait when another
+    /// task of this process is switching it now.
+    fn switching(&self, uri: &str, version: i64) -> Result<Switching, LoadError> {
+        let key = (uri.to_string(), version);
+        if !self.switches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
+            return Err(LoadError::Waiting {
+                reason: format!("version {version} of {uri} is being published by another chunk of it"),
+                after: WAIT_BRIEFLY,
+            });
+        }
+        Ok(Switching { key, switches: self.switches.clone() })
+    }
+
+    /// Moves the parts this attempt published back to their landed names (or, where the
+    /// landed file is still there, removes the table file). True if every one went back.
+    async fn take_back(&self, dest: &Store, chunk: &str, moved: &[(String, String)]) -> bool {
+        let mut all = true;
+        for (t, l) in moved.iter().rev() {
+            let back = match dest.rename_noreplace(t, l).await {
+                Ok(true) => Ok(()),
+                // The landed file is still there (on S3 its removal after the copy may have
+                // failed): the table file is the one to remove.
+                Ok(false) => dest.delete(t).await,
+                Err(e) => Err(e),
+            };
+            if let Err(err) = back {
+                all = false;
+                tracing::error!(chunk, file = ?dest.url(t), error = %err, "could not take a part back out of the table");
+            }
+        }
+        all
     }
 
     fn ddl_changed(&self) {
@@ -502,22 +705,23 @@ impl Loader {
             None => self.configured_columns(),
         };
         let kept = |n: &str| t.select.is_empty() || t.select.iter().any(|s| s == n) || pcols.iter().any(|p| p == n);
-        let data: Vec<String> = cols.iter().filter(|(n, _)| kept(n) && !pcols.contains(n)).map(|(n, ty)| format!("  `{n}` {ty}")).collect();
+        let data: Vec<String> =
+            cols.iter().filter(|(n, _)| kept(n) && !pcols.contains(n)).map(|(n, ty)| format!("  {} {ty}", hive::ident(n))).collect();
         let mut sql = String::from("-- Written by ferry-load when a chunk adds a partition. Do not edit.\n");
-        sql.push_str(&format!("CREATE EXTERNAL TABLE IF NOT EXISTS `{table}` (\n{}\n)\n", data.join(",\n")));
+        sql.push_str(&format!("CREATE EXTERNAL TABLE IF NOT EXISTS {} (\n{}\n)\n", hive::ident(table), data.join(",\n")));
         if !pcols.is_empty() {
             let p: Vec<String> = pcols
                 .iter()
-                .map(|c| format!("`{c}` {}", cols.iter().find(|(n, _)| n == c).map_or("STRING", |(_, ty)| ty.as_str())))
+                .map(|c| format!("{} {}", hive::ident(c), cols.iter().find(|(n, _)| n == c).map_or("STRING", |(_, ty)| ty.as_str())))
                 .collect();
             sql.push_str(&format!("PARTITIONED BY ({})\n", p.join(", ")));
         }
-        sql.push_str(&format!("STORED AS PARQUET\nLOCATION '{location}';\n"));
+        sql.push_str(&format!("STORED AS PARQUET\nLOCATION {};\n", hive::literal(&location)));
         if versions.len() > 1 {
             sql.push_str("-- The table's schema evolved; a table created from an earlier version of this file is\n");
             sql.push_str("-- brought up to date by the statements of each later version, in order:\n");
             for v in &versions[1..] {
-                sql.push_str(&format!("--   schema-v{}.sql: {}\n", v.version, v.change.replace('\n', " ")));
+                sql.push_str(&format!("--   schema-v{}.sql: {}\n", v.version, one_line(&v.change)));
             }
         }
         for p in partitions.iter().filter(|p| &p.table == table && !p.partition.is_empty()) {
@@ -527,14 +731,15 @@ impl Loader {
                 .split('/')
                 .filter_map(|kv| kv.split_once('='))
                 .map(|(k, v)| match paths::unescape_partition_value(v) {
-                    Some(v) => format!("`{k}`='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")),
-                    None => format!("`{k}`='{}'", paths::DEFAULT_PARTITION),
+                    Some(v) => format!("{}={}", hive::ident(k), hive::literal(&v)),
+                    None => format!("{}={}", hive::ident(k), hive::literal(paths::DEFAULT_PARTITION)),
                 })
                 .collect();
             sql.push_str(&format!(
-                "ALTER TABLE `{table}` ADD IF NOT EXISTS PARTITION ({}) LOCATION '{location}/{}';\n",
+                "ALTER TABLE {} ADD IF NOT EXISTS PARTITION ({}) LOCATION {};\n",
+                hive::ident(table),
                 spec.join(", "),
-                p.partition
+                hive::literal(&format!("{location}/{}", p.partition))
             ));
         }
         Ok(sql)
@@ -577,19 +782,20 @@ impl Loader {
             if written.contains(&new.version) {
                 continue;
             }
-            let mut sql = format!("-- Schema version {} of `{table}`: {}\n", new.version, new.change.replace('\n', " "));
+            let mut sql = format!("-- Schema version {} of {}: {}\n", new.version, hive::ident(table), one_line(&new.change));
             let added: Vec<String> = new
                 .columns
                 .iter()
                 .filter(|c| !pcols.contains(&c.name) && !old.columns.iter().any(|o| o.name == c.name))
-                .map(|c| format!("`{}` {}", c.name, c.hive))
+                .map(|c| format!("{} {}", hive::ident(&c.name), c.hive))
                 .collect();
             if !added.is_empty() {
-                sql.push_str(&format!("ALTER TABLE `{table}` ADD COLUMNS ({});\n", added.join(", ")));
+                sql.push_str(&format!("ALTER TABLE {} ADD COLUMNS ({});\n", hive::ident(table), added.join(", ")));
             }
             for c in new.columns.iter().filter(|c| !pcols.contains(&c.name)) {
                 if old.columns.iter().any(|o| o.name == c.name && o.hive != c.hive) {
-                    sql.push_str(&format!("ALTER TABLE `{table}` CHANGE COLUMN `{0}` `{0}` {1};\n", c.name, c.hive));
+                    let name = hive::ident(&c.name);
+                    sql.push_str(&format!("ALTER TABLE {} CHANGE COLUMN {name} {name} {};\n", hive::ident(table), c.hive));
                 }
             }
             self.dest.put_atomic(&paths::schema_change(table, new.version), sql.into_bytes()).await?;
@@ -597,4 +803,51 @@ impl Loader {
         }
         Ok(())
     }
+}
+
+/// A schema change's description on one `--` comment line of the DDL.
+fn one_line(text: &str) -> String {
+    text.replace(['\n', '\r'], " ")
+}
+
+/// How long a chunk of a replacing version waits before it looks again: for another task of
+/// this process that is publishing the version now; for the version's other chunks to be
+/// copied (the last one to be copied publishes the version and wakes the others at once, so
+/// this is only the fallback, and keeps a large corrected file's waiting chunks from polling
+/// the ledger); for an operator to requeue or skip a quarantined one.
+const WAIT_BRIEFLY: std::time::Duration = std::time::Duration::from_secs(2);
+const WAIT_FOR_COPIES: std::time::Duration = std::time::Duration::from_secs(60);
+const WAIT_FOR_OPERATOR: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Whether every chunk of a replacing version is copied (and none is stuck), so that the
+/// version can go into the table whole. A chunk skipped by an operator is not waited for.
+fn version_ready(v: &ferry_ledger::VersionState) -> Result<(), LoadError> {
+    let needed: Vec<&ferry_ledger::VersionChunk> = v.chunks.iter().filter(|c| !c.skipped).collect();
+    if let Some(c) = needed.iter().find(|c| c.quarantined_at.is_some()) {
+        return Err(LoadError::Waiting {
+            reason: format!(
+                "version {} of {} is published only whole, and its chunk {} is quarantined at {}; until it is requeued or skipped \
+                 (ferry requeue / ferry skip --chunk {}) the version before stays in the table",
+                v.version,
+                v.uri,
+                c.id,
+                c.quarantined_at.as_deref().unwrap_or("?"),
+                c.id
+            ),
+            after: WAIT_FOR_OPERATOR,
+        });
+    }
+    let waiting = needed.iter().filter(|c| !c.copied).count();
+    if waiting > 0 {
+        return Err(LoadError::Waiting {
+            reason: format!(
+                "version {} of {} is published only whole: {waiting} of its {} chunks are not copied yet",
+                v.version,
+                v.uri,
+                needed.len()
+            ),
+            after: WAIT_FOR_COPIES,
+        });
+    }
+    Ok(())
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_ledger::runner::{self, open_stage};
+use ferry_ledger::runner::{self, StoreProbe, Stores, open_stage};
 use ferry_ledger::{Lease, Stage};
 use ferry_load::{LoadError, Loader};
 
@@ -33,6 +33,8 @@ async fn run(args: Args) -> Result<i32, LoadError> {
     let stores = vec![("destination", cfg.destination.url.clone()), ("ledger", "the work ledger".to_string())];
     let concurrency = cfg.load_concurrency();
     let s = Arc::new(Loader::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
+    // The store's own probe tells its outage from a chunk's failure.
+    let probe = StoreProbe(Arc::new(s.destination().clone().prober("destination")));
     // gc touches only what crashed writers left long ago (older than a copy deadline plus two
     // leases), never what this run publishes: it runs side by side with the chunks.
     let gc = tokio::spawn({
@@ -42,7 +44,16 @@ async fn run(args: Args) -> Result<i32, LoadError> {
     let writer = tokio::spawn(s.clone().ddl_writer());
     let loader = s.clone();
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
-    let served = runner::serve(&ledger, &args.stage, Stage::Load, concurrency, stores, work, Arc::new(|_: &Lease| {})).await;
+    let served = runner::serve(
+        &ledger,
+        &args.stage,
+        Stage::Load,
+        concurrency,
+        Stores { names: stores, probe: Some(probe) },
+        work,
+        Arc::new(|_: &Lease| {}),
+    )
+    .await;
     // The DDL as the ledger has it now, before the stage exits, however serving ended. Its
     // failure is the exit status only when serving went well (it is logged either way).
     let ddl = loader.finish_ddl(writer).await;

@@ -33,7 +33,14 @@
 //! (its deadline passed, or its caller dropped it: a watchdog, a hedge that lost) retires the
 //! client it used, and so does a file write that did not close cleanly, `close()` included:
 //! its connection may be hung, and the next call goes out on a new one. Only those few
-//! clients are left behind.
+//! clients are retired.
+//!
+//! A retired or surplus client must also go, which hdfs-native does not do by itself: a client
+//! that has written a file keeps a lease-renewal task that holds it for ever, so dropping it
+//! frees neither its NameNode connection nor its tasks (a slow leak over weeks of hedges and
+//! timeouts). Each client therefore runs its background tasks on a runtime of its own (one
+//! worker thread, see [`Conn`]), which is shut down a few seconds after the last user of the
+//! client lets go: the renewal task ends with it, and the connection closes.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -54,15 +61,62 @@ pub struct HdfsStore {
     /// The store's root path, without a trailing slash ("" for `/`).
     root: String,
     opts: StoreOptions,
-    client: Mutex<Arc<Client>>,
+    client: Mutex<Arc<Conn>>,
     /// Idle clients, shared by this store and its isolated copies.
-    pool: Arc<Mutex<Vec<Arc<Client>>>>,
+    pool: Arc<Mutex<Vec<Arc<Conn>>>>,
     /// An isolated copy gives its client back to the pool when dropped.
     pooled: bool,
 }
 
 /// Idle clients kept for reuse; more are built when more chunks run at once.
 const POOL_MAX: usize = 64;
+
+/// An HDFS client and the runtime its background tasks (connections, lease renewal) run on.
+/// Dropped (its last user gone), the runtime is shut down, which ends those tasks: the only way
+/// to free a client that has written a file (see the module's notes).
+#[derive(Debug)]
+pub(crate) struct Conn {
+    client: Client,
+    rt: Background,
+}
+
+/// A client's runtime, shut down (without blocking) when dropped.
+#[derive(Debug, Default)]
+struct Background(Option<tokio::runtime::Runtime>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// How long a client's runtime outlives the client. hdfs-native keeps DataNode connections
+/// for reuse by any client for 3 s; one made on this runtime dies with it, so the runtime
+/// stays until none of them can be handed out.
+const LINGER: Duration = Duration::from_secs(5);
+
+impl std::ops::Deref for Conn {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // Never blocks (also inside the async code that drops the last user). Outside a
+        // runtime (the process ending), at once.
+        let rt = std::mem::take(&mut self.rt);
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                tokio::time::sleep(LINGER).await;
+                drop(rt);
+            });
+        }
+    }
+}
 
 impl Drop for HdfsStore {
     fn drop(&mut self) {
@@ -82,7 +136,7 @@ impl HdfsStore {
         let base = format!("{}://{}", parsed.scheme(), parsed.authority());
         let root = parsed.path().trim_end_matches('/').to_string();
         let client = build(&base, opts)?;
-        Ok(HdfsStore { base, root, opts: opts.clone(), client: Mutex::new(Arc::new(client)), pool: Default::default(), pooled: false })
+        Ok(HdfsStore { base, root, opts: opts.clone(), client: Mutex::new(client), pool: Default::default(), pooled: false })
     }
 
     /// The same store on a client no other user holds right now (its own NameNode
@@ -91,7 +145,7 @@ impl HdfsStore {
         let idle = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let client = match idle {
             Some(c) => c,
-            None => Arc::new(build(&self.base, &self.opts)?),
+            None => build(&self.base, &self.opts)?,
         };
         Ok(HdfsStore {
             base: self.base.clone(),
@@ -118,17 +172,17 @@ impl HdfsStore {
         if rel.is_empty() { if self.root.is_empty() { "/".into() } else { self.root.clone() } } else { format!("{}/{rel}", self.root) }
     }
 
-    fn client(&self) -> Arc<Client> {
+    fn client(&self) -> Arc<Conn> {
         self.client.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Replaces `used` (if it is still the current client) after a call on it missed its
     /// deadline, was given up on, or broke: a hung or broken connection is never reused.
-    fn retire(&self, used: &Arc<Client>) {
+    fn retire(&self, used: &Arc<Conn>) {
         let mut g = self.client.lock().unwrap_or_else(|p| p.into_inner());
         if Arc::ptr_eq(&g, used) {
             match build(&self.base, &self.opts) {
-                Ok(c) => *g = Arc::new(c),
+                Ok(c) => *g = c,
                 Err(e) => tracing::warn!(error = %e, "cannot build a new HDFS client; keeping the old one"),
             }
         }
@@ -137,16 +191,16 @@ impl HdfsStore {
     /// One NameNode call under `call_timeout`.
     async fn call<T, F, Fut>(&self, op: &'static str, path: &str, f: F) -> Result<T>
     where
-        F: FnOnce(Arc<Client>) -> Fut,
+        F: FnOnce(Arc<Conn>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, HdfsError>>,
     {
         self.call_on(self.client(), op, path, f).await
     }
 
     /// [`HdfsStore::call`] on client `c` (a caller that must know which client it used).
-    async fn call_on<T, F, Fut>(&self, c: Arc<Client>, op: &'static str, path: &str, f: F) -> Result<T>
+    async fn call_on<T, F, Fut>(&self, c: Arc<Conn>, op: &'static str, path: &str, f: F) -> Result<T>
     where
-        F: FnOnce(Arc<Client>) -> Fut,
+        F: FnOnce(Arc<Conn>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, HdfsError>>,
     {
         let deadline = self.opts.call_timeout.0;
@@ -228,11 +282,18 @@ impl HdfsStore {
     async fn stream(&self, rel: &str) -> Result<(usize, futures::stream::BoxStream<'static, Result<Bytes>>)> {
         let path = self.path(rel);
         let p = path.clone();
-        let reader = self.call("open", &path, |c| async move { c.read(&p).await }).await?;
+        let conn = self.client();
+        let reader = self.call_on(conn.clone(), "open", &path, |c| async move { c.read(&p).await }).await?;
         let len = reader.file_length();
         let url = self.url_of_path(&path);
-        let s =
-            reader.read_range_stream(0, len).map(move |r| r.map_err(|e| Error::Hdfs { op: "read", path: url.clone(), source: e })).boxed();
+        // The stream keeps its client (and the runtime its reads run on) until it is dropped.
+        let s = reader
+            .read_range_stream(0, len)
+            .map(move |r| {
+                let _conn = &conn;
+                r.map_err(|e| Error::Hdfs { op: "read", path: url.clone(), source: e })
+            })
+            .boxed();
         Ok((len, s))
     }
 
@@ -508,7 +569,7 @@ impl HdfsStore {
 /// client's call ended well.
 struct RetireOnDrop<'a> {
     store: &'a HdfsStore,
-    client: Option<Arc<Client>>,
+    client: Option<Arc<Conn>>,
 }
 
 impl Drop for RetireOnDrop<'_> {
@@ -519,9 +580,15 @@ impl Drop for RetireOnDrop<'_> {
     }
 }
 
-fn build(base: &str, opts: &StoreOptions) -> Result<Client> {
+fn build(base: &str, opts: &StoreOptions) -> Result<Arc<Conn>> {
     let h = &opts.hdfs;
-    let mut b = ClientBuilder::new().with_url(base);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("ferry-hdfs")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(format!("cannot start an HDFS client's runtime: {e}")))?;
+    let mut b = ClientBuilder::new().with_url(base).with_io_runtime(rt.handle().clone());
     if let Some(d) = &h.conf_dir {
         b = b.with_config_dir(d.clone());
     }
@@ -540,5 +607,6 @@ fn build(base: &str, opts: &StoreOptions) -> Result<Client> {
     if let Some(c) = &h.kerberos_cache {
         b = b.with_kerberos_cache(c.clone());
     }
-    b.build().map_err(|e| Error::Config { file: base.to_string(), message: format!("cannot set up the HDFS client: {e}") })
+    let client = b.build().map_err(|e| Error::Config { file: base.to_string(), message: format!("cannot set up the HDFS client: {e}") })?;
+    Ok(Arc::new(Conn { client, rt: Background(Some(rt)) }))
 }

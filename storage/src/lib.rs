@@ -98,6 +98,26 @@ pub enum Store {
     S3(std::sync::Arc<s3::S3Store>),
 }
 
+/// A temp file or multipart upload a crashed copy may have left (see [`Store::abandoned`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Abandoned {
+    /// The file's store path, or the upload's key.
+    pub rel: String,
+    /// The chunk its name is for.
+    pub chunk: String,
+    /// The multipart upload's id; None for a file.
+    pub upload: Option<String>,
+}
+
+/// What a listing of a source directory found: the files, and the entries it set aside
+/// instead of failing the whole listing (a name that is not UTF-8, an unreadable directory,
+/// an S3 key that is not a valid path), each as (name as shown, why).
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub entries: Vec<Entry>,
+    pub set_aside: Vec<(String, String)>,
+}
+
 /// A file in a store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -109,6 +129,9 @@ pub struct Entry {
     /// None where the store has nothing of the kind (HDFS): such files are always hashed.
     pub change_token: Option<String>,
 }
+
+/// What [`Store::prober`] gives for a name: the probe's outcome, its error as text.
+pub type ProbeFuture = std::pin::Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
 
 impl Store {
     /// A store with default options (see [`Store::open`]).
@@ -166,17 +189,61 @@ impl Store {
         matches!(self, Store::S3(_))
     }
 
-    /// Removes what crashed writers left behind below `dir`: temp files older than
-    /// `cutoff_ms` and, on S3, multipart uploads started before it. Returns how many went; a
-    /// failure part-way is [`Error::Incomplete`], which still says how many went.
-    pub async fn gc(&self, dir: &str, cutoff_ms: i64) -> Result<usize> {
-        // Both steps run whatever the first did; the outcome adds them up.
-        let files = self.remove_old(dir, cutoff_ms, |_| true).await;
-        let uploads = match self {
-            Store::S3(s) => s.abort_uploads(cutoff_ms).await,
+    /// What crashed copies of `table` may have left in this destination, older than
+    /// `cutoff_ms`: temp files under `_ferry/tmp` and, on S3, multipart uploads started before
+    /// it, each with the chunk its name is for. Only names Ferry writes are listed (a copy temp
+    /// name; an upload to one, or in place to a landed or published part of `table`): another
+    /// tool's file or upload under the same root is never a candidate. Which chunks are this
+    /// pipeline's is the ledger's to say ([`Store::remove_abandoned`] takes the chosen ones).
+    pub async fn abandoned(&self, table: &str, cutoff_ms: i64) -> Result<Vec<Abandoned>> {
+        let mut found = Vec::new();
+        for e in self.list(paths::COPY_TEMP_DIR).await? {
+            if e.mtime_ms < cutoff_ms
+                && let Some((chunk, ..)) = paths::parse_copy_temp(&e.rel)
+            {
+                found.push(Abandoned { chunk: chunk.to_string(), rel: e.rel.clone(), upload: None });
+            }
+        }
+        if let Store::S3(s) = self {
+            for (key, id) in s.abandoned_uploads(cutoff_ms).await? {
+                let Some(rel) = s.rel_of_key(&key) else { continue };
+                let chunk = paths::parse_copy_temp(rel)
+                    .map(|(c, ..)| c)
+                    .or_else(|| paths::parse_landed(table, rel).map(|(c, _)| c))
+                    .or_else(|| paths::parse_table_file(table, rel));
+                if let Some(chunk) = chunk {
+                    found.push(Abandoned { chunk: chunk.to_string(), rel: key.clone(), upload: Some(id) });
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Removes what [`Store::abandoned`] found and the caller chose: temp files are deleted,
+    /// uploads aborted. Returns how many went; a failure part-way is [`Error::Incomplete`],
+    /// which still says how many went.
+    pub async fn remove_abandoned(&self, chosen: &[Abandoned]) -> Result<usize> {
+        let (mut n, mut first) = (0, None);
+        for a in chosen.iter().filter(|a| a.upload.is_none()) {
+            tracing::info!(file = %self.url(&a.rel), chunk = %a.chunk, "removing an abandoned temp file");
+            match self.delete(&a.rel).await {
+                Ok(()) => n += 1,
+                Err(e) if e.is_not_found() => {}
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        let uploads: Vec<(String, String)> = chosen.iter().filter_map(|a| Some((a.rel.clone(), a.upload.clone()?))).collect();
+        let aborted = match self {
+            Store::S3(s) if !uploads.is_empty() => s.abort_uploads(&uploads).await,
             _ => Ok(0),
         };
-        combine(vec![files, uploads])
+        let files = match first {
+            None => Ok(n),
+            Some(e) => Err(Error::Incomplete { removed: n, reason: e.to_string() }),
+        };
+        combine(vec![files, aborted])
     }
 
     /// The URL of a path in this store, as recorded in the ledger.
@@ -206,6 +273,17 @@ impl Store {
         }
     }
 
+    /// [`Store::list`] of a source: one odd entry (a name that is not UTF-8, a directory
+    /// without permission, an S3 key with `//`, a `.` or `..` segment or a control character)
+    /// is set aside with its reason, and the others are listed.
+    pub async fn list_source(&self, dir: &str) -> Result<Listing> {
+        match self {
+            Store::Local(l) => l.list_source(dir).await,
+            Store::Hdfs(h) => Ok(Listing { entries: h.list(dir).await?, set_aside: Vec::new() }),
+            Store::S3(s) => s.list_source(dir).await,
+        }
+    }
+
     /// The names directly under `dir` (files and directories), sorted; none if it is missing.
     /// One call on HDFS and S3, where [`Store::list`] of a tree makes one per directory.
     pub async fn children(&self, dir: &str) -> Result<Vec<String>> {
@@ -216,6 +294,28 @@ impl Store {
         }?;
         names.sort();
         Ok(names)
+    }
+
+    /// A cheap call of the store's own, to tell a store that is down from a chunk that fails
+    /// on its own: the metadata of a name below the root (absent is an answer too). Ok when the
+    /// store answered, a refusal included (it is up, if unusable); the error when it did not
+    /// answer in time or the connection failed.
+    pub async fn probe(&self) -> Result<()> {
+        match self.head(paths::PROBE).await {
+            Ok(_) => Ok(()),
+            Err(e) if !e.is_transient() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Store::probe`] of this store under the name a stage's errors give it (`destination`),
+    /// as the stage runner takes it: a future for that name, none for any other.
+    /// The probe shares the store's clients: it asks the way the chunks went.
+    pub fn prober(self, name: &'static str) -> impl Fn(&'static str) -> Option<ProbeFuture> + Send + Sync {
+        move |store| {
+            let me = self.clone();
+            (store == name).then(|| Box::pin(async move { me.probe().await.map_err(|e| e.to_string()) }) as _)
+        }
     }
 
     pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
@@ -329,6 +429,44 @@ impl Store {
             Store::Local(l) => l.upload(local, rel, progress).await,
             Store::Hdfs(h) => h.upload(local, rel, progress).await,
             Store::S3(s) => s.upload(local, rel, expected, progress).await,
+        }
+    }
+
+    /// Streams local file `local` to `rel`, replacing what is there, so that `rel` holds either
+    /// what it held or all of the file: sent to a temp name beside it and renamed over it
+    /// (on S3 an upload completes whole or not at all, in place). Never holds the file in
+    /// memory. Bounded by the caller's deadline and watchdog (it moves `progress`); a temp file
+    /// of a failed send is removed, and one a crash leaves is a `.<name>.tmp`.
+    pub async fn put_file(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = match rel.rsplit_once('/') {
+            Some((dir, name)) => format!("{dir}/{}", paths::atomic_temp(name, seq)),
+            None => paths::atomic_temp(rel, seq),
+        };
+        let sent = match self {
+            Store::S3(s) => return s.upload(local, rel, None, progress).await,
+            Store::Local(l) => match l.upload(local, &tmp, progress).await {
+                Ok(sent) => l.rename_over(&tmp, rel).await.map(|()| sent),
+                Err(e) => Err(e),
+            },
+            Store::Hdfs(h) => match h.upload(local, &tmp, progress).await {
+                // Settles an ambiguous rename itself, and removes the temp file when it fails.
+                Ok(sent) => return h.commit_temp(&tmp, rel).await.map(|()| sent),
+                Err(e) => Err(e),
+            },
+        };
+        if sent.is_err() {
+            let _ = self.delete(&tmp).await;
+        }
+        sent
+    }
+
+    /// Where `rel` is on this machine's file system, for a local directory store.
+    pub fn local_path(&self, rel: &str) -> Option<PathBuf> {
+        match self {
+            Store::Local(l) => Some(l.path(rel)),
+            _ => None,
         }
     }
 

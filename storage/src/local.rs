@@ -27,6 +27,11 @@ impl LocalStore {
         if rel.is_empty() { self.root.clone() } else { self.root.join(rel) }
     }
 
+    /// Where `rel` is on this machine's file system.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.abs(rel)
+    }
+
     pub(crate) fn url(&self, rel: &str) -> String {
         format!("file://{}", self.abs(rel).display())
     }
@@ -37,13 +42,18 @@ impl LocalStore {
     }
 
     pub(crate) async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        Ok(self.list_source(dir).await?.entries)
+    }
+
+    /// [`LocalStore::list`], with the entries it could not take (see `walk`) and why.
+    pub(crate) async fn list_source(&self, dir: &str) -> Result<crate::Listing> {
         let (root, start) = (self.root.clone(), self.abs(dir));
         blocking(self.call_timeout * 4, "list", move || {
-            let mut out = Vec::new();
+            let mut out = crate::Listing::default();
             if start.exists() {
                 walk(&root, &start, &mut out)?;
             }
-            out.sort_by(|a, b| a.rel.cmp(&b.rel));
+            out.entries.sort_by(|a, b| a.rel.cmp(&b.rel));
             Ok(out)
         })
         .await
@@ -114,6 +124,17 @@ impl LocalStore {
             std::fs::remove_file(&a).map_err(|e| Error::io(a.display(), e))?;
             sync_dir(&b);
             Ok(true)
+        })
+        .await
+    }
+
+    /// Renames `from` over `to` (replacing it) and makes the rename durable.
+    pub(crate) async fn rename_over(&self, from: &str, to: &str) -> Result<()> {
+        let (a, b) = (self.abs(from), self.abs(to));
+        blocking(self.call_timeout, "rename", move || {
+            std::fs::rename(&a, &b).map_err(|e| Error::io(format!("{} -> {}", a.display(), b.display()), e))?;
+            sync_dir(&b);
+            Ok(())
         })
         .await
     }
@@ -195,11 +216,11 @@ fn newest_mtime_ms(dir: &Path) -> Result<Option<i64>> {
         Err(e) => return Err(Error::io(dir.display(), e)),
     };
     let own = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as i64);
-    let mut files = Vec::new();
+    let mut files = crate::Listing::default();
     if meta.is_dir() {
         walk(dir, dir, &mut files)?;
     }
-    Ok(Some(files.iter().map(|e| e.mtime_ms).fold(own, i64::max)))
+    Ok(Some(files.entries.iter().map(|e| e.mtime_ms).fold(own, i64::max)))
 }
 
 /// Writes a file through a temp name in the same directory, fsyncs it, and renames it into
@@ -264,13 +285,20 @@ fn change_token(m: &std::fs::Metadata) -> String {
 /// that cannot be read (permissions, a name that is not UTF-8, a file gone meanwhile) is
 /// skipped with a warning and the walk goes on. Symbolic links are not followed: a link could
 /// lead outside the root (or in a circle), and what it points to is not this directory's.
-fn walk(root: &Path, dir: &Path, out: &mut Vec<Entry>) -> Result<()> {
+fn walk(root: &Path, dir: &Path, out: &mut crate::Listing) -> Result<()> {
     let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir.display(), e))?;
+    // The name as the ledger and the log show it: relative, every byte that is not UTF-8
+    // escaped.
+    let shown = |p: &Path| {
+        let rel = p.strip_prefix(root).unwrap_or(p);
+        String::from_utf8_lossy(rel.as_os_str().as_encoded_bytes()).into_owned()
+    };
     for ent in rd {
         let ent = match ent {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!(dir = ?dir, error = %e, "skipping an entry that cannot be read");
+                out.set_aside.push((shown(dir), format!("an entry in this directory cannot be read: {e}")));
                 continue;
             }
         };
@@ -278,11 +306,13 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<Entry>) -> Result<()> {
         match ent.file_type() {
             Ok(t) if t.is_symlink() => {
                 tracing::warn!(path = ?p, "skipping a symbolic link: links are not followed");
+                out.set_aside.push((shown(&p), "a symbolic link: links are not followed".into()));
                 continue;
             }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(path = ?p, error = %e, "skipping an entry whose type cannot be read");
+                out.set_aside.push((shown(&p), format!("its type cannot be read: {e}")));
                 continue;
             }
         }
@@ -292,19 +322,22 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<Entry>) -> Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => {
                 tracing::warn!(path = ?p, error = %e, "skipping a file that cannot be read");
+                out.set_aside.push((shown(&p), format!("it cannot be read: {e}")));
                 continue;
             }
         };
         if m.is_dir() {
             if let Err(e) = walk(root, &p, out) {
                 tracing::warn!(path = ?p, error = %e, "skipping a directory that cannot be read");
+                out.set_aside.push((shown(&p), format!("a directory that cannot be read: {e}")));
             }
         } else if m.is_file() {
             let Some(rel) = p.strip_prefix(root).unwrap_or(&p).to_str() else {
                 tracing::warn!(path = ?p, "skipping a file whose name is not UTF-8; rename it to take it in");
+                out.set_aside.push((shown(&p), "its name is not UTF-8; rename it to take it in".into()));
                 continue;
             };
-            out.push(Entry { rel: rel.to_string(), size: m.len(), mtime_ms: mtime_ms(&m), change_token: Some(change_token(&m)) });
+            out.entries.push(Entry { rel: rel.to_string(), size: m.len(), mtime_ms: mtime_ms(&m), change_token: Some(change_token(&m)) });
         }
     }
     Ok(())

@@ -256,6 +256,53 @@ impl S3Store {
         Ok(out)
     }
 
+    /// [`S3Store::list`] of a source. object_store fails a whole page of a listing on one key
+    /// it cannot take as a path (`a//b`, a `.` or `..` segment, a control character): then
+    /// the listing is read again here, signed as object_store signs, and such a key is set
+    /// aside with its reason while the others are listed.
+    pub async fn list_source(&self, dir: &str) -> Result<crate::Listing> {
+        match self.list(dir).await {
+            Ok(entries) => Ok(crate::Listing { entries, set_aside: Vec::new() }),
+            Err(Error::ObjectStore { source: object_store::Error::InvalidPath { .. }, .. }) if self.credential.is_some() => {
+                let until = tokio::time::Instant::now() + self.budget() * 4;
+                let what = format!("ListObjectsV2 {}", self.url(dir));
+                super::retry::resending(
+                    &what,
+                    self.opts.s3.max_retries,
+                    Duration::from_millis(100),
+                    Some(until),
+                    Error::is_transient,
+                    || self.list_raw(dir),
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list_raw(&self, dir: &str) -> Result<crate::Listing> {
+        let Some(cred) = &self.credential else { return Ok(crate::Listing::default()) };
+        let prefix = self.key_str(dir);
+        let prefix = if prefix.is_empty() || prefix.ends_with('/') { prefix } else { format!("{prefix}/") };
+        let root = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
+        let enc = |v: &str| -> String { url::form_urlencoded::byte_serialize(v.as_bytes()).collect() };
+        let mut out = crate::Listing::default();
+        let mut token: Option<String> = None;
+        loop {
+            let mut uri = format!("{}?list-type=2&prefix={}", self.bucket_url, enc(&prefix));
+            if let Some(t) = &token {
+                uri.push_str(&format!("&continuation-token={}", enc(t)));
+            }
+            let body = self.signed_get(cred, &uri, &format!("ListObjectsV2 {}", self.url(dir))).await?;
+            token = parse_list_page(&String::from_utf8_lossy(&body), &root, &mut out);
+            if token.is_none() {
+                break;
+            }
+        }
+        out.entries.sort_by(|a, b| a.rel.cmp(&b.rel));
+        Ok(out)
+    }
+
     pub async fn children(&self, dir: &str) -> Result<Vec<String>> {
         let prefix = self.key(dir);
         let found = self.call("list", dir, self.store.list_with_delimiter(Some(&prefix))).await?;
@@ -563,26 +610,25 @@ impl S3Store {
         .await
     }
 
-    async fn list_uploads_once(&self, prefix: &str) -> Result<Vec<(String, String, i64)>> {
-        let Some(cred) = &self.credential else { return Ok(vec![]) };
-        let enc: String = url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect();
-        let uri = format!("{}?uploads&prefix={enc}", self.bucket_url);
-        let what = format!("ListMultipartUploads {}", self.url(""));
+    /// A GET of a bucket request object_store has no call for, signed as object_store signs
+    /// its own, bounded by the call budget. A transport failure is transient; an HTTP error
+    /// status is what the server decided (5xx and 429 transient, the rest not).
+    async fn signed_get(&self, cred: &object_store::aws::AwsCredential, uri: &str, what: &str) -> Result<Bytes> {
         let mut req = http::Request::builder()
             .method("GET")
-            .uri(&uri)
+            .uri(uri)
             .body(object_store::client::HttpRequestBody::from(Vec::new()))
             .map_err(|e| Error::Other(format!("{what}: {e}")))?;
         object_store::aws::AwsAuthorizer::new(cred, "s3", &self.region)
             .try_authorize(&mut req, None)
             .map_err(|e| Error::Other(format!("{what}: cannot sign: {e}")))?;
-        // A transport failure is transient; an HTTP error status is what the server decided.
-        let body = tokio::time::timeout(self.budget(), async {
-            let resp = self.http.execute(req).await.map_err(|e| Error::Stalled { what: what.clone(), reason: e.to_string() })?;
+        let stalled = |reason: String| Error::Stalled { what: what.to_string(), reason };
+        tokio::time::timeout(self.budget(), async {
+            let resp = self.http.execute(req).await.map_err(|e| stalled(e.to_string()))?;
             let status = resp.status();
-            let body = resp.into_body().bytes().await.map_err(|e| Error::Stalled { what: what.clone(), reason: e.to_string() })?;
+            let body = resp.into_body().bytes().await.map_err(|e| stalled(e.to_string()))?;
             if status.is_server_error() || status.as_u16() == 429 {
-                return Err(Error::Stalled { what: what.clone(), reason: format!("HTTP {status}") });
+                return Err(stalled(format!("HTTP {status}")));
             }
             if !status.is_success() {
                 return Err(Error::Other(format!("{what}: HTTP {status}: {}", String::from_utf8_lossy(&body))));
@@ -590,7 +636,14 @@ impl S3Store {
             Ok(body)
         })
         .await
-        .map_err(|_| Error::Stalled { what: what.clone(), reason: format!("not done within {:?}", self.budget()) })??;
+        .map_err(|_| stalled(format!("not done within {:?}", self.budget())))?
+    }
+
+    async fn list_uploads_once(&self, prefix: &str) -> Result<Vec<(String, String, i64)>> {
+        let Some(cred) = &self.credential else { return Ok(vec![]) };
+        let enc: String = url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect();
+        let uri = format!("{}?uploads&prefix={enc}", self.bucket_url);
+        let body = self.signed_get(cred, &uri, &format!("ListMultipartUploads {}", self.url(""))).await?;
         let text = String::from_utf8_lossy(&body);
         let mut out = Vec::new();
         for upload in text.split("<Upload>").skip(1) {
@@ -604,15 +657,26 @@ impl S3Store {
         Ok(out)
     }
 
-    /// Aborts multipart uploads under the store's root started before `cutoff_ms`: a crashed
-    /// uploader's, whether headed for a temp key or, in place, for a landed one. Listed again
-    /// until none is left, not paged by markers (some servers reject their own markers).
-    pub async fn abort_uploads(&self, cutoff_ms: i64) -> Result<usize> {
+    /// The store-relative path of a key this store listed (`<prefix>/<rel>`).
+    pub fn rel_of_key<'a>(&self, key: &'a str) -> Option<&'a str> {
+        if self.prefix.is_empty() { Some(key) } else { key.strip_prefix(&self.prefix)?.strip_prefix('/') }
+    }
+
+    /// Aborts these multipart uploads (key, id): a crashed uploader's, whether headed for a
+    /// temp key or, in place, for a landed one. Listed again until none of them is left (a
+    /// part in flight can land after an abort), not paged by markers (some servers reject
+    /// their own markers); uploads not among them are never touched.
+    pub async fn abort_uploads(&self, chosen: &[(String, String)]) -> Result<usize> {
         let mut n = 0;
         // A failure part-way still says how many went.
         let incomplete = |n: usize, e: Error| Error::Incomplete { removed: n, reason: e.to_string() };
-        for _ in 0..100 {
-            let batch = self.abandoned_uploads(cutoff_ms).await.map_err(|e| incomplete(n, e))?;
+        let chosen: std::collections::HashSet<&(String, String)> = chosen.iter().collect();
+        for round in 0..100 {
+            let batch: Vec<(String, String)> = if round == 0 {
+                chosen.iter().map(|c| (*c).clone()).collect()
+            } else {
+                self.abandoned_uploads(i64::MAX).await.map_err(|e| incomplete(n, e))?.into_iter().filter(|u| chosen.contains(u)).collect()
+            };
             if batch.is_empty() {
                 break;
             }
@@ -620,7 +684,8 @@ impl S3Store {
                 tracing::info!(key = %format!("s3://{}/{key}", self.bucket), upload = %id, "aborting an abandoned multipart upload");
                 let k = Key::from(key.clone());
                 match self.call_resending("AbortMultipartUpload", &key, Resend::Always, || self.store.abort_multipart(&k, &id)).await {
-                    Ok(()) => n += 1,
+                    Ok(()) if round == 0 => n += 1,
+                    Ok(()) => {}
                     Err(e) if e.is_not_found() => {}
                     Err(e) => return Err(incomplete(n, e)),
                 }
@@ -683,8 +748,66 @@ fn failed_before_send(e: &object_store::Error) -> bool {
     false
 }
 
+/// One page of a ListObjectsV2 answer into `out`: a key that object_store cannot take as a
+/// path is set aside with its reason (relative to `root`, as the log and the ledger show it);
+/// returns the continuation token when the listing goes on.
+fn parse_list_page(text: &str, root: &str, out: &mut crate::Listing) -> Option<String> {
+    let field = |part: &str, name: &str| {
+        part.split_once(&format!("<{name}>")).and_then(|(_, r)| r.split_once(&format!("</{name}>"))).map(|(v, _)| xml_unescape(v))
+    };
+    for item in text.split("<Contents>").skip(1) {
+        let Some(key) = field(item, "Key") else { continue };
+        let rel = key.strip_prefix(root).unwrap_or(&key).to_string();
+        // object_store refuses empty segments, `.` and `..`, and control characters.
+        if let Err(e) = object_store::path::Path::parse(&key) {
+            tracing::warn!(key = ?key, reason = %e, "skipping an S3 key that is not a valid path; rename the object to take it in");
+            out.set_aside.push((format!("{rel:?}"), format!("an S3 key that is not a valid path ({e}); rename the object to take it in")));
+            continue;
+        }
+        let size = field(item, "Size").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let mtime_ms =
+            field(item, "LastModified").and_then(|v| chrono::DateTime::parse_from_rfc3339(&v).ok()).map_or(0, |t| t.timestamp_millis());
+        out.entries.push(Entry { rel, size, mtime_ms, change_token: field(item, "ETag") });
+    }
+    field(text, "NextContinuationToken").filter(|t| !t.is_empty() && text.contains("<IsTruncated>true</IsTruncated>"))
+}
+
+/// XML text as it reads: the five named entities and numeric ones (`&#34;`, `&#x1;`).
 fn xml_unescape(s: &str) -> String {
-    s.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&")
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('&') {
+        out.push_str(&rest[..i]);
+        rest = &rest[i..];
+        let Some(end) = rest.find(';') else { break };
+        let entity = &rest[1..end];
+        let c = match entity {
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            "amp" => Some('&'),
+            _ => entity
+                .strip_prefix("#x")
+                .or_else(|| entity.strip_prefix("#X"))
+                .map(|h| u32::from_str_radix(h, 16))
+                .or_else(|| entity.strip_prefix('#').map(|d| d.parse::<u32>()))
+                .and_then(|n| n.ok())
+                .and_then(char::from_u32),
+        };
+        match c {
+            Some(c) => {
+                out.push(c);
+                rest = &rest[end + 1..];
+            }
+            None => {
+                out.push('&');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 fn hash_attr(hash: &str) -> Attributes {
@@ -755,5 +878,31 @@ fn profile_credentials(profile: Option<&str>) -> std::result::Result<Option<(Str
         (Some(k), Some(s)) => Ok(Some((k, s, t))),
         _ if profile.is_some() => Err(format!("store.s3.profile {want:?}: no keys for it in {}", file.display())),
         _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page as S3 writes it, with keys no object_store path can be: each set aside with its
+    /// reason, the good one listed, the token taken. (The test S3 server stores objects as
+    /// files, so it cannot hold such keys; real S3 can.)
+    #[test]
+    fn odd_keys_on_a_list_page_are_set_aside_and_the_rest_listed() {
+        let page = "<ListBucketResult><IsTruncated>true</IsTruncated><NextContinuationToken>t&amp;1</NextContinuationToken>\
+            <Contents><Key>p/in/good.jsonl</Key><LastModified>2026-11-30T10:00:00Z</LastModified><ETag>&#34;abc&#34;</ETag><Size>42</Size></Contents>\
+            <Contents><Key>p/in/a//b.jsonl</Key><Size>1</Size></Contents>\
+            <Contents><Key>p/in/x/../y.jsonl</Key><Size>1</Size></Contents>\
+            <Contents><Key>p/in/bad&#x1;name.jsonl</Key><Size>1</Size></Contents></ListBucketResult>";
+        let mut out = crate::Listing::default();
+        assert_eq!(parse_list_page(page, "p/", &mut out).as_deref(), Some("t&1"));
+        assert_eq!(out.entries.len(), 1);
+        assert_eq!(out.entries[0].rel, "in/good.jsonl");
+        assert_eq!((out.entries[0].size, out.entries[0].change_token.as_deref()), (42, Some("\"abc\"")));
+        let names: Vec<&str> = out.set_aside.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["\"in/a//b.jsonl\"", "\"in/x/../y.jsonl\"", "\"in/bad\\u{1}name.jsonl\""]);
+        assert!(out.set_aside.iter().all(|(_, why)| why.contains("not a valid path")), "{:?}", out.set_aside);
+        assert_eq!(xml_unescape("a &lt;b&gt; &amp;c &#65;&#x42; &bogus; &"), "a <b> &c AB &bogus; &");
     }
 }

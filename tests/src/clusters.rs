@@ -131,6 +131,21 @@ impl MiniDfs {
     }
 }
 
+impl MiniDfs {
+    /// Hadoop's `hdfs dfsadmin` against this cluster (quotas, safe mode).
+    pub fn admin(&self, args: &[&str]) -> std::process::Output {
+        let out = Command::new("java")
+            .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &hadoop_classpath()])
+            .args(["org.apache.hadoop.hdfs.tools.DFSAdmin", "-fs", &self.url])
+            .args(args)
+            .env("HADOOP_CONF_DIR", &self.conf_dir)
+            .output()
+            .expect("java");
+        assert!(out.status.success(), "hdfs dfsadmin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    }
+}
+
 impl Drop for MiniDfs {
     fn drop(&mut self) {
         // Closing stdin asks it to stop; a kill makes sure.

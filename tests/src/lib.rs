@@ -312,11 +312,20 @@ if kind in ("table", "s3table"):
         fsys = pfs.S3FileSystem(access_key=e["FERRY_TEST_S3_ACCESS_KEY"], secret_key=e["FERRY_TEST_S3_SECRET_KEY"],
             endpoint_override=e["FERRY_TEST_S3_ENDPOINT"].split("//")[1], scheme="https", region="us-east-1",
             tls_ca_file_path=e["FERRY_TEST_S3_CA"])
-    t = ds.dataset(d, filesystem=fsys, format="parquet", partitioning="hive").to_table()
+    if fsys is not None and fsys.get_file_info(d).type == pfs.FileType.NotFound:
+        import pyarrow as pa
+        t = pa.table({})
+    else:
+        t = ds.dataset(d, filesystem=fsys, format="parquet", partitioning="hive").to_table()
     for r in t.to_pylist():
         add(r)
-    days = sorted({str(r["dt"]) for r in t.select(["dt", "ts"]).to_pylist()})
-    bad_dt = sum(1 for r in t.select(["dt", "ts"]).to_pylist() if str(r["dt"]) != r["ts"].astimezone(datetime.timezone.utc).date().isoformat())
+    if "dt" in t.schema.names:
+        days = sorted({str(r["dt"]) for r in t.select(["dt", "ts"]).to_pylist()})
+        bad_dt = sum(1 for r in t.select(["dt", "ts"]).to_pylist() if str(r["dt"]) != r["ts"].astimezone(datetime.timezone.utc).date().isoformat())
+    else:
+        # No file under a dt= directory: an empty table has no days; rows outside the
+        # partition layout all count as misplaced.
+        days, bad_dt = [], t.num_rows
 else:
     days, bad_dt = [], 0
     for p in sorted(glob.glob(d + "/*." + kind)):
@@ -334,6 +343,24 @@ rows.sort(key=lambda r: r[0])
 h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 print(json.dumps({"rows": len(rows), "distinct": len({r[0] for r in rows}), "digest": h, "days": days, "bad_dt": bad_dt}))
 "#;
+
+/// Every file below `dir`, sorted (none if it is missing).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
 
 /// Every file below `dir` whose name looks like a temp file.
 pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
@@ -354,4 +381,13 @@ pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The largest peak RSS (KiB) of any child this process has waited for so far
+/// (`getrusage(RUSAGE_CHILDREN)`): a test reading it must be alone in its test binary.
+pub fn children_max_rss_kib() -> i64 {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid rusage for the call to fill.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) }, 0);
+    u.ru_maxrss
 }

@@ -120,6 +120,11 @@ impl Postgres {
     }
 
     /// The URL of the `postgres` database (add TLS parameters when started with TLS).
+    /// The psql of the server's PostgreSQL version.
+    pub fn psql(&self) -> PathBuf {
+        self.bin.join("psql")
+    }
+
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }

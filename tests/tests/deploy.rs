@@ -41,6 +41,8 @@ fn install_puts_binaries_units_and_config_in_place_and_systemd_accepts_the_units
     assert!(etc.join("ferry/ferry.toml").is_file());
     let env_mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(etc.join("ferry/ferry.env")).unwrap().permissions());
     assert_eq!(env_mode & 0o077, 0, "the secrets file is private");
+    let toml_mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(etc.join("ferry/ferry.toml")).unwrap().permissions());
+    assert_eq!(toml_mode & 0o007, 0, "the configuration (it may hold secrets) is not world-readable");
     // The installed skeleton is a valid configuration.
     let out = Command::new(bin("ferry")).args(["check-config", "--config"]).arg(etc.join("ferry/ferry.toml")).output().unwrap();
     let text = ok(&out, "check-config of the skeleton");
@@ -49,7 +51,7 @@ fn install_puts_binaries_units_and_config_in_place_and_systemd_accepts_the_units
     // systemd's own checker, on the units as installed: their ExecStart points at the binaries
     // just installed under the test root.
     let units: Vec<PathBuf> = std::fs::read_dir(etc.join("systemd/system")).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(units.len(), 14, "service, timer and watch service per stage, and gc's service and timer: {units:?}");
+    assert_eq!(units.len(), 16, "service, timer and watch service per stage, and gc's and prune's service and timer: {units:?}");
     let dir = tempfile::tempdir().unwrap();
     let mut rewritten = Vec::new();
     for u in &units {
@@ -81,7 +83,7 @@ fn install_puts_binaries_units_and_config_in_place_and_systemd_accepts_the_units
             assert!(once.contains(want), "ferry-{st}.service lacks {want}");
         }
         let watch = std::fs::read_to_string(dir.path().join(format!("ferry-{st}-watch.service"))).unwrap();
-        for want in ["Type=notify", "WatchdogSec=", "Restart=on-failure", "--metrics-addr"] {
+        for want in ["Type=notify", "WatchdogSec=", "Restart=on-failure", "SuccessExitStatus=3", "--metrics-addr"] {
             assert!(watch.contains(want), "ferry-{st}-watch.service lacks {want}");
         }
         let timer = std::fs::read_to_string(dir.path().join(format!("ferry-{st}.timer"))).unwrap();
@@ -98,7 +100,25 @@ fn install_puts_binaries_units_and_config_in_place_and_systemd_accepts_the_units
 fn alert_rules_pass_promtool() {
     let out = Command::new("promtool").args(["check", "rules"]).arg(deploy().join("prometheus/alerts.yml")).output().unwrap();
     let text = ok(&out, "promtool check rules");
-    assert!(text.contains("SUCCESS: 7 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 10 rules found"), "{text}");
+}
+
+/// Every alert rule is shown to fire on the series of its failure and to resolve after it
+/// (`promtool test rules`); a rule without such a test fails here.
+#[test]
+fn every_alert_rule_fires_and_resolves_in_its_unit_test() {
+    let out = Command::new("promtool").args(["test", "rules"]).arg(deploy().join("prometheus/alerts.test.yml")).output().unwrap();
+    ok(&out, "promtool test rules");
+    let rules = std::fs::read_to_string(deploy().join("prometheus/alerts.yml")).unwrap();
+    let tests = std::fs::read_to_string(deploy().join("prometheus/alerts.test.yml")).unwrap();
+    let names: Vec<&str> = rules.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")).collect();
+    assert_eq!(names.len(), 10);
+    for name in names {
+        // One evaluation where it fires (its labels expected) and one where it does not.
+        let evals: Vec<&str> = tests.split("- eval_time: ").filter(|e| e.contains(&format!("alertname: {name}\n"))).collect();
+        assert!(evals.iter().any(|e| e.contains("exp_labels")), "{name}: no test shows it firing");
+        assert!(evals.iter().any(|e| e.contains("exp_alerts: []")), "{name}: no test shows it resolved");
+    }
 }
 
 #[test]
@@ -114,12 +134,13 @@ fn kubernetes_manifests_pass_the_schema_check() {
         "cronjob/ferry-extract",
         "cronjob/ferry-load",
         "cronjob/ferry-gc",
+        "cronjob/ferry-prune",
         "deployment/ferry",
     ] {
         assert!(text.contains(&format!("passed for resource {kind}")), "{kind}: {text}");
     }
     let cron = std::fs::read_to_string(deploy().join("kubernetes/ferry-cronjobs.yaml")).unwrap();
-    assert_eq!(cron.matches("concurrencyPolicy: Forbid").count(), 5);
+    assert_eq!(cron.matches("concurrencyPolicy: Forbid").count(), 6);
     // The validator is strict: a misspelt field fails.
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
@@ -132,8 +153,9 @@ fn kubernetes_manifests_pass_the_schema_check() {
 fn cron_lines_lock_and_run_each_stage_once() {
     let cron = std::fs::read_to_string(deploy().join("cron/ferry")).unwrap();
     let jobs: Vec<&str> = cron.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty() && !l.contains('=')).collect();
-    assert_eq!(jobs.len(), 5, "{jobs:?}");
+    assert_eq!(jobs.len(), 6, "{jobs:?}");
     assert!(jobs[4].contains("flock -n /var/lib/ferry/gc.lock") && jobs[4].contains("exec ferry gc"), "{}", jobs[4]);
+    assert!(jobs[5].contains("flock -n /var/lib/ferry/prune.lock") && jobs[5].contains("exec ferry prune --older-than 30d"), "{}", jobs[5]);
     for (job, st) in jobs.iter().zip(["extract", "transform", "copy", "load"]) {
         let fields: Vec<&str> = job.split_whitespace().collect();
         assert_eq!(&fields[..6], ["*", "*", "*", "*", "*", "ferry"], "minute, hour, day, month, weekday, user: {job}");

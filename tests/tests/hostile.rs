@@ -6,17 +6,9 @@
 //! child this process has waited for, so no other test's children may share the process.
 
 use ferry_formats::avro::{Codec, Writer, write_bytes, write_long};
-use ferry_tests::Pipeline;
+use ferry_tests::{Pipeline, children_max_rss_kib};
 
 const LIMIT_KIB: i64 = 256 << 10;
-
-/// The largest peak RSS (KiB) of any child waited for so far.
-fn children_max_rss_kib() -> i64 {
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid rusage for the call to fill.
-    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) }, 0);
-    u.ru_maxrss
-}
 
 /// A container file's header (a file with no records, as Ferry's writer writes it).
 fn header(schema: &str, codec: &str) -> Vec<u8> {

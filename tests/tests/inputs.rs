@@ -119,6 +119,25 @@ fn json_and_csv_values_are_published_as_written() {
     assert_eq!(p.count("SELECT COUNT(*) FROM rejects"), 3, "{}", p.sql("SELECT group_concat(reason, ' | ') FROM rejects"));
 }
 
+/// A name holding a backtick (here from `transform.rename`) is quoted, not pasted: the DDL
+/// still holds one CREATE statement with the column named as configured.
+#[test]
+fn names_in_the_ddl_are_quoted_whatever_they_hold() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.set_columns(
+        r#"  { name = "id", type = "string", nullable = false },
+  { name = "ts", type = "timestamp", nullable = false },
+  { name = "n", type = "long" },"#,
+        "derive = { dt = \"date(ts)\" }\nrename = { n = \"n`) STORED AS TEXTFILE; --\" }",
+    );
+    std::fs::write(p.path("in/a.jsonl"), "{\"id\":\"1\",\"ts\":\"2026-11-30T12:00:00Z\",\"n\":1}\n").unwrap();
+    run(&p);
+    let ddl = std::fs::read_to_string(p.path("wh/events/_ferry/ddl.sql")).unwrap();
+    assert!(ddl.contains("  `n``) STORED AS TEXTFILE; --` BIGINT\n"), "{ddl}");
+    assert_eq!(ddl.matches("STORED AS").count(), 2, "the name's text plus the one real clause:\n{ddl}");
+    assert!(ddl.contains("\nSTORED AS PARQUET\n"), "{ddl}");
+}
+
 /// The DDL describes the files exactly: every column the Parquet files hold (derived ones
 /// too) with its type, the partition columns typed as declared, partition values unescaped,
 /// and an empty or null value in the default partition, as Hive and Spark write it.
@@ -195,10 +214,19 @@ fn odd_entries_in_the_source_are_skipped_and_the_scan_goes_on() {
     std::fs::copy(&outside, &odd).unwrap();
     let out = p.command("ferry-extract").env("RUST_LOG", "warn").arg("--once").output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{log}");
-    assert_eq!(p.count("SELECT COUNT(*) FROM source_files"), 1, "only the real file: {log}");
+    assert_eq!(out.status.code(), Some(3), "the odd entries are set aside: {log}");
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'"), 1, "the real file goes on: {log}");
     assert!(log.contains("symbolic link") && log.contains("not UTF-8"), "each is named in the log: {log}");
     assert!(log.lines().all(|l| !l.is_empty()), "{log}");
+    // Each is recorded once in the ledger with its reason, also over later passes.
+    let reasons =
+        || p.sql("SELECT group_concat(error, ' | ') FROM (SELECT error FROM source_files WHERE state = 'quarantined' ORDER BY uri)");
+    let first = reasons();
+    assert!(first.contains("bad-\u{fffd}.jsonl: its name is not UTF-8") && first.contains("outside.jsonl: a symbolic link"), "{first}");
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'quarantined'"), 3, "{first}");
+    let again = p.command("ferry-extract").arg("--once").output().unwrap();
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files"), 4, "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(reasons(), first);
 }
 
 /// Each odd file is a recorded decision with its reason, and the good files flow: a
@@ -257,6 +285,37 @@ fn identical_bytes_under_another_name_are_loaded_once_and_said() {
         p.stage(s);
     }
     assert_eq!(p.table_digest()["rows"], 100, "not loaded twice");
+}
+
+/// Two devices send the same file under two names at once: in one pass, whatever the timing,
+/// the first name is taken in and the second is set aside naming it, the same decision as when
+/// the two come in two passes. Run a few times, with a few files split at once.
+#[test]
+fn identical_bytes_in_one_pass_get_the_same_recorded_decision_every_time() {
+    for round in 0..4 {
+        let p = Pipeline::new("8KiB", "30s", "0s");
+        let cfg = std::fs::read_to_string(&p.config).unwrap();
+        std::fs::write(&p.config, cfg.replacen("[extract]\n", "[extract]\nconcurrency = 4\n", 1)).unwrap();
+        p.generate("gen", "jsonl", "null", 3, 200, 30 + round);
+        let mut made: Vec<_> = std::fs::read_dir(p.path("gen")).unwrap().map(|e| e.unwrap().path()).collect();
+        made.sort();
+        // Two names for the first file's bytes (the later one by name is the second copy).
+        std::fs::copy(&made[0], p.path("in/device-a.jsonl")).unwrap();
+        std::fs::copy(&made[0], p.path("in/device-b.jsonl")).unwrap();
+        for g in &made[1..] {
+            std::fs::copy(g, p.path(&format!("in/{}", g.file_name().unwrap().to_string_lossy()))).unwrap();
+        }
+        let out = p.stage("ferry-extract");
+        assert_eq!(out.status.code(), Some(3), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
+        let state = |name: &str| p.sql(&format!("SELECT state || ' ' || COALESCE(error, '') FROM source_files WHERE uri LIKE '%/{name}'"));
+        assert_eq!(state("device-a.jsonl").trim(), "chunked", "round {round}");
+        let b = state("device-b.jsonl");
+        assert!(b.starts_with("quarantined") && b.contains("the same bytes as") && b.contains("device-a.jsonl"), "round {round}: {b}");
+        for s in ["ferry-transform", "ferry-copy", "ferry-load"] {
+            p.stage(s);
+        }
+        assert_eq!(p.table_digest()["rows"], 600, "round {round}: not loaded twice");
+    }
 }
 
 /// Writes an Avro file with fastavro: `fields` and `records` as Python literals.

@@ -260,3 +260,55 @@ fn staging_unreachable_heals_by_itself() {
         assert_eq!(got[k], want[k], "{k}");
     }
 }
+
+/// Under cron (`--once` runs), one lone chunk meets a destination outage: each run finds the
+/// store down by the store's own probe, so the chunk's attempts are not spent however many
+/// runs the outage lasts (a breaker that waits for failures of two chunks never trips on
+/// one). The outage record the exited runs leave open is closed by the first run of any stage
+/// that finds the store answering, even one with nothing to do.
+#[test]
+fn a_lone_chunk_under_once_runs_outlives_an_outage_and_its_record_closes() {
+    let s3 = S3Server::from_env();
+    let proxy = FaultProxy::start(s3.addr, 21);
+    let prefix = format!("lone-{}", std::process::id());
+    let p = Pipeline::with_stores("1MiB", "30s", "0s", None, Some(s3_section("destination", &s3, &proxy, &prefix)));
+    short_budget(&p);
+    p.add_jsonl_batch("lone", 1, 200, 5);
+    for s in ["ferry-extract", "ferry-transform"] {
+        let out = p.stage(s);
+        assert!(out.status.success(), "{s}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(p.count("SELECT COUNT(*) FROM chunks"), 1, "one lone chunk");
+    // Every connection to S3 is reset at its first byte.
+    proxy.set(Faults { reset: 1.0, reset_within: 1, ..Faults::default() });
+    proxy.cut_all();
+    for run in 0..5 {
+        // As cron does: the next run comes after the chunk's retry is due (a second or two).
+        std::thread::sleep(Duration::from_millis(2500));
+        let out = p.stage("ferry-copy");
+        let log = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(4), "run {run}: no progress while the destination is down: {log}");
+        assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0, "run {run}: nothing quarantined: {log}");
+    }
+    assert!(p.count("SELECT attempt FROM tasks WHERE stage = 'copy'") < 3, "the outage's failures are not the chunk's");
+    assert_eq!(p.count("SELECT COUNT(*) FROM open_outages"), 1, "one outage recorded, open");
+    proxy.clear();
+    // Load has nothing to do yet; it finds the destination answering and closes the record.
+    let out = p.stage("ferry-load");
+    assert!(out.status.success(), "load: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(p.count("SELECT COUNT(*) FROM open_outages"), 0, "closed by a run that saw the store work");
+    // The chunk's retry comes due a probe interval after the last failed run (up to 2 s): a
+    // cron run before that finds nothing due yet, as it should.
+    wait_until("the chunk copied and loaded", Duration::from_secs(60), || {
+        for s in ["ferry-copy", "ferry-load"] {
+            let out = p.stage(s);
+            assert!(out.status.success(), "{s}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load' AND state = 'done'") == 1
+    });
+    let got = s3_table_digest(&format!("{}/{prefix}/events", s3.bucket));
+    let want = input_digest("jsonl", &p.path("in"));
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{k}");
+    }
+}

@@ -289,3 +289,69 @@ fn a_lost_spool_node_is_rerun_elsewhere() {
     assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0);
     assert_eq!(table_digest(&p.path("wh/events"))["rows"], 800);
 }
+
+/// Two pipelines may write tables of the same name into different destinations: each keeps its
+/// own schema versions (B's `user_id` is text where A's is a number: no spurious quarantine)
+/// and its own partitions (each DDL lists only its own).
+#[test]
+fn pipelines_with_a_table_of_the_same_name_share_no_schema_and_no_partitions() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    let b = second_config(&p, "b", "events", "in_b");
+    let cfg = std::fs::read_to_string(&b).unwrap();
+    let cfg = cfg
+        .replace(&format!("url = \"{}/wh\"", p.dir.path().display()), &format!("url = \"{}/wh_b\"", p.dir.path().display()))
+        .replace("{ name = \"user_id\", type = \"long\"", "{ name = \"user_id\", type = \"string\"");
+    assert!(cfg.contains("wh_b") && cfg.contains("\"user_id\", type = \"string\""), "{cfg}");
+    std::fs::write(&b, cfg).unwrap();
+    p.generate("in", "jsonl", "null", 1, 300, 1);
+    let mut lines = String::new();
+    for i in 0..50 {
+        lines += &format!(
+            "{{\"event_id\":\"b{i}\",\"ts\":\"2027-01-0{}T10:00:00Z\",\"host\":\"h\",\"kind\":\"k\",\"user_id\":\"{i}\",\"payload\":\"p\",\"score\":null}}\n",
+            1 + i % 2
+        );
+    }
+    std::fs::write(p.path("in_b/b.jsonl"), lines).unwrap();
+    all_stages(&p, &p.config);
+    all_stages(&p, &b);
+    assert_eq!(table_digest(&p.path("wh_b/events"))["rows"], 50);
+    assert_eq!(table_digest(&p.path("wh/events"))["rows"], 300);
+    let a_ddl = std::fs::read_to_string(p.path("wh/events/_ferry/ddl.sql")).unwrap();
+    let b_ddl = std::fs::read_to_string(p.path("wh_b/events/_ferry/ddl.sql")).unwrap();
+    assert!(a_ddl.contains("`user_id` BIGINT") && b_ddl.contains("`user_id` STRING"), "{a_ddl}\n{b_ddl}");
+    assert!(!a_ddl.contains("2027-01-0"), "A's DDL lists only A's partitions:\n{a_ddl}");
+    assert_eq!(b_ddl.matches("ADD IF NOT EXISTS PARTITION").count(), 2, "B's DDL lists only B's partitions:\n{b_ddl}");
+    assert_eq!(p.count("SELECT COUNT(*) FROM table_schemas WHERE table_name = 'events'"), 2, "one version per pipeline");
+}
+
+/// Cleanup touches only what is Ferry's and its own pipeline's: with two pipelines on one
+/// destination root, `ferry gc` of A removes A's abandoned copy temp files and leaves B's
+/// (B may be slower, its upload live) and a file another tool put in `_ferry/tmp`.
+#[test]
+fn gc_of_one_pipeline_leaves_the_other_pipelines_and_foreign_temp_files() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    let b = second_config(&p, "b", "events_b", "in_b");
+    p.generate("in", "jsonl", "null", 1, 100, 1);
+    p.generate("in_b", "jsonl", "null", 1, 100, 2);
+    for config in [&p.config, &b] {
+        let (code, err) = run(&p, "ferry-extract", config);
+        assert_eq!(code, Some(0), "{err}");
+    }
+    let chunk_of = |pipeline: &str| {
+        p.sql(&format!(
+            "SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.pipeline = '{pipeline}' ORDER BY c.id LIMIT 1"
+        ))
+    };
+    let tmp = p.path("wh/_ferry/tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (a_temp, b_temp, foreign) =
+        (tmp.join(format!("{}.1.0.1", chunk_of("default"))), tmp.join(format!("{}.1.0.1", chunk_of("b"))), tmp.join("rsync-partial.bin"));
+    for f in [&a_temp, &b_temp, &foreign] {
+        std::fs::write(f, b"partial").unwrap();
+    }
+    let out = p.command("ferry").args(["gc", "--older-than", "0s"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!a_temp.exists(), "A's own abandoned temp file went");
+    assert!(b_temp.exists(), "B's is B's to clean up");
+    assert!(foreign.exists(), "a file Ferry did not write is never removed");
+}

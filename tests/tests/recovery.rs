@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use ferry_tests::{Pipeline, STAGES, bin, input_digest};
+use ferry_tests::{Pipeline, STAGES, bin, files_under, input_digest};
 
 fn ferry(p: &Pipeline, args: &[&str]) -> Output {
     Command::new(bin("ferry")).arg("--config").arg(&p.config).env_remove("FERRY_LEDGER").args(args).output().unwrap()
@@ -102,6 +102,55 @@ fn rerun_a_chunk_whose_published_file_was_deleted_and_skip_one_for_good() {
     assert_eq!(p.table_digest()["rows"], 1200 + 300 - skipped_records);
     let status = ok(&ferry(&p, &["status"]), "status");
     assert!(status.contains(&format!("skipped chunk {first} at transform: known bad export")), "{status}");
+}
+
+/// A rerun from transform that produces other bytes (here: another codec) while the chunk's
+/// load is still done from before. What its copy lands is not a stray for the cleanup however
+/// old it is, and a published file is replaced only once its replacement is there: a landed
+/// part that went missing leaves the published one in place, never a hole in the table.
+#[test]
+fn a_rerun_never_deletes_a_published_file_before_its_replacement_is_in_place() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 1, 400, 11);
+    run_all(&p);
+    same_rows(&p, &p.path("in"));
+    let chunk = p.sql("SELECT chunk_id FROM published ORDER BY path LIMIT 1");
+    let published: Vec<String> =
+        p.sql(&format!("SELECT group_concat(path, ' ') FROM published WHERE chunk_id = '{chunk}'")).split(' ').map(String::from).collect();
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, cfg.replacen("[transform]\n", "[transform]\ncompression = \"snappy\"\n", 1)).unwrap();
+    ok(&ferry(&p, &["rerun", "--chunk", &chunk, "--from", "transform"]), "rerun");
+    ok(&p.stage("ferry-transform"), "transform");
+
+    // A copy under way has landed the new parts (an hour ago, a slow link) and not committed
+    // yet: the chunk's load task is still done from its first publish.
+    let spool = p.path(&format!("spool/events/{chunk}"));
+    let landed = p.path(&format!("wh/_ferry/landed/events/{chunk}"));
+    std::fs::create_dir_all(&landed).unwrap();
+    let status = Command::new("cp").arg("-r").arg(spool.join(".")).arg(&landed).status().unwrap();
+    assert!(status.success());
+    let status = Command::new("find").arg(&landed).args(["-exec", "touch", "-d", "2 hours ago", "{}", ";"]).status().unwrap();
+    assert!(status.success());
+    let landed_parts = || files_under(&landed).len();
+    let n = landed_parts();
+    assert_eq!(n as i64, p.count(&format!("SELECT COUNT(*) FROM parts WHERE chunk_id = '{chunk}'")), "landed where copy lands");
+    ok(&ferry(&p, &["gc"]), "gc");
+    assert_eq!(landed_parts(), n, "gc left the landed parts of a chunk being rerun");
+    ok(&p.stage("ferry-load"), "load, nothing due: its start-up cleanup ran");
+    assert_eq!(landed_parts(), n, "load's start-up cleanup left them too");
+
+    // The copy commits; then one landed part goes missing before load (a hand, a bug).
+    ok(&p.stage("ferry-copy"), "copy");
+    let victim = files_under(&landed).into_iter().next().unwrap();
+    let rel = victim.strip_prefix(&landed).unwrap().display().to_string();
+    std::fs::remove_file(&victim).unwrap();
+    let out = p.stage("ferry-load");
+    assert_eq!(out.status.code(), Some(3), "the chunk waits in quarantine: {}", String::from_utf8_lossy(&out.stderr));
+    for path in &published {
+        assert!(p.path(&format!("wh/{path}")).is_file(), "{path}: the published file is still there");
+    }
+    same_rows(&p, &p.path("in"));
+    assert!(rel.ends_with(".parquet"));
 }
 
 /// v1 published, then the file at the same path is corrected; after the next run the table
@@ -296,6 +345,52 @@ fn a_conflict_on_one_partition_publishes_none_of_the_chunk() {
     assert!(visible.is_empty(), "none of the chunk is visible: {visible:?}");
     std::fs::remove_file(&squatter).unwrap();
     ok(&ferry(&p, &["requeue", "--chunk", &chunk]), "requeue");
+    ok(&p.stage("ferry-load"), "load");
+    same_rows(&p, &p.path("in"));
+}
+
+/// Not only a conflict: any failure after some of a chunk's parts moved (here the last
+/// partition's directory refuses new entries, `chattr +i`, which holds for root too) leaves
+/// none of the chunk visible; once the directory takes files again the chunk goes in whole.
+#[test]
+fn a_failed_move_of_the_last_part_publishes_none_of_the_chunk() {
+    struct Immutable(std::path::PathBuf);
+    impl Drop for Immutable {
+        fn drop(&mut self) {
+            let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+        }
+    }
+    let p = Pipeline::new("1MiB", "30s", "0s");
+    let mut lines = String::new();
+    for i in 0..300 {
+        let day = 26 + i % 3;
+        lines += &format!(
+            "{{\"event_id\":\"f{i:04}\",\"ts\":\"2026-11-{day}T11:00:{:02}Z\",\"host\":\"h\",\"kind\":\"k\",\"user_id\":{i},\"payload\":\"p\",\"score\":null}}\n",
+            i % 60
+        );
+    }
+    std::fs::write(p.path("in/three-days.jsonl"), lines).unwrap();
+    for s in ["ferry-extract", "ferry-transform", "ferry-copy"] {
+        ok(&p.stage(s), s);
+    }
+    let chunk = p.sql("SELECT id FROM chunks");
+    assert_eq!(p.count("SELECT COUNT(*) FROM parts"), 3);
+    let last = p.sql("SELECT partition FROM parts ORDER BY partition DESC LIMIT 1");
+    let dir = p.path(&format!("wh/events/{last}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let st = Command::new("chattr").arg("+i").arg(&dir).status().unwrap();
+    assert!(st.success(), "chattr +i {}", dir.display());
+    let guard = Immutable(dir.clone());
+    let out = p.stage("ferry-load");
+    assert_ne!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let visible: Vec<_> = files_under(&p.path("wh/events"))
+        .into_iter()
+        .filter(|f| !f.starts_with(p.path("wh/events/_ferry")) && f.to_string_lossy().contains(&chunk))
+        .collect();
+    assert!(visible.is_empty(), "none of the chunk is visible after its third move failed: {visible:?}");
+    drop(guard);
+    let _ = ferry(&p, &["requeue", "--chunk", &chunk]);
+    let _ = ferry(&p, &["rerun", "--chunk", &chunk, "--from", "load"]);
     ok(&p.stage("ferry-load"), "load");
     same_rows(&p, &p.path("in"));
 }

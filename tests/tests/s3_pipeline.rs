@@ -237,8 +237,21 @@ except FileNotFoundError:
 /// its chunks are in the ledger.
 #[test]
 fn s3_source_and_staging_with_delete_disposition() {
+    s3_source_and_staging("delete");
+}
+
+/// The same with `archive` to a local directory: each object is streamed there (through a temp
+/// file, never in memory) before it goes from the bucket, and the archive holds its bytes.
+#[test]
+fn s3_source_and_staging_with_archive_disposition() {
+    s3_source_and_staging("archive");
+}
+
+fn s3_source_and_staging(disposition: &str) {
     let s3 = S3Server::from_env();
-    let prefix = format!("srcstg-{}", now_ms());
+    // Both dispositions run at once, often within the same millisecond: the prefix names the
+    // disposition too, or the two pipelines would share one landing and take each other's files.
+    let prefix = format!("srcstg-{disposition}-{}", now_ms());
     let store_toml = s3.store_toml(&s3.endpoint);
     let staging = format!("[staging]\nurl = \"s3://{}/{prefix}/staging\"\n[staging.store.s3]\n{store_toml}", s3.bucket);
     let p = Pipeline::with_stores("64KiB", "30s", "0s", Some(staging), None);
@@ -248,7 +261,11 @@ fn s3_source_and_staging_with_delete_disposition() {
     assert!(cfg.contains(&local_in), "{cfg}");
     let cfg = cfg.replace(
         &local_in,
-        &format!("url = \"s3://{}/{prefix}/landing\"\ndisposition = \"delete\"\n[source.store.s3]\n{store_toml}", s3.bucket),
+        &format!(
+            "url = \"s3://{}/{prefix}/landing\"\ndisposition = \"{disposition}\"\narchive_url = \"{}\"\n[source.store.s3]\n{store_toml}",
+            s3.bucket,
+            p.path("archive").display()
+        ),
     );
     // The [source] table's later keys (settle) must stay in [source]: move them above the subtable.
     let cfg = cfg.replace("[source.store.s3]", "settle = \"0s\"\n[source.store.s3]").replacen("\nsettle = \"0s\"\n\n", "\n\n", 1);
@@ -273,5 +290,17 @@ fn s3_source_and_staging_with_delete_disposition() {
     let got = p.table_digest();
     assert_eq!((got["rows"].clone(), got["digest"].clone()), (want["rows"].clone(), want["digest"].clone()));
     let left = rt.block_on(landing.list("")).unwrap();
-    assert!(left.is_empty(), "delete disposition removed the source objects: {left:?}");
+    assert!(left.is_empty(), "{disposition} disposition removed the source objects: {left:?}");
+    if disposition == "archive" {
+        let mut archived = 0;
+        for e in std::fs::read_dir(p.path("in")).unwrap().flatten() {
+            let kept = std::fs::read(p.path("archive").join(e.file_name())).unwrap();
+            assert!(kept == std::fs::read(e.path()).unwrap(), "{:?} archived whole", e.file_name());
+            archived += 1;
+        }
+        assert_eq!(archived, 3);
+        let temps: Vec<_> =
+            std::fs::read_dir(p.path("archive")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with('.')).collect();
+        assert!(temps.is_empty(), "no temp file left in the archive: {temps:?}");
+    }
 }

@@ -86,12 +86,17 @@ async fn conformance(store: Store) {
     tokio::task::spawn_blocking(move || s.put_atomic_blocking("staged/c1.avro", b"chunk").unwrap()).await.unwrap();
     assert_eq!(store.read("staged/c1.avro").await.unwrap(), b"chunk");
 
-    // gc removes abandoned temp files, and only those older than the cutoff
-    store.put_atomic("_ferry/tmp/crashed.3.0", b"partial".to_vec()).await.unwrap();
-    assert_eq!(store.gc("_ferry/tmp", 0).await.unwrap(), 0, "too young to collect");
-    let n = store.gc("_ferry/tmp", chrono_now_ms() + 60_000).await.unwrap();
-    assert!(n >= 1);
-    assert!(store.list("_ferry/tmp").await.unwrap().is_empty());
+    // gc finds abandoned copy temp files, only those older than the cutoff and only names
+    // Ferry writes: another tool's file in the same directory is not a candidate
+    store.put_atomic("_ferry/tmp/crashed.3.0.1", b"partial".to_vec()).await.unwrap();
+    store.put_atomic("_ferry/tmp/not-ferrys.bin", b"someone else's".to_vec()).await.unwrap();
+    assert!(store.abandoned("t", 0).await.unwrap().is_empty(), "too young to collect");
+    let found = store.abandoned("t", chrono_now_ms() + 60_000).await.unwrap();
+    assert_eq!(found.iter().map(|a| (a.rel.as_str(), a.chunk.as_str())).collect::<Vec<_>>(), vec![("_ferry/tmp/crashed.3.0.1", "crashed")]);
+    assert_eq!(store.remove_abandoned(&found).await.unwrap(), 1);
+    let left: Vec<String> = store.list("_ferry/tmp").await.unwrap().into_iter().map(|e| e.rel).collect();
+    assert_eq!(left, vec!["_ferry/tmp/not-ferrys.bin".to_string()]);
+    store.delete("_ferry/tmp/not-ferrys.bin").await.unwrap();
 }
 
 fn chrono_now_ms() -> i64 {
@@ -230,12 +235,21 @@ fn s3_conditional_create_and_abandoned_multipart() {
         let key = object_store::path::Path::from(format!("{prefix}/_ferry/landed/t/c/part-crashed.parquet"));
         let id = raw.create_multipart(&key).await.unwrap();
         raw.put_part(&key, &id, 0, vec![7u8; 5 << 20].into()).await.unwrap();
+        // Another tool's upload under the same root is listed by S3, never taken by gc.
+        let foreign = object_store::path::Path::from(format!("{prefix}/backups/dump.tar"));
+        let foreign_id = raw.create_multipart(&foreign).await.unwrap();
         let found = store.abandoned_uploads(chrono_now_ms() + 60_000).await.unwrap();
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].0.ends_with("part-crashed.parquet") && found[0].1 == id);
+        assert_eq!(found.len(), 2, "{found:?}");
         assert!(store.abandoned_uploads(0).await.unwrap().is_empty(), "too young to count as abandoned");
-        assert_eq!(store.gc("_ferry/tmp", chrono_now_ms() + 60_000).await.unwrap(), 1, "gc aborted it");
-        assert!(store.abandoned_uploads(chrono_now_ms() + 60_000).await.unwrap().is_empty());
+        let ferrys = store.abandoned("t", chrono_now_ms() + 60_000).await.unwrap();
+        assert_eq!(ferrys.len(), 1, "{ferrys:?}");
+        assert!(ferrys[0].rel.ends_with("part-crashed.parquet") && ferrys[0].upload.as_deref() == Some(id.as_str()));
+        assert_eq!(ferrys[0].chunk, "c");
+        assert_eq!(store.remove_abandoned(&ferrys).await.unwrap(), 1, "gc aborted it");
+        let left = store.abandoned_uploads(chrono_now_ms() + 60_000).await.unwrap();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert!(left[0].0.ends_with("backups/dump.tar") && left[0].1 == foreign_id, "the foreign upload is untouched");
+        raw.abort_multipart(&foreign, &foreign_id).await.unwrap();
     });
 }
 

@@ -20,9 +20,19 @@ pub fn cast(a: &ArrayRef, to: &DataType) -> Result<(ArrayRef, Vec<(usize, String
         return Ok((a.clone(), Vec::new()));
     }
     let opts = CastOptions { safe: true, ..Default::default() };
-    let out = arrow::compute::cast_with_options(a, to, &opts)
-        .map_err(|e| TransformError::BadInput(format!("cannot cast {} to {to}: {e}", a.data_type())))?;
-    let back = arrow::compute::cast_with_options(&out, a.data_type(), &opts).map_err(TransformError::internal)?;
+    // A value of a kind the column cannot hold at all (an array, map, record or union into a
+    // flat column, or the other way round) is each record's own bad value, not the chunk's.
+    let out = (a.data_type().is_nested() == to.is_nested())
+        .then(|| arrow::compute::cast_with_options(a, to, &opts).ok())
+        .flatten()
+        .and_then(|out| arrow::compute::cast_with_options(&out, a.data_type(), &opts).ok().map(|back| (out, back)));
+    let Some((out, back)) = out else {
+        let kind = format!("{}", a.data_type());
+        let kind = kind.split('(').next().unwrap_or_default();
+        let why = format!("a {kind} value ({}) cannot be kept in a {to} column", a.data_type());
+        let bad = (0..a.len()).filter(|&r| a.is_valid(r)).map(|r| (r, why.clone())).collect();
+        return Ok((arrow::array::new_null_array(to, a.len()), bad));
+    };
     // Rows where the value came back different (or not at all): `distinct` treats two nulls
     // as equal, so a null input is fine.
     let changed: BooleanArray = arrow::compute::kernels::cmp::distinct(&back, a).map_err(TransformError::internal)?;
@@ -75,6 +85,15 @@ mod tests {
         assert_eq!(bad_rows(doubles, DataType::Float32), vec![1], "1.9 has no exact float");
         let text: ArrayRef = Arc::new(StringArray::from(vec!["12", "abc", "18446744073709551615"]));
         assert_eq!(bad_rows(text, DataType::Int64), vec![1, 2], "not a number, out of range: not a null");
+        let list: ArrayRef = Arc::new(arrow::array::ListArray::from_iter_primitive::<arrow::datatypes::Int64Type, _, _>(vec![
+            Some(vec![Some(1), Some(2)]),
+            None,
+            Some(vec![]),
+        ]));
+        let (out, bad) = cast(&list, &DataType::Utf8).unwrap();
+        assert_eq!(out.null_count(), 3);
+        assert_eq!(bad.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![0, 2], "each list is its record's bad value; a null is fine");
+        assert!(bad[0].1.contains("a List value") && bad[0].1.contains("Utf8"), "{}", bad[0].1);
         let us: ArrayRef = Arc::new(TimestampMicrosecondArray::from(vec![1_000, 1_234_567, -1_500]).with_timezone("+00:00"));
         assert_eq!(
             bad_rows(us, DataType::Timestamp(TimeUnit::Millisecond, Some("+00:00".into()))),

@@ -156,6 +156,11 @@ impl Workers {
 }
 
 impl Transformer {
+    /// The staging store, as the chunks are read from it.
+    pub fn staging(&self) -> &Store {
+        &self.staging
+    }
+
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Transformer, TransformError> {
         let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
         let plan = ops::Plan::new(&cfg.transform, &cfg.table.partition_by)?;
@@ -189,6 +194,12 @@ impl Transformer {
     /// Works on one claimed chunk.
     pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, TransformError> {
         let chunk = self.ledger.chunk(&lease.chunk_id).await?;
+        // The one empty chunk of a file without records (a version all the same): nothing
+        // was staged, nothing to decode, no parts.
+        if chunk.bytes == 0 {
+            self.ledger.record_parts(&lease, &[], &[]).await?;
+            return Ok(Work::default());
+        }
         let rel = self
             .staging
             .rel_of(&chunk.location)

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_ledger::runner::{self, open_stage};
+use ferry_ledger::runner::{self, StoreProbe, Stores, open_stage};
 use ferry_ledger::{Lease, Stage};
 use ferry_transform::{TransformError, Transformer};
 
@@ -33,7 +33,18 @@ async fn run(args: Args) -> Result<i32, TransformError> {
     let stores = vec![("staging", cfg.staging.url.clone()), ("ledger", "the work ledger".to_string())];
     let concurrency = cfg.transform.concurrency;
     let s = Arc::new(Transformer::new(cfg, ledger.clone()).map_err(|e| args.stage.config_error(e))?);
+    // The store's own probe tells its outage from a chunk's failure.
+    let probe = StoreProbe(Arc::new(s.staging().clone().prober("staging")));
     runner::cleanup(s.gc()).await;
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
-    Ok(runner::serve(&ledger, &args.stage, Stage::Transform, concurrency, stores, work, Arc::new(|_: &Lease| {})).await?)
+    Ok(runner::serve(
+        &ledger,
+        &args.stage,
+        Stage::Transform,
+        concurrency,
+        Stores { names: stores, probe: Some(probe) },
+        work,
+        Arc::new(|_: &Lease| {}),
+    )
+    .await?)
 }

@@ -67,7 +67,7 @@ pub fn describe(dt: &DataType) -> (String, String) {
                 .iter()
                 .map(|f| {
                     let (h, d) = describe(f.data_type());
-                    (format!("`{}`:{h}", f.name()), format!("{}:{d}", f.name()))
+                    (format!("{}:{h}", ferry_common::hive::ident(f.name())), format!("{}:{d}", f.name()))
                 })
                 .unzip();
             (format!("STRUCT<{}>", h.join(",")), format!("struct<{}>", d.join(",")))

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The randomized model test of exactly once (tests/tests/model.rs), for as long as asked:
+# random histories of arrivals, corrections, reverts, duplicates, kill -9, reruns, gc, prune
+# and (on Postgres) ledger restarts, each checked against the model. Prints every seed, the
+# steps run and, on a failure, the seed, the history and the shortest failing prefix.
+#
+#   bench/model.sh                 # an hour on each setup, one after the other
+#   MINUTES=10 STEPS=500 SETUPS="postgres s3_through_faults" bench/model.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/services.sh
+. scripts/s3.sh
+# The Postgres variant starts a server of its own (it restarts it): only the programs are needed.
+ferry_apt initdb postgresql
+ferry_python_deps
+# The S3 variant: the test S3 server (its own fault proxy in front of it).
+trap ferry_stop_s3 EXIT
+ferry_start_s3
+cargo build --workspace --bins >&2
+export FERRY_MODEL_MINUTES=${MINUTES:-60} FERRY_MODEL_STEPS=${STEPS:-400}
+for t in ${SETUPS:-sqlite postgres s3_through_faults}; do
+  t=random_histories_keep_every_file_exactly_once_on_$t
+  echo "== $t for $FERRY_MODEL_MINUTES min, $FERRY_MODEL_STEPS steps a seed" >&2
+  # The whole output (a failure's history and shortest failing prefix) goes to the log.
+  log=${TMPDIR:-/tmp}/ferry-model-$t.log
+  echo "   (the whole output: $log)" >&2
+  if ! cargo test -p ferry-tests --test model -- --exact "$t" --nocapture 2>&1 | tee "$log" | grep -E '^model:|panicked|failed|test result' >&2; then
+    failed=1
+  fi
+done
+exit "${failed:-0}"

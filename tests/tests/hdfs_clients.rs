@@ -1,0 +1,79 @@
+//! HDFS clients do not leak. hdfs-native keeps a client that has written a file alive for ever
+//! (its lease-renewal task holds it), so a client Ferry lets go of (one the pool has no room
+//! for, one retired after a call timed out or a hedge lost) used to keep its NameNode
+//! connection and its tasks: over weeks of a `--watch` service, unbounded. Here rounds of more
+//! writers at once than the pool keeps run against a real MiniDFS, and this process's NameNode
+//! connections and threads must stay flat from round to round.
+//!
+//! Alone in its test binary: it counts this process's sockets and threads.
+
+use std::time::Duration;
+
+use ferry_common::config::StoreOptions;
+use ferry_storage::Store;
+use ferry_tests::clusters::MiniDfs;
+
+/// Sockets of this process connected to `port` (established), from /proc.
+fn connections_to(port: u16) -> usize {
+    let mine: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| l.to_string_lossy().strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')).map(str::to_string))
+        .collect();
+    let mut n = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else { continue };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = f[2].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+            // State 01: ESTABLISHED.
+            if remote_port == Some(port) && f[3] == "01" && mine.contains(f[9]) {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+#[test]
+fn clients_let_go_of_close_their_namenode_connections_and_threads() {
+    let nn = MiniDfs::start("L");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let store = Store::open(&format!("{}/leak", nn.url), &StoreOptions::default()).unwrap();
+    // More writers at once than the pool keeps (64): the rest are let go of after each round.
+    const WRITERS: usize = 100;
+    let mut samples = Vec::new();
+    for round in 0..4 {
+        rt.block_on(async {
+            let stores: Vec<Store> = (0..WRITERS).map(|_| store.isolated().unwrap()).collect();
+            let names: Vec<String> = (0..WRITERS).map(|i| format!("r{round}/f{i}")).collect();
+            let writes = stores.iter().zip(&names).enumerate().map(|(i, (s, name))| s.put_atomic(name, vec![i as u8; 1000]));
+            for r in futures::future::join_all(writes).await {
+                r.unwrap();
+            }
+            // A read on each as well: DataNode connections go back to hdfs-native's cache.
+            let reads = stores.iter().zip(&names).map(|(s, name)| s.read(name));
+            for (i, r) in futures::future::join_all(reads).await.into_iter().enumerate() {
+                assert_eq!(r.unwrap(), vec![i as u8; 1000]);
+            }
+        });
+        // A client let go of lingers a few seconds (see ferry_storage's HDFS notes).
+        std::thread::sleep(Duration::from_secs(8));
+        let sample = (connections_to(nn.addr.port()), threads());
+        println!("round {round}: {} NameNode connections, {} threads", sample.0, sample.1);
+        samples.push(sample);
+    }
+    let (first, last) = (samples[0], samples[samples.len() - 1]);
+    // Each round lets go of 36 clients that wrote: they must not pile up.
+    assert!(last.0 <= first.0 + 2, "NameNode connections grew from {} to {} over the rounds: {samples:?}", first.0, last.0);
+    assert!(last.1 <= first.1 + 4, "threads grew from {} to {} over the rounds: {samples:?}", first.1, last.1);
+    assert!(last.0 <= 64 + 4, "at most the pool's clients stay connected: {samples:?}");
+    // The files are all there, and a fresh client still works.
+    let n = rt.block_on(store.list("")).unwrap().len();
+    assert_eq!(n, 4 * WRITERS);
+}

@@ -1,0 +1,94 @@
+//! What grows over weeks of unattended running must stay flat: each test here is one cost that
+//! once grew with the history, measured where it would show.
+
+use ferry_tests::{Pipeline, bin};
+use std::process::Command;
+
+/// Extract under `--watch` passes over the source every `--poll`; sweeping staging for crashed
+/// writers' temp files lists the whole staged table, which grows with every chunk kept. The sweep
+/// runs at the first pass only (then hourly), so a pass costs the same on day 1 and day 30.
+/// Counted from the system calls: the staged table's directories opened for listing.
+#[test]
+fn extract_does_not_list_the_staged_table_every_pass() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 4, 300, 31);
+    let out = p.stage("ferry-extract");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = p.path("strace.txt");
+    // SIGTERM after 4 s, from inside the trace (strace itself would only detach).
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=openat", "-o"])
+        .arg(&trace)
+        .args(["timeout", "--signal=TERM", "4s"])
+        .arg(bin("ferry-extract"))
+        .arg("--config")
+        .arg(&p.config)
+        .args(["--watch", "--poll", "100ms"])
+        .env_remove("FERRY_LEDGER")
+        .output()
+        .unwrap();
+    assert!(out.status.code().is_some(), "extract ended: {}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let staged = p.path("staging/events").display().to_string();
+    let source = p.path("in").display().to_string();
+    let opened = |dir: &str| text.lines().filter(|l| l.contains(&format!("\"{dir}\"")) && l.contains("O_DIRECTORY")).count();
+    let passes = opened(&source);
+    assert!(passes >= 10, "the source is listed every pass (100 ms apart for 4 s): {passes}");
+    assert_eq!(opened(&staged), 1, "the staged table is listed once, not on each of {passes} passes");
+}
+
+/// Health follows bytes moved, not files finished: a file that takes longer to split than the
+/// health window keeps `/healthz` at 200 (and the systemd watchdog fed) all the while, so the
+/// stage is not killed on it and restarted to split it from the start again, for ever.
+#[test]
+fn a_file_longer_to_split_than_the_health_window_keeps_the_stage_healthy() {
+    use std::io::{Read, Write};
+    let p = Pipeline::new("1MiB", "30s", "0s");
+    // ~1.2 GiB of JSON lines: seconds to read, hash and split (3-4 s here), in chunks of 1 MiB.
+    let mut w = std::io::BufWriter::new(std::fs::File::create(p.path("in/big.jsonl")).unwrap());
+    let payload = "p".repeat(300);
+    for i in 0..3_300_000u64 {
+        writeln!(
+            w,
+            "{{\"event_id\":\"e{i:09}\",\"ts\":\"2026-11-30T12:00:00Z\",\"host\":\"h\",\"kind\":\"k\",\"user_id\":{i},\"payload\":\"{payload}\",\"score\":null}}"
+        )
+        .unwrap();
+    }
+    w.into_inner().unwrap().sync_all().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let svc = p.watch("ferry-extract", &["--metrics-addr", &format!("127.0.0.1:{port}"), "--health-window", "1s"]);
+    let healthz = || -> Option<u16> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10))).ok()?;
+        write!(s, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.split_whitespace().nth(1).and_then(|c| c.parse().ok())
+    };
+    let t0 = std::time::Instant::now();
+    let (mut checks, mut unhealthy) = (0, Vec::new());
+    loop {
+        // Before extract has made the ledger's tables, the query fails: not chunked yet.
+        let chunked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'") == 1
+        }))
+        .unwrap_or(false);
+        if let Some(code) = healthz() {
+            checks += 1;
+            if code != 200 {
+                unhealthy.push(format!("{code} at {:.1} s", t0.elapsed().as_secs_f64()));
+            }
+        }
+        if chunked {
+            break;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(600), "the file was not split in 10 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let took = t0.elapsed();
+    let (code, _, log) = svc.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(took > std::time::Duration::from_secs(2), "the split must outlast the 1 s window twice to show anything: {took:?}");
+    assert!(unhealthy.is_empty(), "/healthz failed while the file was being split ({took:?}): {unhealthy:?}");
+    assert!(checks > 5, "/healthz was asked during the split: {checks}");
+}

@@ -1,0 +1,335 @@
+//! `source.versions = "replace"`: for every source file the table shows exactly one whole
+//! version, the newest that could be loaded whole; a version that cannot be loaded whole
+//! leaves the one before in the table and says why. Each test goes through a path the common
+//! case never takes: a correction that is itself corrupt, a correction with one bad chunk
+//! (until an operator skips it), and a correction undone (the old bytes put back).
+
+use std::process::Output;
+
+use ferry_tests::{Pipeline, STAGES, input_digest};
+
+fn run_all(p: &Pipeline) -> Vec<Output> {
+    STAGES.iter().map(|s| p.stage(s)).collect()
+}
+
+/// `n` event lines whose ids start with `tag`; the lines in `bad` have a `user_id` that is not
+/// a number (each is a rejected record).
+fn events(tag: &str, n: usize, bad: std::ops::Range<usize>) -> String {
+    (0..n)
+        .map(|i| {
+            let user = if bad.contains(&i) { "\"not-a-number\"".to_string() } else { i.to_string() };
+            format!(
+                "{{\"event_id\":\"{tag}-{i:05}\",\"ts\":\"2026-11-{:02}T10:{:02}:00Z\",\"host\":\"h\",\"kind\":\"k\",\"user_id\":{user},\"payload\":\"{}\",\"score\":null}}\n",
+                20 + i % 3,
+                i % 60,
+                "p".repeat(60)
+            )
+        })
+        .collect()
+}
+
+/// The table's rows are exactly these files' lines.
+fn table_is(p: &Pipeline, files: &[(&str, &str)]) {
+    let dir = p.path(&format!("expect-{}", rand_tag()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let want = input_digest("jsonl", &dir);
+    let got = p.table_digest();
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{k}: the table holds exactly the expected version");
+    }
+}
+
+fn rand_tag() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// Runs the stages until no task is left to do (a version's chunks that waited while another
+/// of them switched it in are done on a later run), at most five times.
+fn settle(p: &Pipeline) {
+    for _ in 0..5 {
+        run_all(p);
+        if p.count("SELECT COUNT(*) FROM tasks WHERE state NOT IN ('done', 'quarantined')") == 0 {
+            return;
+        }
+    }
+}
+
+fn stage_ok(p: &Pipeline, s: &str) {
+    let out = p.stage(s);
+    assert!(out.status.code().is_some_and(|c| c == 0 || c == 3), "{s}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Version 1 is copied but not loaded yet when a corrupt version 2 arrives (quarantined by
+/// extract): version 1 still goes in whole. So does one whose correction is the same bytes as
+/// another file already taken in.
+#[test]
+fn a_correction_that_cannot_be_taken_in_leaves_the_version_before_whole() {
+    for second in ["corrupt", "duplicate"] {
+        let p = Pipeline::new("16KiB", "30s", "0s");
+        let v1 = events("v1", 300, 0..0);
+        let other = events("other", 50, 0..0);
+        std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+        std::fs::write(p.path("in/other.jsonl"), &other).unwrap();
+        for s in ["ferry-extract", "ferry-transform", "ferry-copy"] {
+            stage_ok(&p, s);
+        }
+        let v2: Vec<u8> = if second == "corrupt" { b"\x1f\x8b\x08\x00gzip, not JSON lines".to_vec() } else { other.clone().into_bytes() };
+        std::fs::write(p.path("in/data.jsonl"), v2).unwrap();
+        for _ in 0..2 {
+            run_all(&p);
+        }
+        assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'quarantined'"), 1, "{second}: version 2 set aside");
+        table_is(&p, &[("data.jsonl", &v1), ("other.jsonl", &other)]);
+    }
+}
+
+/// A correction with one chunk that cannot be loaded (too many bad records) is not published
+/// in part: version 1 stays whole and the ledger says why, until the operator skips the bad
+/// chunk; then version 2 without it goes in whole and version 1 goes out.
+#[test]
+fn a_correction_with_a_bad_chunk_waits_whole_until_the_operator_decides() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 300, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    run_all(&p);
+    table_is(&p, &[("data.jsonl", &v1)]);
+    // Version 2: the same number of lines, new ids, and a run of bad records in its middle
+    // (max_bad_records is 5 a chunk: the chunk holding most of them is quarantined).
+    let v2 = events("v2", 300, 140..170);
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    for _ in 0..3 {
+        run_all(&p);
+    }
+    let bad = p.sql(
+        "SELECT t.chunk_id FROM tasks t JOIN chunks c ON c.id = t.chunk_id JOIN source_files f ON f.id = c.file_id
+         WHERE f.version = 2 AND t.state = 'quarantined' ORDER BY t.chunk_id LIMIT 1",
+    );
+    assert!(!bad.is_empty(), "a chunk of version 2 is quarantined");
+    table_is(&p, &[("data.jsonl", &v1)]);
+    let why = p.sql("SELECT last_error FROM tasks WHERE stage = 'load' AND state = 'retryable' LIMIT 1");
+    assert!(why.contains("published only whole") && why.contains(&bad), "the ledger says why: {why}");
+
+    let out = p.command("ferry").args(["skip", "--chunk", &bad, "--reason", "test: a bad chunk"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The waiting load tasks look again after a while; rerun from load makes them due now.
+    for c in p.sql("SELECT group_concat(t.chunk_id, ' ') FROM tasks t WHERE t.stage = 'load' AND t.state = 'retryable'").split(' ') {
+        if !c.is_empty() {
+            let out = p.command("ferry").args(["rerun", "--chunk", c, "--from", "load"]).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    // The skipped chunk goes through the stages with nothing in it and publishes the version;
+    // the chunks that waited are woken and record their parts.
+    let settled = |p: &Pipeline| p.count("SELECT COUNT(*) FROM tasks WHERE state NOT IN ('done', 'quarantined')") == 0;
+    for _ in 0..20 {
+        run_all(&p);
+        if settled(&p) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert!(settled(&p), "{}", p.sql("SELECT group_concat(stage || ' ' || state || ' ' || COALESCE(last_error, ''), ' | ') FROM tasks WHERE state NOT IN ('done', 'quarantined')"));
+    let rows = p.table_digest()["rows"].as_i64().unwrap();
+    let expected = p.count(&format!(
+        "SELECT (SELECT SUM(records) FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.version = 2 AND c.id <> '{bad}')
+              - (SELECT COUNT(*) FROM rejects r JOIN chunks c ON c.id = r.chunk_id JOIN source_files f ON f.id = c.file_id
+                 WHERE f.version = 2 AND c.id <> '{bad}')"
+    ));
+    assert_eq!(rows, expected, "version 2 without the skipped chunk, whole; nothing of version 1");
+    assert_eq!(p.count("SELECT COUNT(*) FROM published p JOIN chunks c ON c.id = p.chunk_id JOIN source_files f ON f.id = c.file_id WHERE f.version = 1"), 0);
+}
+
+/// Version 2 replaced version 1 in the table; then the old bytes are put back (the
+/// correction undone): they are the file's newest version again, and the table shows them.
+/// `data.jsonl` taken in, then corrected: the table shows the correction. Returns the pipeline
+/// and the first version's text.
+fn corrected_once() -> (Pipeline, String) {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 300, 0..0);
+    let v2 = events("v2", 250, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    run_all(&p);
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    run_all(&p);
+    table_is(&p, &[("data.jsonl", &v2)]);
+    (p, v1)
+}
+
+#[test]
+fn a_correction_undone_puts_the_old_version_back_whole() {
+    let (p, v1) = corrected_once();
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    for _ in 0..2 {
+        run_all(&p);
+    }
+    table_is(&p, &[("data.jsonl", &v1)]);
+    assert_eq!(
+        p.count("SELECT version FROM source_files WHERE content_hash = (SELECT content_hash FROM source_files ORDER BY id LIMIT 1)"),
+        3
+    );
+}
+
+/// The same, when extract dies between registering the old bytes (which stores their new
+/// change token on the old version's row) and making them the newest version again: the next
+/// run must not take the token as "seen, unchanged" and skip the file for ever. The crash is
+/// reproduced by leaving the ledger as that instant does: the old row with the file's token.
+#[test]
+fn a_correction_undone_is_revived_after_a_crash_between_registration_and_revival() {
+    let (p, v1) = corrected_once();
+    // New bytes in place by rename (a new inode), as a sender puts a file back.
+    std::fs::write(p.path("in/.data.jsonl.part"), &v1).unwrap();
+    std::fs::rename(p.path("in/.data.jsonl.part"), p.path("in/data.jsonl")).unwrap();
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os, sqlite3, sys\n\
+             st = os.stat(sys.argv[2])\n\
+             token = '%d:%d:%d.%09d' % (st.st_dev, st.st_ino, st.st_ctime_ns // 10**9, st.st_ctime_ns % 10**9)\n\
+             c = sqlite3.connect(sys.argv[1])\n\
+             c.execute('UPDATE source_files SET mtime_ms = ?, change_token = ? WHERE version = 1', (st.st_mtime_ns // 10**6, token))\n\
+             c.commit()",
+        ])
+        .arg(p.path("ledger.db"))
+        .arg(p.path("in/data.jsonl"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for _ in 0..2 {
+        run_all(&p);
+    }
+    table_is(&p, &[("data.jsonl", &v1)]);
+    assert_eq!(p.count("SELECT version FROM source_files WHERE id = (SELECT MIN(id) FROM source_files)"), 3);
+}
+
+/// Runs `script` on the pipeline's SQLite ledger and commits: a ledger left as a crash at one
+/// instant leaves it.
+fn ledger_script(p: &Pipeline, script: &str) {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.commit()"])
+        .arg(p.path("ledger.db"))
+        .arg(script)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A load killed while it switched a correction in, after it removed the old version's files
+/// from the table and before it removed their `published` rows (two steps on two systems);
+/// then the correction is undone. The old version's rows name files that are gone: its chunks
+/// must still run again, and the table show it whole, with no chunk quarantined as missing.
+/// The crash is reproduced by leaving the ledger as that instant does.
+#[test]
+fn a_correction_undone_after_a_crash_mid_switch_puts_the_old_version_back_whole() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 300, 0..0);
+    let v2 = events("v2", 250, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    settle(&p);
+    ledger_script(&p, "CREATE TABLE saved AS SELECT * FROM published;");
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v2)]);
+    // The crash: version 1's rows are still there, its files are not.
+    ledger_script(&p, "INSERT INTO published SELECT * FROM saved; DROP TABLE saved;");
+    put_back(&p, &v1);
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v1)]);
+    all_done_and_verified(&p);
+}
+
+/// A correction is undone while it is still being switched in: one of its chunks moved all of
+/// its parts into the table and recorded its own, the others have not recorded theirs yet (a
+/// `--once` run ended first, or they wait in backoff). The old version comes back whole, and the
+/// parts of the undone correction that no row names do not stay in the table beside it.
+#[test]
+fn a_correction_undone_while_it_is_switched_in_puts_the_old_version_back_whole() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 300, 0..0);
+    let v2 = events("v2", 250, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    settle(&p);
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    run_all(&p);
+    let pending = p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load' AND state <> 'done'");
+    assert!(pending > 0, "the switch is under way: some of the correction's chunks have not recorded their parts");
+    table_is(&p, &[("data.jsonl", &v2)]);
+    // They are in backoff (a look that came while the switch was under way) until after the
+    // old bytes are back in the table.
+    ledger_script(&p, "UPDATE tasks SET scheduled_at = 9000000000000 WHERE stage = 'load' AND state <> 'done';");
+    put_back(&p, &v1);
+    for _ in 0..3 {
+        run_all(&p);
+    }
+    let back =
+        "SELECT COUNT(*) FROM published p JOIN chunks c ON c.id = p.chunk_id JOIN source_files f ON f.id = c.file_id WHERE f.version = 3";
+    assert!(p.count(back) > 0, "the old bytes are the newest version again, published");
+    ledger_script(&p, "UPDATE tasks SET scheduled_at = 0 WHERE scheduled_at = 9000000000000;");
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v1)]);
+    all_done_and_verified(&p);
+}
+
+/// The old bytes put back in place by rename (a new inode), as a sender puts a file back.
+fn put_back(p: &Pipeline, bytes: &str) {
+    std::fs::write(p.path("in/.data.jsonl.part"), bytes).unwrap();
+    std::fs::rename(p.path("in/.data.jsonl.part"), p.path("in/data.jsonl")).unwrap();
+}
+
+/// Every task done, and `ferry verify` finds the table as the ledger says.
+fn all_done_and_verified(p: &Pipeline) {
+    let stuck =
+        p.sql("SELECT COUNT(*) || ' ' || COALESCE(group_concat(stage || ': ' || last_error, '; '), '') FROM tasks WHERE state <> 'done'");
+    assert!(stuck.trim() == "0", "every task done: {stuck}");
+    let out = p.command("ferry").arg("verify").output().unwrap();
+    assert!(out.status.success(), "ferry verify: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+/// `ferry prune` deletes every task of a replaced version's chunks (with their attempts: a
+/// file corrected every day would otherwise grow the ledger for ever); the old bytes put back
+/// later still go in whole, through transform again.
+#[test]
+fn prune_takes_a_replaced_versions_tasks_and_its_bytes_still_come_back_whole() {
+    let (p, v1) = corrected_once();
+    let tasks_of = |version: i64| {
+        format!(
+            "SELECT COUNT(*) FROM tasks t JOIN chunks c ON c.id = t.chunk_id JOIN source_files f ON f.id = c.file_id \
+             WHERE f.version = {version}"
+        )
+    };
+    assert!(p.count(&tasks_of(1)) > 0);
+    let out = p.command("ferry").args(["prune", "--older-than", "0s"]).output().unwrap();
+    assert!(out.status.success(), "prune: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(p.count(&tasks_of(1)), 0, "the replaced version's tasks went");
+    let loads_of_v2 = format!("{} AND t.stage = 'load'", tasks_of(2));
+    assert!(p.count(&loads_of_v2) > 0, "the published version's load tasks stay");
+    assert_eq!(p.count("SELECT COUNT(*) FROM attempts a LEFT JOIN tasks t ON t.id = a.task_id WHERE t.id IS NULL"), 0);
+    put_back(&p, &v1);
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v1)]);
+    all_done_and_verified(&p);
+}
+
+/// A file rewritten to nothing (an empty correction) is a version too: its rows go. Another
+/// empty file beside it (the same bytes) is no duplicate and no obstacle.
+#[test]
+fn a_correction_to_an_empty_file_removes_the_rows() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 200, 0..0);
+    let other = events("other", 30, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    std::fs::write(p.path("in/other.jsonl"), &other).unwrap();
+    std::fs::write(p.path("in/empty.jsonl"), "").unwrap();
+    run_all(&p);
+    table_is(&p, &[("data.jsonl", &v1), ("other.jsonl", &other)]);
+    std::fs::write(p.path("in/data.jsonl"), "").unwrap();
+    run_all(&p);
+    table_is(&p, &[("other.jsonl", &other)]);
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'quarantined'"), 0);
+    // And back: the old bytes are the newest version again.
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    run_all(&p);
+    table_is(&p, &[("data.jsonl", &v1), ("other.jsonl", &other)]);
+}
