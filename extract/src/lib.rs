@@ -84,6 +84,9 @@ pub struct Pass {
     pub skipped: u64,
     /// Files that could not be extracted now (a store or the ledger failing); retried.
     pub failed: u64,
+    /// Chunks a run that was stopped part-way through their file had staged already: found
+    /// under their names, not written again.
+    pub reused: u64,
     /// The last such failure.
     pub last_error: Option<String>,
 }
@@ -98,6 +101,7 @@ impl Pass {
         self.unfinished += o.unfinished;
         self.skipped += o.skipped;
         self.failed += o.failed;
+        self.reused += o.reused;
         if o.last_error.is_some() {
             self.last_error.clone_from(&o.last_error);
         }
@@ -327,7 +331,11 @@ impl Extractor {
             pass.quarantined += 1;
             return Ok(());
         };
-        let split = self.split(e, &uri, format, file.as_ref().map(|f| f.content_hash.clone())).await?;
+        let split = self.split(e, &uri, format, file.as_ref().map(|f| f.content_hash.clone()), true).await?;
+        if split.reused > 0 {
+            tracing::info!(file = ?e.rel, chunks = split.reused, "resumed: chunks staged by an interrupted run are kept, not written again");
+            pass.reused += split.reused;
+        }
         let file = match file {
             Some(f) => f,
             None => match self.register(e, &uri, Some(format), split.size, split.hash.clone(), pass).await? {
@@ -471,7 +479,21 @@ impl Extractor {
     /// Splits the file into staged chunks, hashing it on the way unless `known_hash` is given.
     /// With a known hash each chunk is staged under its id; without one, under
     /// [`ferry_ledger::staged_name`] (ids need the whole file's hash, named afterwards).
-    async fn split(&self, e: &Entry, uri: &str, format: ferry_common::config::Format, known_hash: Option<String>) -> Result<Split> {
+    ///
+    /// With `resume`, a file whose split was cut short (a kill, a crash, a restart by a watchdog)
+    /// goes on from what is staged: a chunk is staged under a name that only these bytes at this
+    /// position of this file get, and atomically, so one found under its name is whole and is
+    /// not written again. Only the first chunk is looked for on every file (one stat or HEAD);
+    /// the others only when it was there. Not for a revived version: its chunks' staged copies
+    /// are ones gc may be removing.
+    async fn split(
+        &self,
+        e: &Entry,
+        uri: &str,
+        format: ferry_common::config::Format,
+        known_hash: Option<String>,
+        resume: bool,
+    ) -> Result<Split> {
         let chunk_size = self.cfg.extract.chunk_size.0 as usize;
         let max_record = self.cfg.extract.max_record_size.0 as usize;
         let dialect = self.cfg.source.csv.clone();
@@ -488,6 +510,7 @@ impl Extractor {
         // finish without one, while the next file is split.
         let cpu = self.cpu.clone().acquire_owned().await.map_err(|e| ExtractError::Internal(e.to_string()))?;
         let mut writes = Writes::new(self.staging.clone(), self.in_flight.clone());
+        writes.resume = resume.then_some(None);
         let (split, mut writes) = tokio::task::spawn_blocking(move || {
             let mut buf = buffers.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
             let split = (|| -> Result<Split> {
@@ -556,7 +579,7 @@ impl Extractor {
                 (None, Some(h)) => (hashing.bytes, h.finalize().to_hex().to_string()),
                 (None, None) => unreachable!("a hasher is made whenever no hash is known"),
             };
-            Ok(Split { size, hash, outcome, staged })
+            Ok(Split { size, hash, outcome, staged, reused: 0 })
             })();
             // One grown by a record far larger than a chunk is let go.
             if buf.capacity() <= 2 * chunk_size + (1 << 20) {
@@ -569,10 +592,11 @@ impl Extractor {
         drop(cpu);
         // Every chunk is in staging (or its write failed) before the file goes on.
         let written = writes.finish().await;
-        let split = split?;
+        let mut split = split?;
         if split.outcome.is_ok() {
             written?;
         }
+        split.reused = writes.reused;
         Ok(split)
     }
 
@@ -590,7 +614,7 @@ impl Extractor {
         let mut locations = Vec::new();
         let mut staged_anew = Vec::new();
         if let (false, Some(format)) = (rerun.is_empty(), self.cfg.source.format.of(&e.rel)) {
-            let split = self.split(e, uri, format, Some(file.content_hash.clone())).await?;
+            let split = self.split(e, uri, format, Some(file.content_hash.clone()), false).await?;
             staged_anew = split.staged.clone();
             if let Ok(pieces) = split.outcome {
                 for (seq, piece) in pieces.iter().enumerate() {
@@ -688,6 +712,11 @@ struct Writes {
     budget: Arc<tokio::sync::Semaphore>,
     handle: tokio::runtime::Handle,
     in_flight: Vec<tokio::task::JoinHandle<ferry_storage::Result<()>>>,
+    /// Resuming a split cut short: None = not asked, Some(None) = the first chunk not looked
+    /// for yet, Some(Some(found)) = whether it was staged already.
+    resume: Option<Option<bool>>,
+    /// Chunks found staged, not written again.
+    reused: u64,
 }
 
 impl Writes {
@@ -697,11 +726,32 @@ impl Writes {
     const LOCAL_PENDING: usize = 4;
 
     fn new(staging: Store, budget: Arc<tokio::sync::Semaphore>) -> Writes {
-        Writes { staging, budget, handle: tokio::runtime::Handle::current(), in_flight: Vec::new() }
+        Writes { staging, budget, handle: tokio::runtime::Handle::current(), in_flight: Vec::new(), resume: None, reused: 0 }
+    }
+
+    /// Whether `name` is staged whole already (see [`Extractor::split`]): looked for at the
+    /// first chunk, and at the others only when the first was there. A failed look is a miss:
+    /// the chunk is written again, which is always safe.
+    fn staged_already(&mut self, name: &str, len: usize) -> bool {
+        let Some(state) = self.resume else { return false };
+        if state == Some(false) {
+            return false;
+        }
+        let found = matches!(self.handle.block_on(self.staging.head(name)), Ok(Some(e)) if e.size == len as u64);
+        if state.is_none() {
+            self.resume = Some(Some(found));
+        }
+        if found {
+            self.reused += 1;
+        }
+        found
     }
 
     /// On a blocking thread (`spawn_blocking`): waits for room in the budget.
     fn put(&mut self, name: &str, bytes: &[u8]) -> ferry_storage::Result<()> {
+        if self.staged_already(name, bytes.len()) {
+            return Ok(());
+        }
         if let Store::Local(local) = &self.staging {
             while self.in_flight.len() >= Self::LOCAL_PENDING {
                 let oldest = self.in_flight.remove(0);
@@ -753,6 +803,8 @@ struct Split {
     outcome: std::result::Result<Vec<NewChunk>, String>,
     /// Everything written to staging, for removal when the file is not taken in.
     staged: Vec<String>,
+    /// Chunks found staged by a run cut short, not written again.
+    reused: u64,
 }
 
 /// Hashes and counts what is read through it, so a new file is read once.
@@ -826,6 +878,7 @@ pub async fn run(x: &Extractor, once: bool, poll: Duration, progress_interval: D
         total.unfinished = p.unfinished;
         total.skipped = p.skipped;
         total.failed += p.failed;
+        total.reused += p.reused;
         if p.last_error.is_some() {
             total.last_error = p.last_error;
         }

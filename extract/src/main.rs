@@ -49,12 +49,19 @@ async fn run(args: Args) -> Result<i32, ExtractError> {
             target: "ferry::summary",
             stage = "extract", files = p.chunked, chunks = p.chunks, records = p.records, bytes = p.bytes, seconds = secs,
             quarantined = p.quarantined, quarantined_in_ledger = quarantined_total, unfinished = p.unfinished, skipped = p.skipped,
-            "summary"
+            reused = p.reused, "summary"
         );
     } else {
         eprintln!(
-            "extract: {} files chunked into {} chunks ({} records, {} bytes) in {secs:.1}s; {} quarantined ({quarantined_total} in ledger), {} not finished yet, {} already done",
-            p.chunked, p.chunks, p.records, p.bytes, p.quarantined, p.unfinished, p.skipped
+            "extract: {} files chunked into {} chunks ({} records, {} bytes) in {secs:.1}s; {} quarantined ({quarantined_total} in ledger), {} not finished yet, {} already done{}",
+            p.chunked,
+            p.chunks,
+            p.records,
+            p.bytes,
+            p.quarantined,
+            p.unfinished,
+            p.skipped,
+            if p.reused > 0 { format!("; {} chunks staged by an interrupted run kept", p.reused) } else { String::new() }
         );
     }
     let code = if let Some(why) = p.stalled() {

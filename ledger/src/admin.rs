@@ -289,6 +289,30 @@ impl Ledger {
                             .fetch_all(&mut *tx)
                             .await
                             .map_err(db(op))?;
+                    // A load whose parts are in the table already, unrecorded: a sibling
+                    // switched the chunk's version in with them (replace), or an attempt moved
+                    // some and could not take them back. Closing it would leave them there
+                    // with no row naming them; its load only has to record them.
+                    if open.iter().any(|(s, _)| s == "load") {
+                        let visible: i64 = sqlx::query_scalar(
+                            "SELECT COUNT(*) FROM tasks t WHERE t.chunk_id = $1 AND t.stage = 'load' AND t.pipeline = $2
+                               AND (t.last_error LIKE '%partly published:%'
+                                    OR EXISTS (SELECT 1 FROM chunks c JOIN source_files f ON f.id = c.file_id
+                                               JOIN chunks s ON s.file_id = c.file_id AND s.id <> c.id
+                                               JOIN published p ON p.chunk_id = s.id
+                                               WHERE c.id = t.chunk_id
+                                                 AND EXISTS (SELECT 1 FROM source_files o
+                                                             WHERE o.pipeline = f.pipeline AND o.uri = f.uri AND o.version < f.version)))",
+                        )
+                        .bind(chunk)
+                        .bind(self.pipeline())
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                        if visible > 0 {
+                            return Ok(None);
+                        }
+                    }
                     let mut closed = 0;
                     if !dry_run {
                         for (stage, state) in &open {
@@ -329,10 +353,20 @@ impl Ledger {
                         }
                     }
                     tx.commit().await.map_err(db(op))?;
-                    Ok(if dry_run { open.len() as u64 } else { closed })
+                    Ok(Some(if dry_run { open.len() as u64 } else { closed }))
                 })
             })
             .await?;
+        let Some(n) = n else {
+            let bad = ferry_common::error::ConfigError::new(
+                "--chunk",
+                format!(
+                    "chunk {chunk}'s parts are in the table already (moved there with its version, or by an attempt that could \
+                     not take them back); its load only records them, so it is not skipped: let load run (or `ferry requeue --stage load`)"
+                ),
+            );
+            return Err(crate::Error::Config(bad));
+        };
         if n == 0 {
             let bad = ferry_common::error::ConfigError::new(
                 "--chunk",
@@ -732,15 +766,18 @@ impl Ledger {
         // newer version of its file is, and none of its tasks is unfinished. Should the old
         // bytes come back, extract sends such a chunk through transform again (see
         // `undone_version`), so its history is not needed for that either.
-        const OLD_TASK: &str = "tasks.pipeline = $1 AND tasks.state = 'done' AND tasks.finalized_at < $2
+        const OLD_TASK: &str = concat!(
+            "tasks.pipeline = $1 AND tasks.state = 'done' AND tasks.finalized_at < $2
              AND ((tasks.stage IN ('transform', 'copy')
                    AND EXISTS (SELECT 1 FROM tasks l WHERE l.chunk_id = tasks.chunk_id AND l.stage = 'load' AND l.state = 'done'))
                   OR (NOT EXISTS (SELECT 1 FROM published p WHERE p.chunk_id = tasks.chunk_id)
                       AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.chunk_id = tasks.chunk_id AND o.state <> 'done')
                       AND EXISTS (SELECT 1 FROM chunks c JOIN source_files f ON f.id = c.file_id
                                   JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version
-                                  JOIN chunks nc ON nc.file_id = n.id JOIN published np ON np.chunk_id = nc.id
-                                  WHERE c.id = tasks.chunk_id)))";
+                                  WHERE c.id = tasks.chunk_id AND ",
+            version_in_table!("n"),
+            ")))"
+        );
         let old_attempt = format!(
             "attempts.task_id IN (SELECT id FROM tasks WHERE {OLD_TASK})
              OR (attempts.ended_at < $2 AND attempts.task_id IN (SELECT id FROM tasks WHERE pipeline = $1 AND state = 'done'))"

@@ -243,16 +243,17 @@ impl Ledger {
                 // short (the newer version's load removes the old files, then their rows): its
                 // files may be gone, so it runs again as well; load finds in place whatever of
                 // it is still in the table.
-                let rows: Vec<(String, i64, String, i64)> = sqlx::query_as(
+                let rows: Vec<(String, i64, String, i64)> = sqlx::query_as(concat!(
                     "SELECT c.id, c.seq, c.content_hash,
                             CAST(CASE WHEN NOT EXISTS (SELECT 1 FROM tasks t WHERE t.chunk_id = c.id AND t.state <> 'done')
                                AND (NOT EXISTS (SELECT 1 FROM published p WHERE p.chunk_id = c.id)
-                                    OR EXISTS (SELECT 1 FROM source_files n JOIN chunks nc ON nc.file_id = n.id
-                                               JOIN published np ON np.chunk_id = nc.id
-                                               WHERE n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version))
+                                    OR EXISTS (SELECT 1 FROM source_files n
+                                               WHERE n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version AND ",
+                    version_in_table!("n"),
+                    "))
                              THEN 1 ELSE 0 END AS BIGINT)
                      FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.file_id = $1 ORDER BY c.seq",
-                )
+                ))
                 .bind(file_id)
                 .fetch_all(pool)
                 .await

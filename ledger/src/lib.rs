@@ -331,6 +331,28 @@ macro_rules! on_backend {
 /// Opens a write transaction on `$pool`, after queueing behind this process's other SQLite
 /// writers (see `Ledger::sqlite_writer`); SQLite takes its write lock up front (`$begin`).
 /// Yields `(guard, tx)`: keep the guard alive until the transaction ends.
+/// SQL: the version `source_files` row `$n` (an alias in the query) is in the table. One with
+/// rows in `published` is; so is a version that will never have any (none of its chunks has a
+/// part: an empty file, or records all rejected) once every chunk of it is copied, since its
+/// load then switches it in with nothing to record. Without the second half an older version's
+/// chunk (a `ferry rerun` of it) would find no newer version in the table and publish again
+/// after the empty one had replaced it.
+macro_rules! version_in_table {
+    ($n:literal) => {
+        concat!(
+            "(EXISTS (SELECT 1 FROM chunks vit_c JOIN published vit_p ON vit_p.chunk_id = vit_c.id WHERE vit_c.file_id = ",
+            $n,
+            ".id) OR (EXISTS (SELECT 1 FROM chunks vit_c WHERE vit_c.file_id = ",
+            $n,
+            ".id) AND NOT EXISTS (SELECT 1 FROM chunks vit_c JOIN parts vit_q ON vit_q.chunk_id = vit_c.id WHERE vit_c.file_id = ",
+            $n,
+            ".id) AND NOT EXISTS (SELECT 1 FROM chunks vit_c WHERE vit_c.file_id = ",
+            $n,
+            ".id AND NOT EXISTS (SELECT 1 FROM tasks vit_t WHERE vit_t.chunk_id = vit_c.id AND vit_t.stage = 'load' AND vit_t.state <> 'quarantined'))))"
+        )
+    };
+}
+
 macro_rules! write_tx {
     ($self:expr, $pool:expr, $begin:expr, $op:expr) => {{
         let guard = $self.write_guard().await;

@@ -61,10 +61,13 @@ macro_rules! fence {
 
 /// The newest version of a chunk's source file, newer than the chunk's own, with files in
 /// the table (`$1`: the chunk).
-const NEWER_PUBLISHED: &str = "SELECT MAX(n.version) FROM chunks c
+const NEWER_PUBLISHED: &str = concat!(
+    "SELECT MAX(n.version) FROM chunks c
      JOIN source_files f ON f.id = c.file_id
      JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version
-     WHERE c.id = $1 AND EXISTS (SELECT 1 FROM chunks nc JOIN published p ON p.chunk_id = nc.id WHERE nc.file_id = n.id)";
+     WHERE c.id = $1 AND ",
+    version_in_table!("n")
+);
 
 /// One version of a source file, as load needs it to publish the version whole.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,10 +1,12 @@
 //! A seeded, randomized model test of exactly once: a random sequence of what happens to a
 //! running pipeline (files arriving, corrected, corrected back, sent twice under two names,
 //! corrupt, deleted; stage runs `--once` and `--watch`; `kill -9` of any stage at a random
-//! instant; `ferry rerun`, `requeue`, `gc`, `prune`; a ledger restart on Postgres; storms of
+//! instant; `ferry rerun`, `requeue`, `gc`, `prune`, and `skip` of a chunk (alone, or while a
+//! stage is at work on it); a ledger restart on Postgres; storms of
 //! resets, hung connections and cut connections between Ferry and an S3 table) against a
 //! simple model of what the table must hold: for each source file the newest version that can
-//! be loaded, whole, exactly once, its bad records rejected. At random points, and at the
+//! be loaded, whole, exactly once, its bad records rejected (a version with a chunk an operator
+//! skipped: no record twice, none from elsewhere, some may be missing). At random points, and at the
 //! end, the pipeline is let settle and the table, the ledger and the storage listings are
 //! compared with the model.
 //!
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use ferry_tests::clusters::S3Server;
 use ferry_tests::proxy::{FaultProxy, Faults};
-use ferry_tests::{Pipeline, STAGES, files_under, input_digest, s3_table_digest};
+use ferry_tests::{Pipeline, STAGES, digest_with_ids, files_under, input_digest, s3_table_digest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -34,6 +36,11 @@ struct File {
     shown: Option<String>,
     /// Contents of this file that were taken in (what a revert may put back).
     taken: Vec<Vec<u8>>,
+    /// blake3 of the bytes `shown` comes from.
+    shown_hash: Option<String>,
+    /// Versions (blake3 of their bytes) with a chunk an operator skipped: while one of them is
+    /// shown, its records may be missing from the table, but never doubled.
+    skipped: std::collections::BTreeSet<String>,
     /// Changed since the last settle: the next change waits for one, so that which versions
     /// extract saw never decides what the table holds.
     dirty: bool,
@@ -59,6 +66,9 @@ enum Op {
     Stage(&'static str),
     Kill(&'static str, u64, bool),
     Rerun(&'static str),
+    /// `ferry skip` of a random unfinished chunk, alone or `after_ms` into a `--once` run of
+    /// the stage (which may have just claimed it).
+    Skip(Option<&'static str>, u64),
     Requeue,
     Gc,
     Prune,
@@ -206,7 +216,7 @@ impl Run {
         let stage = STAGES[self.rng.random_range(0..STAGES.len())];
         loop {
             // On S3 a sixth more: faults between Ferry and the store come and go.
-            let top = if self.s3.is_some() { 106 } else { 100 };
+            let top = if self.s3.is_some() { 109 } else { 103 };
             let roll = self.rng.random_range(0..top);
             let pick = |rng: &mut StdRng, v: &[String]| v[rng.random_range(0..v.len())].clone();
             return match roll {
@@ -252,8 +262,9 @@ impl Run {
                 91..93 => Op::Prune,
                 93..95 if self.pg.is_some() => Op::LedgerRestart,
                 95..100 => Op::Settle,
-                100..102 if self.s3.as_ref().is_some_and(|o| o.faulty) => Op::Heal,
-                100..106 => Op::StoreFaults(self.rng.random_range(0..3)),
+                100..103 => Op::Skip(self.rng.random_bool(0.6).then_some(stage), self.rng.random_range(0..300)),
+                103..105 if self.s3.as_ref().is_some_and(|o| o.faulty) => Op::Heal,
+                103..109 => Op::StoreFaults(self.rng.random_range(0..3)),
                 _ => continue,
             };
         }
@@ -278,6 +289,7 @@ impl Run {
         f.dirty = true;
         if let (Some(good), false) = (good, dup) {
             f.shown = Some(good);
+            f.shown_hash = Some(h.clone());
             if !f.taken.contains(&bytes) {
                 f.taken.push(bytes);
             }
@@ -342,6 +354,7 @@ impl Run {
                     }
                 }
             }
+            Op::Skip(stage, after_ms) => self.skip(*stage, *after_ms)?,
             Op::Requeue => {
                 let _ = self.ferry(&["requeue", "--stage", "load"]);
             }
@@ -382,6 +395,56 @@ impl Run {
             Op::Settle => self.settle_and_check()?,
         }
         Ok(())
+    }
+
+    /// Skips a random chunk with an unfinished task (any chunk when none has one), with a stage
+    /// run at work beside it when `stage` is given. A skip that closed a task marks the chunk's
+    /// version in the model.
+    fn skip(&mut self, stage: Option<&'static str>, after_ms: u64) -> Result<(), String> {
+        let mut child = stage.map(|s| {
+            let mut c = self.p.command(s);
+            c.arg("--once").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+            c.spawn().unwrap()
+        });
+        if child.is_some() {
+            std::thread::sleep(Duration::from_millis(after_ms));
+        }
+        let mut chunks = self.rows("SELECT DISTINCT chunk_id FROM tasks WHERE state <> 'done' ORDER BY chunk_id");
+        if chunks.is_empty() {
+            chunks = self.rows("SELECT id FROM chunks ORDER BY id");
+        }
+        let mut result = Ok(());
+        if !chunks.is_empty() {
+            let chunk = chunks[self.rng.random_range(0..chunks.len())].clone();
+            let out = self.ferry(&["skip", "--chunk", &chunk, "--reason", "model"]);
+            let said = String::from_utf8_lossy(&out.stdout).to_string();
+            match out.status.code() {
+                // Nothing to skip now (running, or done): refused, and says so.
+                Some(2) => {}
+                Some(0) if said.starts_with("skipped 0 ") => {}
+                Some(0) => {
+                    let of = self.rows(&format!(
+                        "SELECT f.uri || '|' || f.content_hash FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.id = '{chunk}'"
+                    ));
+                    let Some((uri, version)) = of.first().and_then(|r| r.split_once('|')) else {
+                        return Err(format!("skipped chunk {chunk} has no source file in the ledger"));
+                    };
+                    let name = uri.rsplit_once("/in/").map_or(uri, |(_, n)| n).to_string();
+                    let version = version.to_string();
+                    match self.model.files.get_mut(&name) {
+                        Some(f) => {
+                            f.skipped.insert(version);
+                        }
+                        None => result = Err(format!("skipped chunk {chunk} of {uri}, a file the model never wrote")),
+                    }
+                }
+                c => result = Err(format!("skip {chunk}: {c:?}: {said}{}", String::from_utf8_lossy(&out.stderr))),
+            }
+        }
+        if let Some(c) = &mut child {
+            let _ = c.wait();
+        }
+        result
     }
 
     fn heal(&mut self) {
@@ -454,15 +517,52 @@ impl Run {
                 std::fs::write(expect.path().join(name), good).unwrap();
             }
         }
-        let want = input_digest("jsonl", expect.path());
-        let got = match &self.s3 {
-            _ if !self.destination_path("events").exists() => serde_json::json!({"rows": 0}),
-            None => self.p.table_digest(),
-            Some(o) => s3_table_digest(&format!("{}/{}/events", o.server.bucket, o.prefix)),
-        };
-        for k in ["rows", "distinct", "digest"] {
-            if want[k] != got[k] && !(want["rows"] == 0 && got["rows"] == 0) {
-                return Err(format!("table {k}: want {} got {}", want[k], got[k]));
+        // Records a skip may have left out: those of a shown version with a skipped chunk.
+        let may_miss: std::collections::HashSet<String> = self
+            .model
+            .files
+            .values()
+            .filter(|f| f.shown_hash.as_ref().is_some_and(|h| f.skipped.contains(h)))
+            .flat_map(|f| f.shown.iter().flat_map(|g| g.lines()))
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["event_id"].as_str().unwrap().to_string())
+            .collect();
+        if may_miss.is_empty() {
+            let want = input_digest("jsonl", expect.path());
+            let got = match &self.s3 {
+                _ if !self.destination_path("events").exists() => serde_json::json!({"rows": 0}),
+                None => self.p.table_digest(),
+                Some(o) => s3_table_digest(&format!("{}/{}/events", o.server.bucket, o.prefix)),
+            };
+            for k in ["rows", "distinct", "digest"] {
+                if want[k] != got[k] && !(want["rows"] == 0 && got["rows"] == 0) {
+                    return Err(format!("table {k}: want {} got {}", want[k], got[k]));
+                }
+            }
+        } else {
+            // Row by row: each row of the table is one the model shows, once; every shown row
+            // is there unless a skip may have left it out.
+            let ids = |v: serde_json::Value| -> Vec<(String, String)> {
+                v["ids"].as_array().map_or(vec![], |a| {
+                    a.iter().map(|p| (p[0].as_str().unwrap().to_string(), p[1].as_str().unwrap().to_string())).collect()
+                })
+            };
+            let want: BTreeMap<String, String> = ids(digest_with_ids("jsonl", &expect.path().display().to_string())).into_iter().collect();
+            let got = match &self.s3 {
+                _ if !self.destination_path("events").exists() => vec![],
+                None => ids(digest_with_ids("table", &self.p.path("wh/events").display().to_string())),
+                Some(o) => ids(digest_with_ids("s3table", &format!("{}/{}/events", o.server.bucket, o.prefix))),
+            };
+            let mut seen = std::collections::HashSet::new();
+            for (id, row) in &got {
+                if !seen.insert(id.clone()) {
+                    return Err(format!("table: {id} twice"));
+                }
+                if want.get(id) != Some(row) {
+                    return Err(format!("table: row {id} is not one the model shows (or differs)"));
+                }
+            }
+            if let Some(id) = want.keys().find(|id| !seen.contains(*id) && !may_miss.contains(*id)) {
+                return Err(format!("table: {id} missing ({} rows, {} shown)", got.len(), want.len()));
             }
         }
         // The ledger agrees with the table, and nothing is stuck or quarantined.

@@ -92,3 +92,64 @@ fn a_file_longer_to_split_than_the_health_window_keeps_the_stage_healthy() {
     assert!(unhealthy.is_empty(), "/healthz failed while the file was being split ({took:?}): {unhealthy:?}");
     assert!(checks > 5, "/healthz was asked during the split: {checks}");
 }
+
+/// A split cut short (a kill, a crash, a watchdog's restart) goes on from what it staged: the
+/// next run finds the chunks already there under their names and does not write them again,
+/// so a file too large to finish in one life is not staged from the start for ever. The table
+/// still holds every record once.
+#[test]
+fn a_split_cut_short_goes_on_from_what_is_staged() {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    // ~37 MB of JSON lines in 64 KiB chunks: ~580 chunks, each written and synced.
+    let mut w = std::io::BufWriter::new(std::fs::File::create(p.path("in/big.jsonl")).unwrap());
+    let payload = "p".repeat(260);
+    for i in 0..100_000u64 {
+        writeln!(
+            w,
+            "{{\"event_id\":\"e{i:09}\",\"ts\":\"2026-11-30T12:{:02}:00Z\",\"host\":\"h\",\"kind\":\"k\",\"user_id\":{i},\"payload\":\"{payload}\",\"score\":null}}",
+            i % 60
+        )
+        .unwrap();
+    }
+    w.into_inner().unwrap().sync_all().unwrap();
+    let staged_dir = p.path("staging/events");
+    let staged = || -> Vec<(String, u64)> {
+        let Ok(rd) = std::fs::read_dir(&staged_dir) else { return vec![] };
+        rd.flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| (e.file_name().to_string_lossy().to_string(), e.metadata().unwrap().ino()))
+            .collect()
+    };
+    let mut child = p.command("ferry-extract").arg("--once").spawn().unwrap();
+    let t0 = std::time::Instant::now();
+    while staged().len() < 40 {
+        assert!(child.try_wait().unwrap().is_none(), "extract finished before it could be cut short");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(300), "nothing staged in 5 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = staged();
+    assert!(before.len() < 500, "cut short part-way: {} chunks staged", before.len());
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'"), 0, "the file was not taken in yet");
+    let out = p.stage("ferry-extract");
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{said}");
+    let kept: usize = said
+        .split("; ")
+        .find_map(|part| part.trim().strip_suffix(" chunks staged by an interrupted run kept").and_then(|n| n.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("the summary says what was kept: {said}"));
+    assert!(kept >= before.len(), "every chunk staged before the kill is kept: {kept} of {}", before.len());
+    let after: std::collections::HashMap<String, u64> = staged().into_iter().collect();
+    let rewritten: Vec<&String> = before.iter().filter(|(n, ino)| after.get(n) != Some(ino)).map(|(n, _)| n).collect();
+    assert!(rewritten.is_empty(), "{} chunks were written again: {:?}", rewritten.len(), &rewritten[..rewritten.len().min(5)]);
+    for s in ["ferry-transform", "ferry-copy", "ferry-load"] {
+        let out = p.stage(s);
+        assert!(out.status.success(), "{s}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let want = ferry_tests::input_digest("jsonl", &p.path("in"));
+    let got = p.table_digest();
+    assert_eq!((got["rows"].clone(), got["digest"].clone()), (want["rows"].clone(), want["digest"].clone()));
+}

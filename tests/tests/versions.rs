@@ -333,3 +333,64 @@ fn a_correction_to_an_empty_file_removes_the_rows() {
     run_all(&p);
     table_is(&p, &[("data.jsonl", &v1), ("other.jsonl", &other)]);
 }
+
+/// A version that puts nothing in the table (an empty file, or records all rejected) still
+/// replaces the one before for good: a `ferry rerun` of the older version's chunk afterwards
+/// finds the newer version in the table and stays out, although that version has no rows.
+/// Before, "a newer version is in the table" meant "has rows in `published`", so the rerun
+/// chunk went back in beside the empty version.
+#[test]
+fn a_rerun_of_a_chunk_replaced_by_a_version_with_no_rows_stays_out() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 300, 0..0);
+    let other = events("other", 30, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    std::fs::write(p.path("in/other.jsonl"), &other).unwrap();
+    run_all(&p);
+    table_is(&p, &[("data.jsonl", &v1), ("other.jsonl", &other)]);
+    let first = p.sql(
+        "SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri LIKE '%/data.jsonl' AND f.version = 1 AND c.seq = 0",
+    );
+    assert!(!first.is_empty());
+    // Every record of the correction is bad, but not so many that a chunk is quarantined.
+    let all_bad = events("v2", 3, 0..3);
+    put_back(&p, &all_bad);
+    settle(&p);
+    table_is(&p, &[("other.jsonl", &other)]);
+    let out = p.command("ferry").args(["rerun", "--chunk", &first, "--from", "transform"]).output().unwrap();
+    assert!(out.status.success(), "rerun: {}", String::from_utf8_lossy(&out.stderr));
+    settle(&p);
+    table_is(&p, &[("other.jsonl", &other)]);
+    all_done_and_verified(&p);
+    // The same with an empty file as the newest version.
+    put_back(&p, "");
+    settle(&p);
+    let out = p.command("ferry").args(["rerun", "--chunk", &first, "--from", "transform"]).output().unwrap();
+    assert!(out.status.success(), "rerun: {}", String::from_utf8_lossy(&out.stderr));
+    settle(&p);
+    table_is(&p, &[("other.jsonl", &other)]);
+    all_done_and_verified(&p);
+}
+
+/// `ferry skip` of a chunk whose parts a sibling already moved into the table (switching their
+/// version in) is refused with the reason: closing its load would leave those parts there with
+/// no row naming them (`ferry verify` would find them extra). Its load records them instead.
+#[test]
+fn a_skip_of_a_chunk_its_version_moved_into_the_table_is_refused() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 300, 0..0);
+    let v2 = events("v2", 250, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    settle(&p);
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    run_all(&p);
+    let waiting = p.sql("SELECT MIN(chunk_id) FROM tasks WHERE stage = 'load' AND state <> 'done'");
+    assert!(!waiting.is_empty(), "the switch is under way: a chunk of the correction has not recorded its parts");
+    let out = p.command("ferry").args(["skip", "--chunk", &waiting, "--reason", "test"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "refused: {said}");
+    assert!(said.contains("parts are in the table already"), "{said}");
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v2)]);
+    all_done_and_verified(&p);
+}
