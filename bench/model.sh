@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The randomized model test of exactly once (tests/tests/model.rs), for as long as asked:
-# random histories of arrivals, corrections, reverts, duplicates, kill -9, reruns, gc, prune
+# random histories of arrivals, corrections, reverts, duplicates, kill -9, reruns, skips, gc, prune
 # and (on Postgres) ledger restarts, each checked against the model. Prints every seed, the
 # steps run and, on a failure, the seed, the history and the shortest failing prefix.
 #
