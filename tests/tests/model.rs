@@ -419,9 +419,8 @@ impl Run {
             let out = self.ferry(&["skip", "--chunk", &chunk, "--reason", "model"]);
             let said = String::from_utf8_lossy(&out.stdout).to_string();
             match out.status.code() {
-                // Nothing to skip now (running, or done): refused, and says so.
+                // Nothing to skip now (running, done, or parts in the table): refused, says why.
                 Some(2) => {}
-                Some(0) if said.starts_with("skipped 0 ") => {}
                 Some(0) => {
                     let of = self.rows(&format!(
                         "SELECT f.uri || '|' || f.content_hash FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.id = '{chunk}'"

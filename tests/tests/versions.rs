@@ -206,6 +206,20 @@ fn a_correction_undone_is_revived_after_a_crash_between_registration_and_revival
 
 /// Runs `script` on the pipeline's SQLite ledger and commits: a ledger left as a crash at one
 /// instant leaves it.
+/// `data.jsonl` taken in, then corrected, and one `--once` run of each stage: the correction is
+/// switched in part-way (one chunk moved all of its parts and recorded its own; the others
+/// have not recorded theirs yet). Returns the pipeline and both versions' text.
+fn switched_in_part_way() -> (Pipeline, String, String) {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 300, 0..0);
+    let v2 = events("v2", 250, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    settle(&p);
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    run_all(&p);
+    (p, v1, v2)
+}
+
 fn ledger_script(p: &Pipeline, script: &str) {
     let out = std::process::Command::new("python3")
         .args(["-c", "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.commit()"])
@@ -246,13 +260,7 @@ fn a_correction_undone_after_a_crash_mid_switch_puts_the_old_version_back_whole(
 /// parts of the undone correction that no row names do not stay in the table beside it.
 #[test]
 fn a_correction_undone_while_it_is_switched_in_puts_the_old_version_back_whole() {
-    let p = Pipeline::new("16KiB", "30s", "0s");
-    let v1 = events("v1", 300, 0..0);
-    let v2 = events("v2", 250, 0..0);
-    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
-    settle(&p);
-    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
-    run_all(&p);
+    let (p, v1, v2) = switched_in_part_way();
     let pending = p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load' AND state <> 'done'");
     assert!(pending > 0, "the switch is under way: some of the correction's chunks have not recorded their parts");
     table_is(&p, &[("data.jsonl", &v2)]);
@@ -377,13 +385,7 @@ fn a_rerun_of_a_chunk_replaced_by_a_version_with_no_rows_stays_out() {
 /// no row naming them (`ferry verify` would find them extra). Its load records them instead.
 #[test]
 fn a_skip_of_a_chunk_its_version_moved_into_the_table_is_refused() {
-    let p = Pipeline::new("16KiB", "30s", "0s");
-    let v1 = events("v1", 300, 0..0);
-    let v2 = events("v2", 250, 0..0);
-    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
-    settle(&p);
-    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
-    run_all(&p);
+    let (p, _, v2) = switched_in_part_way();
     let waiting = p.sql("SELECT MIN(chunk_id) FROM tasks WHERE stage = 'load' AND state <> 'done'");
     assert!(!waiting.is_empty(), "the switch is under way: a chunk of the correction has not recorded its parts");
     let out = p.command("ferry").args(["skip", "--chunk", &waiting, "--reason", "test"]).output().unwrap();
