@@ -492,11 +492,13 @@ impl Ledger {
         .await
     }
 
-    /// Chunks whose spool files no one needs any more: copied, and not being transformed again
-    /// (`ferry rerun`), so no transform is writing them now. A spool node's Parquet for a chunk
-    /// that another node transformed and copied (its lease was lost mid-write) is among them,
-    /// and so is a published chunk whose transform and copy tasks `ferry prune` took (a copy
-    /// whose after-commit removal never ran, its reply lost, would leave them for ever).
+    /// Chunks whose spool files no one needs any more: copied (or its copy skipped), and not
+    /// being transformed again (`ferry rerun`), so no transform is writing them now. A spool
+    /// node's Parquet for a chunk that another node transformed and copied (its lease was lost
+    /// mid-write) is among them, and so is every chunk whose transform and copy tasks `ferry
+    /// prune` took: a published one (a copy whose after-commit removal never ran, its reply
+    /// lost) and one of a replaced version, whose tasks all went (a skipped copy leaves its
+    /// Parquet behind). Nothing else names those, and they would stay for ever.
     pub async fn spool_spent(&self) -> Result<Vec<String>> {
         self.call("spool_spent", || async move {
             on_backend!(self, |pool, begin| {
@@ -505,9 +507,10 @@ impl Ledger {
                        AND t.stage = 'transform'
                      WHERE c.pipeline = $1 AND c.stage = 'copy' AND c.state = 'done' AND t.state = 'done'
                      UNION
-                     SELECT l.chunk_id FROM tasks l
-                     WHERE l.pipeline = $1 AND l.stage = 'load' AND l.state = 'done'
-                       AND NOT EXISTS (SELECT 1 FROM tasks e WHERE e.chunk_id = l.chunk_id AND e.stage IN ('transform', 'copy'))",
+                     SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id
+                     WHERE f.pipeline = $1
+                       AND NOT EXISTS (SELECT 1 FROM tasks e WHERE e.chunk_id = c.id
+                                       AND (e.stage IN ('transform', 'copy') OR e.state <> 'done'))",
                 )
                 .bind(self.pipeline())
                 .fetch_all(pool)

@@ -396,3 +396,35 @@ fn a_skip_of_a_chunk_its_version_moved_into_the_table_is_refused() {
     table_is(&p, &[("data.jsonl", &v2)]);
     all_done_and_verified(&p);
 }
+
+/// A chunk whose copy was skipped keeps its Parquet in the spool until gc; when its version is
+/// replaced and `ferry prune` takes every task of that version before gc ran, the spool files
+/// are still found and removed (before, gc looked for them through the chunk's copy or load
+/// task, and with both gone they stayed for ever).
+#[test]
+fn a_skipped_chunks_spool_files_go_after_prune_took_its_replaced_versions_tasks() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 300, 0..0);
+    let v2 = events("v2", 250, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    stage_ok(&p, "ferry-extract");
+    stage_ok(&p, "ferry-transform");
+    let chunk = p.sql("SELECT MIN(chunk_id) FROM tasks WHERE stage = 'copy' AND state <> 'done'");
+    assert!(!chunk.is_empty(), "a chunk waits for copy");
+    let out = p.command("ferry").args(["skip", "--chunk", &chunk, "--reason", "test"]).output().unwrap();
+    assert!(out.status.success(), "skip: {}", String::from_utf8_lossy(&out.stderr));
+    settle(&p);
+    let spool = p.path(&format!("spool/events/{chunk}"));
+    assert!(spool.exists(), "the skipped chunk's Parquet is still in the spool (gc's cut-off has not passed)");
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v2)]);
+    let out = p.command("ferry").args(["prune", "--older-than", "0s"]).output().unwrap();
+    assert!(out.status.success(), "prune: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(p.count(&format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{chunk}'")), 0, "prune took the chunk's tasks");
+    let out = p.command("ferry").args(["gc", "--older-than", "0s"]).output().unwrap();
+    assert!(out.status.success(), "gc: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!spool.exists(), "gc removed {}", spool.display());
+    table_is(&p, &[("data.jsonl", &v2)]);
+    all_done_and_verified(&p);
+}
