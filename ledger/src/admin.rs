@@ -271,6 +271,7 @@ impl Ledger {
     /// with `reason` kept in `skips`. Returns how many tasks it closed.
     pub async fn skip(&self, chunk: &str, reason: &str, dry_run: bool) -> Result<u64> {
         let now = self.now_ms();
+        let postgres = self.backend_name() == "postgres";
         // Not a running task: its completion would hand the chunk on (the trigger).
         let [a, b, c] = [TaskState::Available, TaskState::Retryable, TaskState::Quarantined].map(|s| s.as_str());
         let n = self
@@ -294,6 +295,19 @@ impl Ledger {
                     // some and could not take them back. Closing it would leave them there
                     // with no row naming them; its load only has to record them.
                     if open.iter().any(|(s, _)| s == "load") {
+                        // The lock a load's record takes (Postgres; SQLite's write lock does
+                        // the same): a sibling's switch recorded meanwhile is seen below, and
+                        // one that records after this skip finds it and takes the parts out.
+                        if postgres {
+                            sqlx::query(
+                                "SELECT pg_advisory_xact_lock(hashtextextended(f.uri, 1)) FROM chunks c
+                                 JOIN source_files f ON f.id = c.file_id WHERE c.id = $1",
+                            )
+                            .bind(chunk)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
+                        }
                         let visible: i64 = sqlx::query_scalar(
                             "SELECT COUNT(*) FROM tasks t WHERE t.chunk_id = $1 AND t.stage = 'load' AND t.pipeline = $2
                                AND (t.last_error LIKE '%partly published:%'

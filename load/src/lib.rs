@@ -38,7 +38,9 @@
 //!   first to find them all copied moves all of N's parts in one all-or-nothing step, records
 //!   its own, then removes the older versions' files and `published` rows; the others find
 //!   their parts in place and record them. A chunk of N quarantined anywhere keeps N waiting
-//!   (with the reason) and the older version whole, until it is requeued or skipped.
+//!   (with the reason) and the older version whole, until it is requeued or skipped. A chunk
+//!   skipped while the switch is under way (its parts moved, none recorded) is seen by every
+//!   record of the version, which takes its parts back out; a skip after a record is refused.
 //! - A chunk of an older version is not published once a newer version has files in the
 //!   table; the check is repeated in the transaction that records it (a transaction lock on
 //!   the file's URI on Postgres, taken by the retraction too), and a chunk that lost that race
@@ -287,6 +289,37 @@ impl Loader {
         Ok(())
     }
 
+    /// Takes out of the table the parts of this version's skipped chunks that no row names:
+    /// a switch moves every sibling's parts, and a `ferry skip` of a sibling that came while
+    /// it was under way (or after a switch that crashed before recording) leaves them there.
+    /// Looked at after this chunk's record, so a skip is either seen here or refused (it
+    /// finds this chunk's rows; the URI lock orders the two on Postgres). They go back to
+    /// their landed name, where a `ferry rerun --from load` finds them and gc removes them.
+    async fn take_out_skipped(&self, dest: &Store, chunk: &str) -> Result<(), LoadError> {
+        let v = self.ledger.version_of(chunk).await?;
+        for c in v.chunks.iter().filter(|c| c.skipped && c.id != chunk) {
+            let recorded: std::collections::HashSet<String> = self.ledger.published_of(&c.id).await?.into_iter().map(|(p, _)| p).collect();
+            let mut visible = Vec::new();
+            for p in self.ledger.parts(&c.id).await? {
+                let target = self.table_path(&p);
+                if !recorded.contains(&target) && self.in_table(dest, &target, &p).await? == Some(true) {
+                    visible.push((target, paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path())));
+                }
+            }
+            if visible.is_empty() {
+                continue;
+            }
+            tracing::info!(chunk, skipped = %c.id, parts = visible.len(), "taking a skipped chunk's parts back out of the table");
+            if !self.take_back(dest, &c.id, &visible).await {
+                return Err(LoadError::PartlyVisible(format!(
+                    "chunk {} of the same version was skipped, and not all of its parts could be taken back out of the table",
+                    c.id
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Where part `p` stands: its table file absent (the landed file waiting), already this
     /// part (a retry after the rename), or this chunk's own earlier output (a rerun). Anything
     /// else is an error, found before any part of the chunk moves.
@@ -501,6 +534,9 @@ impl Loader {
             return Ok(Work::default());
         }
         if let Some(v) = &version {
+            if v.replaces {
+                self.take_out_skipped(&dest, &lease.chunk_id).await?;
+            }
             self.retract_older_versions(&dest, &lease.chunk_id, &v.uri).await?;
             if !siblings.is_empty() {
                 // Their parts are in place: their own load tasks, waiting, record them now.

@@ -428,3 +428,38 @@ fn a_skipped_chunks_spool_files_go_after_prune_took_its_replaced_versions_tasks(
     table_is(&p, &[("data.jsonl", &v2)]);
     all_done_and_verified(&p);
 }
+
+/// A switch that moved every chunk's parts into the table and died before recording its own;
+/// then an operator skips one of the waiting chunks (nothing in the ledger says its parts are
+/// in the table yet, so the skip is allowed). The switch's retry records the rest and takes
+/// the skipped chunk's parts back out: no table file without a row naming it. The crash is
+/// reproduced by leaving the ledger as that instant does (version 1 was corrupt, so there is no
+/// older version to retract and the table is exactly as the crash leaves it).
+#[test]
+fn a_skip_while_a_switch_is_under_way_leaves_no_unrecorded_part_in_the_table() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    std::fs::write(p.path("in/data.jsonl"), b"\x1f\x8b\x08\x00gzip, not JSON lines").unwrap();
+    stage_ok(&p, "ferry-extract");
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'quarantined'"), 1);
+    let v2 = events("v2", 300, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    run_all(&p);
+    let switcher = p.sql("SELECT MIN(chunk_id) FROM published");
+    assert!(!switcher.is_empty(), "one chunk switched version 2 in");
+    let waiting = p.sql("SELECT MIN(chunk_id) FROM tasks WHERE stage = 'load' AND state <> 'done'");
+    assert!(!waiting.is_empty(), "the switch is under way: a chunk has not recorded its parts");
+    ledger_script(
+        &p,
+        &format!(
+            "DELETE FROM published WHERE chunk_id = '{switcher}';
+             UPDATE tasks SET state = 'available', finalized_at = NULL, scheduled_at = 0 WHERE chunk_id = '{switcher}' AND stage = 'load';"
+        ),
+    );
+    let out = p.command("ferry").args(["skip", "--chunk", &waiting, "--reason", "test"]).output().unwrap();
+    assert!(out.status.success(), "skip: {}", String::from_utf8_lossy(&out.stderr));
+    settle(&p);
+    all_done_and_verified(&p);
+    let skipped = p.count(&format!("SELECT records FROM chunks WHERE id = '{waiting}'"));
+    assert_eq!(p.count(&format!("SELECT COUNT(*) FROM published WHERE chunk_id = '{waiting}'")), 0);
+    assert_eq!(p.table_digest()["rows"], serde_json::json!(300 - skipped), "version 2 without the skipped chunk");
+}
