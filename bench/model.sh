@@ -6,6 +6,7 @@
 #
 #   bench/model.sh                 # an hour on each setup, one after the other
 #   MINUTES=10 STEPS=500 SETUPS="postgres s3_through_faults" bench/model.sh
+#   PARALLEL=1 bench/model.sh      # the three side by side, an hour each
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
@@ -17,15 +18,24 @@ ferry_python_deps
 trap ferry_stop_s3 EXIT
 ferry_start_s3
 cargo build --workspace --bins >&2
+cargo test -p ferry-tests --test model --no-run >&2
 export FERRY_MODEL_MINUTES=${MINUTES:-60} FERRY_MODEL_STEPS=${STEPS:-400}
-for t in ${SETUPS:-sqlite postgres s3_through_faults}; do
-  t=random_histories_keep_every_file_exactly_once_on_$t
+one() {
+  local t=random_histories_keep_every_file_exactly_once_on_$1
   echo "== $t for $FERRY_MODEL_MINUTES min, $FERRY_MODEL_STEPS steps a seed" >&2
   # The whole output (a failure's history and shortest failing prefix) goes to the log.
-  log=${TMPDIR:-/tmp}/ferry-model-$t.log
+  local log=${TMPDIR:-/tmp}/ferry-model-$t.log
   echo "   (the whole output: $log)" >&2
-  if ! cargo test -p ferry-tests --test model -- --exact "$t" --nocapture 2>&1 | tee "$log" | grep -E '^model:|panicked|failed|test result' >&2; then
-    failed=1
+  cargo test -p ferry-tests --test model -- --exact "$t" --nocapture 2>&1 | tee "$log" | grep -E '^model:|panicked|failed|test result' >&2
+}
+# PARALLEL=1 runs the setups side by side (each gets the whole time; they share the cores).
+pids=()
+for s in ${SETUPS:-sqlite postgres s3_through_faults}; do
+  if [ "${PARALLEL:-0}" = 1 ]; then
+    one "$s" & pids+=($!)
+  else
+    one "$s" || failed=1
   fi
 done
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 exit "${failed:-0}"

@@ -6,7 +6,7 @@
 
 use std::process::Output;
 
-use ferry_tests::{Pipeline, STAGES, input_digest};
+use ferry_tests::{Pipeline, STAGES, files_under, input_digest};
 
 fn run_all(p: &Pipeline) -> Vec<Output> {
     STAGES.iter().map(|s| p.stage(s)).collect()
@@ -462,4 +462,38 @@ fn a_skip_while_a_switch_is_under_way_leaves_no_unrecorded_part_in_the_table() {
     let skipped = p.count(&format!("SELECT records FROM chunks WHERE id = '{waiting}'"));
     assert_eq!(p.count(&format!("SELECT COUNT(*) FROM published WHERE chunk_id = '{waiting}'")), 0);
     assert_eq!(p.table_digest()["rows"], serde_json::json!(300 - skipped), "version 2 without the skipped chunk");
+}
+
+/// A transform killed after it wrote a chunk's Parquet to the spool and before it recorded
+/// it, then the chunk skipped: a skipped transform hands nothing on (no copy task), so gc must
+/// find the spool files by the transform alone (before, it looked for a finished copy, and the
+/// files stayed for ever; the model test found it). The crash is reproduced by leaving the
+/// ledger as that instant does: the parts written, the task not done, no copy task.
+#[test]
+fn a_skipped_transforms_spool_files_go_with_gc() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    std::fs::write(p.path("in/data.jsonl"), events("v1", 300, 0..0)).unwrap();
+    stage_ok(&p, "ferry-extract");
+    stage_ok(&p, "ferry-transform");
+    let chunk = p.sql("SELECT MIN(chunk_id) FROM tasks WHERE stage = 'copy'");
+    ledger_script(
+        &p,
+        &format!(
+            "DELETE FROM tasks WHERE chunk_id = '{chunk}' AND stage = 'copy';
+             UPDATE tasks SET state = 'retryable', finalized_at = NULL WHERE chunk_id = '{chunk}' AND stage = 'transform';"
+        ),
+    );
+    let spool = p.path(&format!("spool/events/{chunk}"));
+    assert!(spool.exists(), "the dead attempt's Parquet is in the spool");
+    let out = p.command("ferry").args(["gc", "--older-than", "0s"]).output().unwrap();
+    assert!(out.status.success(), "gc: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(spool.exists(), "gc leaves the spool files of a transform still to run");
+    let out = p.command("ferry").args(["skip", "--chunk", &chunk, "--reason", "test"]).output().unwrap();
+    assert!(out.status.success(), "skip: {}", String::from_utf8_lossy(&out.stderr));
+    settle(&p);
+    let out = p.command("ferry").args(["gc", "--older-than", "0s"]).output().unwrap();
+    assert!(out.status.success(), "gc: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!spool.exists(), "gc removed {}", spool.display());
+    assert_eq!(p.count(&format!("SELECT COUNT(*) FROM published WHERE chunk_id = '{chunk}'")), 0);
+    assert!(files_under(&p.path("spool/events")).is_empty(), "nothing else is left in the spool");
 }
