@@ -14,6 +14,9 @@ pub enum Error {
     Ledger(#[from] ferry_ledger::Error),
     #[error(transparent)]
     Storage(#[from] ferry_storage::Error),
+    /// What load's own checks answer (`ferry skip` looks at the table through them).
+    #[error(transparent)]
+    Load(#[from] ferry_load::LoadError),
     #[error("I/O error on {path}: {source}")]
     Io {
         path: String,
@@ -34,6 +37,7 @@ impl Classified for Error {
             Error::Config(e) => e.class(),
             Error::Ledger(e) => e.class(),
             Error::Storage(e) => e.class(),
+            Error::Load(e) => e.class(),
             Error::Io { source, .. } => ferry_common::error::io_error_class(source),
         }
     }
@@ -42,6 +46,7 @@ impl Classified for Error {
             Error::Config(_) => true,
             Error::Ledger(e) => e.is_config(),
             Error::Storage(e) => e.is_config(),
+            Error::Load(e) => e.is_config(),
             Error::Io { .. } => false,
         }
     }

@@ -335,7 +335,27 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             );
         }
         Cmd::Skip { chunk, reason, dry_run } => {
+            let cfg = Config::load(config()?)?;
             let ledger = existing_ledger(&url).await?;
+            // A load whose parts are in the table already, moved by an attempt that died (or
+            // could not take them back) before recording them: only the store knows. Closing
+            // it would leave them there with no row naming them. What the ledger can tell (a
+            // sibling's switch, its own rows) `Ledger::skip` checks in its transaction.
+            let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
+            let visible = ferry_load::unrecorded_in_table(&ledger, &cfg.table.name, &dest, &chunk).await?;
+            if let Some((_, path)) = visible.first() {
+                return Err(ConfigError::new(
+                    "--chunk",
+                    format!(
+                        "{} of chunk {chunk}'s parts are in the table already with no row naming them ({} among them): an \
+                         attempt moved them and ended before recording them, so it is not skipped; let load run (or \
+                         `ferry requeue --stage load`), and it records them",
+                        visible.len(),
+                        dest.url(path)
+                    ),
+                )
+                .into());
+            }
             let n = ledger.skip(&chunk, &reason, dry_run).await?;
             let verb = if dry_run { "would skip" } else { "skipped" };
             println!("{verb} {n} unfinished task(s) of chunk {chunk}: {reason}");

@@ -308,9 +308,13 @@ impl Ledger {
                             .await
                             .map_err(db(op))?;
                         }
+                        // Its own rows too: recorded, with the older version's files still to
+                        // retract (a kill, or a retraction that keeps failing), a skip would leave
+                        // both versions in the table.
                         let visible: i64 = sqlx::query_scalar(
                             "SELECT COUNT(*) FROM tasks t WHERE t.chunk_id = $1 AND t.stage = 'load' AND t.pipeline = $2
                                AND (t.last_error LIKE '%partly published:%'
+                                    OR EXISTS (SELECT 1 FROM published o WHERE o.chunk_id = t.chunk_id)
                                     OR EXISTS (SELECT 1 FROM chunks c JOIN source_files f ON f.id = c.file_id
                                                JOIN chunks s ON s.file_id = c.file_id AND s.id <> c.id
                                                JOIN published p ON p.chunk_id = s.id

@@ -328,9 +328,6 @@ macro_rules! on_backend {
     };
 }
 
-/// Opens a write transaction on `$pool`, after queueing behind this process's other SQLite
-/// writers (see `Ledger::sqlite_writer`); SQLite takes its write lock up front (`$begin`).
-/// Yields `(guard, tx)`: keep the guard alive until the transaction ends.
 /// SQL: the version `source_files` row `$n` (an alias in the query) is in the table. One with
 /// rows in `published` is; so is a version that will never have any (none of its chunks has a
 /// part: an empty file, or records all rejected) once every chunk of it is copied, since its
@@ -353,6 +350,9 @@ macro_rules! version_in_table {
     };
 }
 
+/// Opens a write transaction on `$pool`, after queueing behind this process's other SQLite
+/// writers (see `Ledger::sqlite_writer`); SQLite takes its write lock up front (`$begin`).
+/// Yields `(guard, tx)`: keep the guard alive until the transaction ends.
 macro_rules! write_tx {
     ($self:expr, $pool:expr, $begin:expr, $op:expr) => {{
         let guard = $self.write_guard().await;

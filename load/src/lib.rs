@@ -130,6 +130,38 @@ impl Classified for LoadError {
     }
 }
 
+/// Whether the table holds `target`: None if not, else whether it is part `p` (size and
+/// hash). A file that goes between the look and the hash (another publisher took it back) is
+/// not there.
+async fn in_table(dest: &Store, target: &str, p: &Part) -> Result<Option<bool>, LoadError> {
+    let Some(h) = dest.head(target).await? else { return Ok(None) };
+    if h.size as i64 != p.bytes {
+        return Ok(Some(false));
+    }
+    match dest.hash(target).await {
+        Ok((_, hash)) => Ok(Some(hash == p.content_hash)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The parts of `chunk` that are in the table (its bytes at its table path) while no
+/// `published` row of it names them, with their table paths: moved there by a sibling's switch
+/// of the chunk's version, or by an attempt of its own that died (or could not take them back)
+/// before recording them. Only the store can tell the second case; `ferry skip` asks here
+/// before it closes a load, as closing it would leave them in the table unnamed.
+pub async fn unrecorded_in_table(ledger: &Ledger, table: &str, dest: &Store, chunk: &str) -> Result<Vec<(Part, String)>, LoadError> {
+    let recorded: std::collections::HashSet<String> = ledger.published_of(chunk).await?.into_iter().map(|(p, _)| p).collect();
+    let mut found = Vec::new();
+    for p in ledger.parts(chunk).await? {
+        let target = paths::table_file(table, &p.rel_path());
+        if !recorded.contains(&target) && in_table(dest, &target, &p).await? == Some(true) {
+            found.push((p, target));
+        }
+    }
+    Ok(found)
+}
+
 /// Removes landed files older than `cutoff` of chunks that are published and settled (no
 /// stage of theirs due again): a zombie copy that landed a chunk again after load published
 /// it. A chunk that `ferry rerun` is redoing keeps its landed files. Returns how many went.
@@ -274,13 +306,11 @@ impl Loader {
     /// names); its landed files go too. Should these bytes come back, they go through
     /// transform again. What it did record is the newer version's switch to remove.
     async fn withdraw(&self, dest: &Store, chunk: &str) -> Result<(), LoadError> {
-        let recorded: std::collections::HashSet<String> = self.ledger.published_of(chunk).await?.into_iter().map(|(p, _)| p).collect();
+        for (_, target) in unrecorded_in_table(&self.ledger, &self.cfg.table.name, dest, chunk).await? {
+            tracing::info!(chunk, file = %dest.url(&target), "removing an unrecorded part of a superseded version from the table");
+            dest.delete(&target).await?;
+        }
         for p in self.ledger.parts(chunk).await? {
-            let target = self.table_path(&p);
-            if !recorded.contains(&target) && self.in_table(dest, &target, &p).await? == Some(true) {
-                tracing::info!(chunk, file = %dest.url(&target), "removing an unrecorded part of a superseded version from the table");
-                dest.delete(&target).await?;
-            }
             let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
             if let Err(e) = dest.delete(&landed).await {
                 tracing::debug!(file = %dest.url(&landed), error = %e, "cannot remove a landed file now; gc will");
@@ -297,15 +327,13 @@ impl Loader {
     /// their landed name, where a `ferry rerun --from load` finds them and gc removes them.
     async fn take_out_skipped(&self, dest: &Store, chunk: &str) -> Result<(), LoadError> {
         let v = self.ledger.version_of(chunk).await?;
+        let table = &self.cfg.table.name;
         for c in v.chunks.iter().filter(|c| c.skipped && c.id != chunk) {
-            let recorded: std::collections::HashSet<String> = self.ledger.published_of(&c.id).await?.into_iter().map(|(p, _)| p).collect();
-            let mut visible = Vec::new();
-            for p in self.ledger.parts(&c.id).await? {
-                let target = self.table_path(&p);
-                if !recorded.contains(&target) && self.in_table(dest, &target, &p).await? == Some(true) {
-                    visible.push((target, paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path())));
-                }
-            }
+            let visible: Vec<(String, String)> = unrecorded_in_table(&self.ledger, table, dest, &c.id)
+                .await?
+                .into_iter()
+                .map(|(p, target)| (target, paths::landed(table, &p.chunk_id, &p.rel_path())))
+                .collect();
             if visible.is_empty() {
                 continue;
             }
@@ -326,7 +354,7 @@ impl Loader {
     async fn check_part(&self, dest: &Store, p: &Part, before: &[(String, String)]) -> Result<Place, LoadError> {
         let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
         let target = self.table_path(p);
-        match self.in_table(dest, &target, p).await? {
+        match in_table(dest, &target, p).await? {
             Some(true) => Ok(Place::Published),
             // Replacing an earlier output needs its replacement: without a landed file the
             // published one stays, and the chunk waits for its copy.
@@ -338,25 +366,10 @@ impl Loader {
             None if dest.head(&landed).await?.is_some() => Ok(Place::Absent),
             // Another publisher of the same part (the chunks of a corrected file's version are
             // moved by whichever of them goes first) may have moved it between the two looks.
-            None => match self.in_table(dest, &target, p).await? {
+            None => match in_table(dest, &target, p).await? {
                 Some(true) => Ok(Place::Published),
                 _ => Err(self.missing(dest, &landed, &target, &p.chunk_id)),
             },
-        }
-    }
-
-    /// Whether the table holds `target`: None if not, else whether it is this part (size and
-    /// hash). A file that goes between the look and the hash (another publisher took it back)
-    /// is not there.
-    async fn in_table(&self, dest: &Store, target: &str, p: &Part) -> Result<Option<bool>, LoadError> {
-        let Some(h) = dest.head(target).await? else { return Ok(None) };
-        if h.size as i64 != p.bytes {
-            return Ok(Some(false));
-        }
-        match dest.hash(target).await {
-            Ok((_, hash)) => Ok(Some(hash == p.content_hash)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e.into()),
         }
     }
 

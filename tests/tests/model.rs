@@ -421,6 +421,8 @@ impl Run {
             match out.status.code() {
                 // Nothing to skip now (running, done, or parts in the table): refused, says why.
                 Some(2) => {}
+                // The table could not be looked at (the store behind its faults): nothing skipped.
+                Some(1) if self.s3.as_ref().is_some_and(|o| o.faulty) => {}
                 Some(0) => {
                     let of = self.rows(&format!(
                         "SELECT f.uri || '|' || f.content_hash FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.id = '{chunk}'"

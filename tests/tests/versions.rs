@@ -204,8 +204,6 @@ fn a_correction_undone_is_revived_after_a_crash_between_registration_and_revival
     assert_eq!(p.count("SELECT version FROM source_files WHERE id = (SELECT MIN(id) FROM source_files)"), 3);
 }
 
-/// Runs `script` on the pipeline's SQLite ledger and commits: a ledger left as a crash at one
-/// instant leaves it.
 /// `data.jsonl` taken in, then corrected, and one `--once` run of each stage: the correction is
 /// switched in part-way (one chunk moved all of its parts and recorded its own; the others
 /// have not recorded theirs yet). Returns the pipeline and both versions' text.
@@ -220,6 +218,8 @@ fn switched_in_part_way() -> (Pipeline, String, String) {
     (p, v1, v2)
 }
 
+/// Runs `script` on the pipeline's SQLite ledger and commits: a ledger left as a crash at one
+/// instant leaves it.
 fn ledger_script(p: &Pipeline, script: &str) {
     let out = std::process::Command::new("python3")
         .args(["-c", "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.commit()"])
@@ -430,11 +430,13 @@ fn a_skipped_chunks_spool_files_go_after_prune_took_its_replaced_versions_tasks(
 }
 
 /// A switch that moved every chunk's parts into the table and died before recording its own;
-/// then an operator skips one of the waiting chunks (nothing in the ledger says its parts are
-/// in the table yet, so the skip is allowed). The switch's retry records the rest and takes
-/// the skipped chunk's parts back out: no table file without a row naming it. The crash is
-/// reproduced by leaving the ledger as that instant does (version 1 was corrupt, so there is no
-/// older version to retract and the table is exactly as the crash leaves it).
+/// then an operator skips one of the waiting chunks. Its parts are in the table (only the store
+/// says so: no row names them yet), so `ferry skip` refuses it. A skip that raced the switch
+/// (it looked before the moves and committed after them) is let through; the switch's retry
+/// then records the rest and takes the skipped chunk's parts back out: no table file without a
+/// row naming it. The crash and the race are reproduced by leaving the ledger as those
+/// instants do (version 1 was corrupt, so there is no older version to retract and the table
+/// is exactly as the crash leaves it).
 #[test]
 fn a_skip_while_a_switch_is_under_way_leaves_no_unrecorded_part_in_the_table() {
     let p = Pipeline::new("16KiB", "30s", "0s");
@@ -456,12 +458,44 @@ fn a_skip_while_a_switch_is_under_way_leaves_no_unrecorded_part_in_the_table() {
         ),
     );
     let out = p.command("ferry").args(["skip", "--chunk", &waiting, "--reason", "test"]).output().unwrap();
-    assert!(out.status.success(), "skip: {}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "a load whose parts are in the table is not skipped: {said}");
+    assert!(said.contains("in the table already"), "{said}");
+    ledger_script(
+        &p,
+        &format!(
+            "UPDATE tasks SET state = 'done', finalized_at = 1, epoch = epoch + 1, last_error = 'skipped by an operator: test'
+               WHERE chunk_id = '{waiting}' AND stage = 'load';
+             INSERT INTO skips (chunk_id, stage, reason, skipped_at) VALUES ('{waiting}', 'load', 'test', 1);"
+        ),
+    );
     settle(&p);
     all_done_and_verified(&p);
     let skipped = p.count(&format!("SELECT records FROM chunks WHERE id = '{waiting}'"));
     assert_eq!(p.count(&format!("SELECT COUNT(*) FROM published WHERE chunk_id = '{waiting}'")), 0);
     assert_eq!(p.table_digest()["rows"], serde_json::json!(300 - skipped), "version 2 without the skipped chunk");
+}
+
+/// A load that recorded its parts and was killed before it retracted the version before (or
+/// whose retraction keeps failing) is not skipped: closing it would leave both versions in
+/// the table. The kill is reproduced by leaving the ledger as that instant does.
+#[test]
+fn a_skip_of_a_load_that_recorded_its_parts_is_refused() {
+    let p = Pipeline::new("1MiB", "30s", "0s");
+    std::fs::write(p.path("in/data.jsonl"), events("v1", 100, 0..0)).unwrap();
+    settle(&p);
+    let v2 = events("v2", 120, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v2)]);
+    let chunk = p.sql("SELECT MIN(chunk_id) FROM published");
+    ledger_script(&p, &format!("UPDATE tasks SET state = 'retryable', finalized_at = NULL WHERE chunk_id = '{chunk}' AND stage = 'load';"));
+    let out = p.command("ferry").args(["skip", "--chunk", &chunk, "--reason", "test"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "a load with rows of its own is not skipped: {said}");
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v2)]);
+    all_done_and_verified(&p);
 }
 
 /// A transform killed after it wrote a chunk's Parquet to the spool and before it recorded
