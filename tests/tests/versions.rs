@@ -474,6 +474,21 @@ fn a_skip_while_a_switch_is_under_way_leaves_no_unrecorded_part_in_the_table() {
     let skipped = p.count(&format!("SELECT records FROM chunks WHERE id = '{waiting}'"));
     assert_eq!(p.count(&format!("SELECT COUNT(*) FROM published WHERE chunk_id = '{waiting}'")), 0);
     assert_eq!(p.table_digest()["rows"], serde_json::json!(300 - skipped), "version 2 without the skipped chunk");
+    // The skipped chunk's parts went back to their landed names. Version 3 replaces version 2
+    // and `ferry prune` takes version 2's tasks before gc runs: gc still finds them.
+    let landed = p.path(&format!("wh/_ferry/landed/events/{waiting}"));
+    assert!(!files_under(&landed).is_empty(), "the skipped chunk's parts wait under {}", landed.display());
+    let v3 = events("v3", 200, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v3).unwrap();
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v3)]);
+    let out = p.command("ferry").args(["prune", "--older-than", "0s"]).output().unwrap();
+    assert!(out.status.success(), "prune: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(p.count(&format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{waiting}'")), 0, "prune took its tasks");
+    let out = p.command("ferry").args(["gc", "--older-than", "0s"]).output().unwrap();
+    assert!(out.status.success(), "gc: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(files_under(&landed).is_empty(), "gc removed {}", landed.display());
+    all_done_and_verified(&p);
 }
 
 /// A load that recorded its parts and was killed before it retracted the version before (or
