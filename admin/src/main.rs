@@ -156,7 +156,9 @@ enum Cmd {
         dry_run: bool,
     },
     /// Give up on a chunk for good: its unfinished tasks become `skipped` with the reason,
-    /// kept in the ledger; nothing of it is published later. `ferry rerun` undoes it.
+    /// kept in the ledger; nothing of it is published later. `ferry rerun` undoes it. A load
+    /// whose parts are in the table already is refused (exit 2): it only has to record them.
+    /// Needs --config: it looks at the table.
     Skip {
         #[arg(long)]
         chunk: String,
