@@ -5,7 +5,7 @@ use ferry_admin::Error;
 use ferry_admin::sample::{AvroCodec, Payload};
 use ferry_admin::status;
 use ferry_common::cli::{self, CommonArgs, exit};
-use ferry_common::config::{Config, Format, LedgerUrl, redact_url};
+use ferry_common::config::{Config, Format, LedgerUrl, Versions, redact_url};
 use ferry_common::error::ConfigError;
 use ferry_common::paths;
 use ferry_ledger::{Ledger, LedgerOptions, RequeueFilter, Stage};
@@ -358,7 +358,7 @@ async fn run(cli: Cli) -> Result<i32, Error> {
                 )
                 .into());
             }
-            let n = ledger.skip(&chunk, &reason, dry_run).await?;
+            let n = ledger.skip(&chunk, &reason, dry_run, cfg.source.versions == Versions::Replace).await?;
             let verb = if dry_run { "would skip" } else { "skipped" };
             println!("{verb} {n} unfinished task(s) of chunk {chunk}: {reason}");
         }

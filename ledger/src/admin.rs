@@ -268,8 +268,10 @@ impl Ledger {
     }
 
     /// Gives up on `chunk` for good: its unfinished tasks are closed as done without output,
-    /// with `reason` kept in `skips`. Returns how many tasks it closed.
-    pub async fn skip(&self, chunk: &str, reason: &str, dry_run: bool) -> Result<u64> {
+    /// with `reason` kept in `skips`. Returns how many tasks it closed. `replace`: the
+    /// pipeline's newer versions of a file replace the older (a sibling's switch moves this
+    /// chunk's parts too); with `versions = "keep"` each chunk publishes only its own.
+    pub async fn skip(&self, chunk: &str, reason: &str, dry_run: bool, replace: bool) -> Result<u64> {
         let now = self.now_ms();
         let postgres = self.backend_name() == "postgres";
         // Not a running task: its completion would hand the chunk on (the trigger).
@@ -315,7 +317,7 @@ impl Ledger {
                             "SELECT COUNT(*) FROM tasks t WHERE t.chunk_id = $1 AND t.stage = 'load' AND t.pipeline = $2
                                AND (t.last_error LIKE '%partly published:%'
                                     OR EXISTS (SELECT 1 FROM published o WHERE o.chunk_id = t.chunk_id)
-                                    OR EXISTS (SELECT 1 FROM chunks c JOIN source_files f ON f.id = c.file_id
+                                    OR $3 = 1 AND EXISTS (SELECT 1 FROM chunks c JOIN source_files f ON f.id = c.file_id
                                                JOIN chunks s ON s.file_id = c.file_id AND s.id <> c.id
                                                JOIN published p ON p.chunk_id = s.id
                                                WHERE c.id = t.chunk_id
@@ -324,6 +326,7 @@ impl Ledger {
                         )
                         .bind(chunk)
                         .bind(self.pipeline())
+                        .bind(replace as i64)
                         .fetch_one(&mut *tx)
                         .await
                         .map_err(db(op))?;

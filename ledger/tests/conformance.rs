@@ -497,7 +497,7 @@ async fn postgres_skip_and_rerun_leave_a_task_claimed_meanwhile_alone() {
             let chunk = chunk.clone();
             tokio::spawn(async move {
                 if stage == "transform" {
-                    ledger.skip(&chunk, "test", false).await.map(|_| ())
+                    ledger.skip(&chunk, "test", false, true).await.map(|_| ())
                 } else {
                     ledger.rerun(&chunk, Stage::Transform, false).await.map(|_| ())
                 }
