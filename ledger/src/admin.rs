@@ -519,11 +519,13 @@ impl Ledger {
         .await
     }
 
-    /// Chunks whose spool files no one needs any more: transformed (or its transform skipped),
-    /// with no copy left to do (copied, its copy skipped, or none: a skipped transform hands
-    /// nothing on, though an attempt that wrote its Parquet and died before recording it left
-    /// the files), and not being transformed again (`ferry rerun`), so no transform is writing
-    /// them now (gc's age cut-off covers a zombie whose lease ran out mid-write). A spool
+    /// Chunks whose spool files no one needs any more: no transform or copy of theirs left to
+    /// do, whichever of the two tasks is there (done, skipped, or taken by `ferry prune`). A
+    /// skipped transform hands nothing on, though an attempt that wrote its Parquet and died
+    /// before recording it left the files; a chunk run again from transform and then skipped
+    /// at copy may have no transform task left (pruned). Not while a transform is due (`ferry
+    /// rerun`), so no transform is writing them now (gc's age cut-off covers a zombie whose
+    /// lease ran out mid-write). A spool
     /// node's Parquet for a chunk that another node transformed and copied (its lease was lost
     /// mid-write) is among them, and so is every chunk whose transform and copy tasks `ferry
     /// prune` took: a published one (a copy whose after-commit removal never ran, its reply
@@ -533,15 +535,10 @@ impl Ledger {
         self.call("spool_spent", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query_scalar(
-                    "SELECT t.chunk_id FROM tasks t
-                     WHERE t.pipeline = $1 AND t.stage = 'transform' AND t.state = 'done'
-                       AND NOT EXISTS (SELECT 1 FROM tasks c WHERE c.chunk_id = t.chunk_id AND c.pipeline = t.pipeline
-                                       AND c.stage = 'copy' AND c.state <> 'done')
-                     UNION
-                     SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id
+                    "SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id
                      WHERE f.pipeline = $1
                        AND NOT EXISTS (SELECT 1 FROM tasks e WHERE e.chunk_id = c.id
-                                       AND (e.stage IN ('transform', 'copy') OR e.state <> 'done'))",
+                                       AND e.stage IN ('transform', 'copy') AND e.state <> 'done')",
                 )
                 .bind(self.pipeline())
                 .fetch_all(pool)
