@@ -57,6 +57,12 @@ fn settle(p: &Pipeline) {
     }
 }
 
+/// Runs `ferry ARGS` on the pipeline's config and asserts it succeeded.
+fn ferry_ok(p: &Pipeline, args: &[&str]) {
+    let out = p.command("ferry").args(args).output().unwrap();
+    assert!(out.status.success(), "ferry {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn stage_ok(p: &Pipeline, s: &str) {
     let out = p.stage(s);
     assert!(out.status.code().is_some_and(|c| c == 0 || c == 3), "{s}: {}", String::from_utf8_lossy(&out.stderr));
@@ -308,8 +314,7 @@ fn prune_takes_a_replaced_versions_tasks_and_its_bytes_still_come_back_whole() {
         )
     };
     assert!(p.count(&tasks_of(1)) > 0);
-    let out = p.command("ferry").args(["prune", "--older-than", "0s"]).output().unwrap();
-    assert!(out.status.success(), "prune: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["prune", "--older-than", "0s"]);
     assert_eq!(p.count(&tasks_of(1)), 0, "the replaced version's tasks went");
     let loads_of_v2 = format!("{} AND t.stage = 'load'", tasks_of(2));
     assert!(p.count(&loads_of_v2) > 0, "the published version's load tasks stay");
@@ -365,16 +370,14 @@ fn a_rerun_of_a_chunk_replaced_by_a_version_with_no_rows_stays_out() {
     put_back(&p, &all_bad);
     settle(&p);
     table_is(&p, &[("other.jsonl", &other)]);
-    let out = p.command("ferry").args(["rerun", "--chunk", &first, "--from", "transform"]).output().unwrap();
-    assert!(out.status.success(), "rerun: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["rerun", "--chunk", &first, "--from", "transform"]);
     settle(&p);
     table_is(&p, &[("other.jsonl", &other)]);
     all_done_and_verified(&p);
     // The same with an empty file as the newest version.
     put_back(&p, "");
     settle(&p);
-    let out = p.command("ferry").args(["rerun", "--chunk", &first, "--from", "transform"]).output().unwrap();
-    assert!(out.status.success(), "rerun: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["rerun", "--chunk", &first, "--from", "transform"]);
     settle(&p);
     table_is(&p, &[("other.jsonl", &other)]);
     all_done_and_verified(&p);
@@ -411,19 +414,16 @@ fn a_skipped_chunks_spool_files_go_after_prune_took_its_replaced_versions_tasks(
     stage_ok(&p, "ferry-transform");
     let chunk = p.sql("SELECT MIN(chunk_id) FROM tasks WHERE stage = 'copy' AND state <> 'done'");
     assert!(!chunk.is_empty(), "a chunk waits for copy");
-    let out = p.command("ferry").args(["skip", "--chunk", &chunk, "--reason", "test"]).output().unwrap();
-    assert!(out.status.success(), "skip: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["skip", "--chunk", &chunk, "--reason", "test"]);
     settle(&p);
     let spool = p.path(&format!("spool/events/{chunk}"));
     assert!(spool.exists(), "the skipped chunk's Parquet is still in the spool (gc's cut-off has not passed)");
     std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
     settle(&p);
     table_is(&p, &[("data.jsonl", &v2)]);
-    let out = p.command("ferry").args(["prune", "--older-than", "0s"]).output().unwrap();
-    assert!(out.status.success(), "prune: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["prune", "--older-than", "0s"]);
     assert_eq!(p.count(&format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{chunk}'")), 0, "prune took the chunk's tasks");
-    let out = p.command("ferry").args(["gc", "--older-than", "0s"]).output().unwrap();
-    assert!(out.status.success(), "gc: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["gc", "--older-than", "0s"]);
     assert!(!spool.exists(), "gc removed {}", spool.display());
     table_is(&p, &[("data.jsonl", &v2)]);
     all_done_and_verified(&p);
@@ -482,11 +482,9 @@ fn a_skip_while_a_switch_is_under_way_leaves_no_unrecorded_part_in_the_table() {
     std::fs::write(p.path("in/data.jsonl"), &v3).unwrap();
     settle(&p);
     table_is(&p, &[("data.jsonl", &v3)]);
-    let out = p.command("ferry").args(["prune", "--older-than", "0s"]).output().unwrap();
-    assert!(out.status.success(), "prune: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["prune", "--older-than", "0s"]);
     assert_eq!(p.count(&format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{waiting}'")), 0, "prune took its tasks");
-    let out = p.command("ferry").args(["gc", "--older-than", "0s"]).output().unwrap();
-    assert!(out.status.success(), "gc: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["gc", "--older-than", "0s"]);
     assert!(files_under(&landed).is_empty(), "gc removed {}", landed.display());
     all_done_and_verified(&p);
 }
@@ -534,14 +532,11 @@ fn a_skipped_transforms_spool_files_go_with_gc() {
     );
     let spool = p.path(&format!("spool/events/{chunk}"));
     assert!(spool.exists(), "the dead attempt's Parquet is in the spool");
-    let out = p.command("ferry").args(["gc", "--older-than", "0s"]).output().unwrap();
-    assert!(out.status.success(), "gc: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["gc", "--older-than", "0s"]);
     assert!(spool.exists(), "gc leaves the spool files of a transform still to run");
-    let out = p.command("ferry").args(["skip", "--chunk", &chunk, "--reason", "test"]).output().unwrap();
-    assert!(out.status.success(), "skip: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["skip", "--chunk", &chunk, "--reason", "test"]);
     settle(&p);
-    let out = p.command("ferry").args(["gc", "--older-than", "0s"]).output().unwrap();
-    assert!(out.status.success(), "gc: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["gc", "--older-than", "0s"]);
     assert!(!spool.exists(), "gc removed {}", spool.display());
     assert_eq!(p.count(&format!("SELECT COUNT(*) FROM published WHERE chunk_id = '{chunk}'")), 0);
     assert!(files_under(&p.path("spool/events")).is_empty(), "nothing else is left in the spool");
@@ -573,8 +568,7 @@ fn with_versions_kept_a_chunk_of_a_reused_name_can_be_skipped() {
              UPDATE tasks SET state = 'quarantined', last_error = 'test' WHERE chunk_id = '{chunk}' AND stage = 'load';"
         ),
     );
-    let out = p.command("ferry").args(["skip", "--chunk", &chunk, "--reason", "test"]).output().unwrap();
-    assert!(out.status.success(), "skip: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_ok(&p, &["skip", "--chunk", &chunk, "--reason", "test"]);
     let skipped = p.count(&format!("SELECT records FROM chunks WHERE id = '{chunk}'"));
     assert_eq!(p.table_digest()["rows"], serde_json::json!(600 - skipped), "both files, without the skipped chunk");
     all_done_and_verified(&p);
