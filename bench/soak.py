@@ -186,6 +186,7 @@ class Soak:
         self.kills = 0
         self.unexpected_exits = []
         self.services = {}
+        self.starts = {}  # stage -> the minutes it was (re)started at
         self.proxy = None
         self.proxy_gen = 0
         self.prom = None
@@ -249,6 +250,9 @@ backoff_max = "10s"
 [source]
 url = "{d}/in"
 settle = "1s"
+# Sources that grow for ever make every tool's listing (and extract's memory) grow with them;
+# deployments that run for weeks move files away once taken, so the soak does too.
+disposition = "delete"
 
 {staging}
 [spool]
@@ -286,6 +290,7 @@ max_bad_records = 0
         return r
 
     def start(self, stage, port):
+        self.starts.setdefault(stage, []).append((time.time() - self.t0) / 60)
         argv = [os.path.join(self.bin, stage), "--watch", "--poll", "1s", "--metrics-addr", f"127.0.0.1:{port}"]
         env = dict(self.env, RUST_LOG="info")
         self.services[stage] = (Proc(stage, argv, env, os.path.join(self.dir, "logs")), port)
@@ -644,16 +649,26 @@ max_bad_records = 0
         checks.append(("no stage exited but the ones killed, no gc or prune failed", not self.unexpected_exits,
                        f"{self.kills} killed; unexpected: {'; '.join(self.unexpected_exits) or 'none'}"))
         # Slopes after the warm-up (the first 20% of the run, at least 10 minutes: an HDFS
-        # stage's client pool fills for minutes), on at least 5 samples.
+        # stage's client pool fills for minutes), on at least 5 samples. A stage killed and
+        # started again warms up again, and a line fitted across the restart would measure the
+        # restart: a stage's slope is fitted on its longest life past its warm-up.
         warm = max(10.0, self.a.minutes * 0.2)
         body = [s for s in samples if s["t_min"] >= warm]
         slopes = {}
         for key in samples[0]:
             if not key.endswith(("_rss_mib", "_fds", "_threads", "_conns")) and key != "ledger_bytes":
                 continue
-            pts = [(s["t_min"] / 60, float(s[key])) for s in body if s[key] != ""]
+            pts = [(s["t_min"], float(s[key])) for s in body if s[key] != ""]
+            stage = f"ferry-{key.split('_', 1)[0]}"
+            if stage in self.starts:
+                lives = {}
+                for t, v in pts:
+                    began = max(b for b in self.starts[stage] if b <= t) if any(b <= t for b in self.starts[stage]) else 0
+                    if t - began >= warm:
+                        lives.setdefault(began, []).append((t, v))
+                pts = max(lives.values(), key=len, default=[])
             if len(pts) >= 5:
-                slopes[key] = fit_slope([p[0] for p in pts], [p[1] for p in pts])
+                slopes[key] = fit_slope([p[0] / 60 for p in pts], [p[1] for p in pts])
         for key, slope in sorted(slopes.items()):
             kind = key.split("_", 1)[1]
             if kind in BOUNDS:

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 use ferry_admin::Error;
 use ferry_admin::sample::{AvroCodec, Payload};
-use ferry_admin::status;
+use ferry_admin::{doctor, status};
 use ferry_common::cli::{self, CommonArgs, exit};
 use ferry_common::config::{Config, Format, LedgerUrl, Versions, redact_url};
 use ferry_common::error::ConfigError;
@@ -178,6 +178,22 @@ enum Cmd {
         #[arg(long)]
         requeue: bool,
     },
+    /// Can Ferry reach everything this configuration names, with its settings? For the
+    /// ledger and each store (source, archive, staging, spool, destination) it connects with
+    /// the configured auth and TLS, lists, and (where Ferry writes) writes a probe file under
+    /// `_ferry/`, reads it back and compares its hash, renames it and deletes it. One line per
+    /// hop (ok or FAILED, latency, the failed step and its error, the likely fix); exits 1
+    /// when any hop fails. The source is only listed unless `disposition` removes files from
+    /// it. Run it before enabling the timers, and after any change. Needs --config.
+    Doctor {
+        /// Print JSON (`{"ok": .., "hops": [{"hop", "url", "ok", "ms", "steps", "error",
+        /// "fix"}]}`) instead of lines.
+        #[arg(long)]
+        json: bool,
+        /// The deadline of each step (a store that accepts and never answers fails the hop).
+        #[arg(long, default_value = "20s")]
+        timeout: humantime::Duration,
+    },
     /// Delete history older than a retention: attempts of finished tasks, the transform and
     /// copy tasks of published chunks, closed outages, chunk notes. Kept: every source file,
     /// chunk, part, reject and published row, and each chunk's load task, so that re-running
@@ -213,6 +229,21 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             }
             print!("{}", cfg.to_toml());
             return Ok(exit::OK);
+        }
+        Cmd::Doctor { json, timeout } => {
+            let mut cfg = Config::load(config()?)?;
+            if let Some(url) = &cli.common.ledger {
+                cfg.ledger.url = url.clone();
+            }
+            let pipeline = cli.pipeline.clone().unwrap_or_else(|| cfg.pipeline.clone());
+            // Boxed: the hops' futures nest deep enough to overflow the compiler's layout limit in `run`.
+            let hops = Box::pin(doctor::run(&cfg, &cfg.ledger.url, &pipeline, (*timeout).into())).await;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&doctor::json(&hops)).unwrap_or_default());
+            } else {
+                print!("{}", doctor::text(&hops));
+            }
+            return Ok(if hops.iter().all(|h| h.ok) { exit::OK } else { exit::FATAL });
         }
         Cmd::Gen { format, out, files, records, seed, codec, block_records, payload, gap_ms } => {
             gen_files(format, out, *files, *records, *seed, *codec, *block_records, (*payload, *gap_ms))?;
@@ -254,7 +285,7 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             let ledger = Ledger::connect(&url, opts).await?;
             println!("ledger {} ({}) is migrated", redact_url(&url), ledger.backend_name());
         }
-        Cmd::CheckConfig | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
+        Cmd::CheckConfig | Cmd::Doctor { .. } | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
         Cmd::Gc { older_than } => {
             let cfg = Config::load(config()?)?;
             return gc(&cfg, &url, older_than.map(Into::into)).await;

@@ -25,8 +25,12 @@ pub const DEFAULT_LEDGER: &str = "sqlite://ferry-ledger.db";
 pub const STAGE_HELP: &str = "\
 Exit codes:
   0  all work available was done (--once), or stopped cleanly (--watch)
-  1  fatal: the ledger or a store could not be used, an I/O error, a bug
-  2  bad flags, configuration or ledger URL; nothing was done
+  1  fatal: the ledger or a store could not be used, an I/O error, a bug; also --watch
+     when the ledger or a store did not answer within --start-wait (a refused port, no
+     answer: a supervisor restarts it)
+  2  bad flags, configuration or ledger URL; nothing was done; also --watch when a store
+     refused us at start, or did not answer within --start-wait for a reason in the
+     configuration (a name that does not resolve, a certificate, credentials, Kerberos)
   3  finished, but chunks or files of this stage are quarantined (see `ferry status`)
   4  --once made no progress: work was due but every attempt failed, or a store was
      down (the summary line says why; nothing is lost, the next run retries)
@@ -38,6 +42,7 @@ Environment:
   FERRY_LOG_FORMAT          text or json (--log-format)
   FERRY_METRICS_ADDR        serve /metrics and /healthz here (--metrics-addr)
   FERRY_METRICS_TEXTFILE    write a node_exporter textfile here at exit (--metrics-textfile)
+  FERRY_START_WAIT          how long --watch waits for the ledger and stores at start (--start-wait)
   RUST_LOG                  log filter, e.g. info (the default), debug, ferry_storage=debug
   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_PROFILE
                             S3 credentials when the store settings name none
@@ -184,6 +189,14 @@ pub struct StageArgs {
     /// due and finished nothing for this long. Longer than a chunk can take (copy.deadline).
     #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
     pub health_window: std::time::Duration,
+
+    /// Under --watch, how long the ledger and the stage's stores may fail to answer at start
+    /// before the stage exits: 2 when the error points at the configuration (a name that does
+    /// not resolve, a certificate, credentials, Kerberos, a store that refuses us), 1 otherwise
+    /// (a refused port, no answer: a supervisor restarts it). A store that answered at start
+    /// and went away later is an outage, waited out however long it lasts.
+    #[arg(long, env = "FERRY_START_WAIT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub start_wait: std::time::Duration,
 
     /// How often --watch logs a progress line (chunks, records, bytes, rate).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]

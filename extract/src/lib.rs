@@ -162,6 +162,16 @@ impl Extractor {
         })
     }
 
+    /// The stores extract works on, by the names its errors give them, with their probes
+    /// (what a `--watch` stage checks at start).
+    pub fn stores(&self) -> ferry_ledger::runner::Stores {
+        let (source, staging) = (self.source.clone().prober("source"), self.staging.clone().prober("staging"));
+        ferry_ledger::runner::Stores {
+            names: vec![("source", self.cfg.source.url.clone()), ("staging", self.cfg.staging.url.clone())],
+            probe: Some(ferry_ledger::runner::StoreProbe(Arc::new(move |name| source(name).or_else(|| staging(name))))),
+        }
+    }
+
     /// Reports progress to `health` (`/healthz`, the systemd watchdog).
     pub fn with_health(mut self, health: Arc<Health>) -> Extractor {
         self.health = health;

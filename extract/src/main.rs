@@ -5,7 +5,7 @@ use ferry_common::cli::{self, CommonArgs, StageArgs};
 use ferry_extract::{ExtractError, Extractor};
 use ferry_ledger::FileState;
 use ferry_ledger::observe::Observer;
-use ferry_ledger::runner::open_stage;
+use ferry_ledger::runner::{self, open_stage};
 
 /// Take finished files from the source, split them at record boundaries into chunks, and
 /// stage the chunks (cluster B) for ferry-transform. Every file and chunk is recorded in the
@@ -28,8 +28,14 @@ async fn main() {
 
 async fn run(args: Args) -> Result<i32, ExtractError> {
     let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
+    let x = Extractor::new(cfg, ledger.clone())?;
+    let stores = x.stores();
+    if let Some(probe) = &stores.probe {
+        let wait = (!args.stage.once).then_some(args.stage.start_wait);
+        runner::stores_answer_at_start(&stores.names, probe, wait, ledger.options().outage_probe_max).await?;
+    }
     let observer = Observer::start("extract", &args.stage, &ledger).await?;
-    let x = Extractor::new(cfg, ledger.clone())?.with_health(observer.health());
+    let x = x.with_health(observer.health());
     let started = std::time::Instant::now();
     let p = ferry_extract::run(&x, args.stage.once, args.stage.poll, args.stage.progress_interval).await?;
     // 3 means what it means for every stage: something of this stage (a source file) is

@@ -398,6 +398,36 @@ impl Ledger {
         Ok(n)
     }
 
+    /// What `ferry doctor` asks of the ledger: the schema it is at, this pipeline's source
+    /// files, and whether this login may write. The write is a transaction that opens the way
+    /// every stage's does (SQLite takes its write lock up front, so a read-only file or
+    /// directory fails here), changes no row, and is rolled back.
+    pub async fn doctor(&self) -> Result<(Option<i64>, i64)> {
+        let version = self.backend.applied_version().await?;
+        let files = self
+            .call("doctor", || async move {
+                on_backend!(self, |pool, begin| {
+                    let op = "doctor";
+                    let (_guard, mut tx) = write_tx!(self, pool, begin, op);
+                    // Postgres checks the UPDATE privilege whether or not a row matches.
+                    sqlx::query("UPDATE pipelines SET table_name = table_name WHERE name = $1 AND 1 = 0")
+                        .bind(self.pipeline())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM source_files WHERE pipeline = $1")
+                        .bind(self.pipeline())
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                    tx.rollback().await.map_err(db(op))?;
+                    Ok(n)
+                })
+            })
+            .await?;
+        Ok((version, files))
+    }
+
     /// Is there anything left for `stage` to do now or later (not done, not quarantined)?
     pub async fn pending(&self, stage: Stage) -> Result<i64> {
         let [a, b, c] = TaskState::PENDING.map(|s| s.as_str());

@@ -60,6 +60,10 @@ pub enum Error {
     /// A stage's chunk work panicked or its task could not be joined: a bug, not bad input.
     #[error("{0}")]
     Internal(String),
+
+    /// A store (or the ledger) that did not answer within the stage's wait at start.
+    #[error("{0}")]
+    Unreachable(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -76,9 +80,12 @@ impl Error {
             Error::Batch { class, .. } => *class,
             Error::Database { source, .. } => db_error_class(source),
             Error::Io { source, .. } => io_error_class(source),
-            Error::LeaseLost { .. } | Error::Migrate(_) | Error::Config(_) | Error::Unknown(_) | Error::Internal(_) => {
-                ErrorClass::Permanent
-            }
+            Error::LeaseLost { .. }
+            | Error::Migrate(_)
+            | Error::Config(_)
+            | Error::Unknown(_)
+            | Error::Internal(_)
+            | Error::Unreachable(_) => ErrorClass::Permanent,
         }
     }
 

@@ -34,6 +34,7 @@ pub async fn open_stage(common: &CommonArgs, args: &StageArgs) -> Result<(Config
         cfg.ledger.url = url.clone();
     }
     let mut delays = probe_schedule(Duration::from_secs(1), cfg.ledger.outage_probe_max.0);
+    let deadline = Instant::now() + args.start_wait;
     loop {
         let opened = async {
             let ledger = Ledger::connect(&cfg.ledger.url, LedgerOptions::from_config(&cfg.ledger))
@@ -44,17 +45,15 @@ pub async fn open_stage(common: &CommonArgs, args: &StageArgs) -> Result<(Config
             Ok::<_, Error>(ledger)
         };
         match opened.await {
-            Err(e) if args.watch && e.is_unreachable() && !e.is_tls() => {
-                let d = delays.next().unwrap_or(Duration::from_secs(1));
-                tracing::error!(error = %e, retry_in = ?d, "ledger unreachable at start; waiting for it");
-                tokio::select! {
-                    _ = tokio::time::sleep(d) => {}
-                    _ = shutdown_signal() => {
-                        // Nothing was claimed yet: a stop now is a clean one.
-                        tracing::info!("shutdown requested before the ledger answered");
-                        std::process::exit(exit::OK);
-                    }
+            Err(e) if !args.once && e.is_unreachable() && !e.is_tls() => {
+                let now = Instant::now();
+                if now >= deadline {
+                    let url = ferry_common::config::redact_url(&cfg.ledger.url);
+                    return Err(unusable_at_start("ledger", &url, &ferry_common::error::with_causes(&e), false));
                 }
+                let d = delays.next().unwrap_or(Duration::from_secs(1)).min(deadline - now);
+                tracing::error!(error = %e, retry_in = ?d, "ledger unreachable at start; waiting for it");
+                wait_at_start(d, "the ledger").await;
             }
             r => return r.map(|ledger| (cfg, ledger)),
         }
@@ -98,7 +97,95 @@ pub struct Stores {
 #[derive(Clone)]
 pub struct StoreProbe(pub Arc<dyn Fn(&'static str) -> Option<ProbeFuture> + Send + Sync>);
 
-pub type ProbeFuture = Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
+/// A probe's outcome: `Ok(None)` the store answered, `Ok(Some(refusal))` it answered with a
+/// refusal a later call cannot change (up, and unusable with these settings), `Err` no answer.
+pub type ProbeFuture = Pin<Box<dyn Future<Output = std::result::Result<Option<String>, String>> + Send>>;
+
+impl StoreProbe {
+    /// Asks `store`, bounded by [`PROBE_BOUND`]; None when it has no probe.
+    async fn ask(&self, store: &'static str) -> Option<std::result::Result<Option<String>, String>> {
+        let call = (self.0)(store)?;
+        Some(match tokio::time::timeout(PROBE_BOUND, call).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("the probe did not end within {PROBE_BOUND:?}")),
+        })
+    }
+}
+
+/// The stores a stage works on must answer at start: each is probed once, and under
+/// `--watch` (`wait` is Some) again with capped and jittered backoff for at most `wait`. A
+/// store that refuses us (a login, a permission, Kerberos settings that cannot work) ends the
+/// stage at once with exit 2, `--once` too: every chunk would fail the same way. Under
+/// `--watch` a store that does not answer within `wait` ends it with an error that says which
+/// store and the likely fix: exit 2 when the error points at the configuration (a name that
+/// does not resolve, a certificate, credentials, Kerberos), 1 otherwise (a refused port, no
+/// answer), which a supervisor restarts. A `--once` run goes on without an answer: its chunks
+/// meet the outage and its exit code says so. A store that answered at start and goes away
+/// later is an outage, waited out by the runner.
+pub async fn stores_answer_at_start(
+    stores: &[(&'static str, String)],
+    probe: &StoreProbe,
+    wait: Option<Duration>,
+    cap: Duration,
+) -> Result<()> {
+    let Some(wait) = wait else {
+        for (store, url) in stores {
+            if let Some(Ok(Some(refusal))) = probe.ask(store).await {
+                return Err(unusable_at_start(store, url, &refusal, true));
+            }
+        }
+        return Ok(());
+    };
+    let deadline = Instant::now() + wait;
+    for (store, url) in stores {
+        let mut delays = probe_schedule(Duration::from_secs(1), cap);
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let failed = match probe.ask(store).await {
+                None | Some(Ok(None)) => break,
+                Some(Ok(Some(refusal))) => return Err(unusable_at_start(store, url, &refusal, true)),
+                Some(Err(e)) => e,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(unusable_at_start(store, url, &format!("{failed} ({tries} probe(s) in {wait:?})"), false));
+            }
+            // The last probe at the deadline itself.
+            let d = delays.next().unwrap_or(Duration::from_secs(1)).min(deadline - now);
+            tracing::error!(store = %format!("{store} {url}"), error = %failed, retry_in = ?d, "store unreachable at start; waiting for it (--start-wait)");
+            wait_at_start(d, store).await;
+        }
+    }
+    Ok(())
+}
+
+/// Waits `d` before the next probe at start. systemd's start timeout (a Type=notify unit is not
+/// READY yet) is extended to cover it; a shutdown signal meanwhile is a clean stop (exit 0):
+/// nothing was claimed yet.
+async fn wait_at_start(d: Duration, what: &str) {
+    observe::sd_notify(&format!("EXTEND_TIMEOUT_USEC={}", (d + PROBE_BOUND).as_micros()));
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = shutdown_signal() => {
+            tracing::info!("shutdown requested before {what} answered");
+            std::process::exit(exit::OK);
+        }
+    }
+}
+
+/// The error a stage ends with when `store` cannot be used at start.
+fn unusable_at_start(store: &str, url: &str, error: &str, refused: bool) -> Error {
+    let cause = ferry_common::error::likely_cause(error);
+    let what = if refused { "refused us at start" } else { "did not answer at start" };
+    let fix = cause.map(|c| format!("; likely fix: {}", c.fix())).unwrap_or_default();
+    let message = format!("{store} {url} {what}: {error}{fix}");
+    if refused || cause.is_some_and(|c| c.is_config()) {
+        Error::Config(ferry_common::error::ConfigError::new(format!("{store}.url"), message))
+    } else {
+        Error::Unreachable(message)
+    }
+}
 
 impl std::fmt::Debug for StoreProbe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -131,14 +218,10 @@ impl RunOptions {
         }
     }
 
-    /// What `store`'s probe says: Ok when it answered, its error when not; None when it has
-    /// no probe.
+    /// What `store`'s probe says: Ok when it answered (a refusal included: it is up), its
+    /// error when not; None when it has no probe.
     async fn probe(&self, store: &'static str) -> Option<std::result::Result<(), String>> {
-        let call = (self.probe.as_ref()?.0)(store)?;
-        Some(match tokio::time::timeout(PROBE_BOUND, call).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("the probe did not end within {PROBE_BOUND:?}")),
-        })
+        Some(self.probe.as_ref()?.ask(store).await?.map(|_refusal| ()))
     }
 
     /// How the outage record names `store`.
@@ -244,6 +327,10 @@ where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
 {
+    if let Some(probe) = &stores.probe {
+        let wait = (!args.once).then_some(args.start_wait);
+        stores_answer_at_start(&stores.names, probe, wait, ledger.options().outage_probe_max).await?;
+    }
     let observer = Observer::start(stage.as_str(), args, ledger).await?;
     let opts = RunOptions {
         stage,

@@ -155,11 +155,30 @@ pub fn hdfs_error_class(e: &hdfs_native::HdfsError) -> ErrorClass {
             ];
             if never.iter().any(|k| class.ends_with(k)) { ErrorClass::Permanent } else { ErrorClass::Transient }
         }
+        // Kerberos settings that cannot work: a realm no krb5.conf names, a principal the KDC
+        // does not know, a key that does not match, clocks too far apart. A later attempt
+        // finds the same; the stage says so at start (its store probe is refused).
+        GSSAPIError(..) if kerberos_misconfigured(&e.to_string()) => ErrorClass::Permanent,
         // An expired ticket cache before the next kinit, a KDC that is briefly away.
         SASLError(_) | GSSAPIError(..) => ErrorClass::Transient,
         FatalRPCError(..) | InvalidRPCResponse(_) | InternalError(_) => ErrorClass::Transient,
         _ => ErrorClass::Permanent,
     }
+}
+
+/// The GSSAPI failures (MIT's texts) that are settings, not a KDC that is away.
+fn kerberos_misconfigured(text: &str) -> bool {
+    [
+        "Cannot find KDC for realm",
+        "not found in Kerberos database",
+        "Clock skew too great",
+        "Key table entry not found",
+        "Preauthentication failed",
+        "Key version number for principal in key table is incorrect",
+        "Unsupported key table format",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
 }
 
 /// S3: what reaches us has already used object_store's retry budget (5xx, 429, connect

@@ -135,6 +135,7 @@ impl HdfsStore {
         let parsed = url::Url::parse(url).map_err(|e| Error::Config { file: url.into(), message: format!("invalid HDFS URL: {e}") })?;
         let base = format!("{}://{}", parsed.scheme(), parsed.authority());
         let root = parsed.path().trim_end_matches('/').to_string();
+        crate::kerberos::check(&opts.hdfs, url)?;
         let client = build(&base, opts)?;
         Ok(HdfsStore { base, root, opts: opts.clone(), client: Mutex::new(client), pool: Default::default(), pooled: false })
     }

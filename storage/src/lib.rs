@@ -17,6 +17,7 @@ use ferry_common::paths;
 
 mod error;
 pub mod hdfs;
+mod kerberos;
 mod local;
 mod retry;
 pub mod s3;
@@ -130,8 +131,8 @@ pub struct Entry {
     pub change_token: Option<String>,
 }
 
-/// What [`Store::prober`] gives for a name: the probe's outcome, its error as text.
-pub type ProbeFuture = std::pin::Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
+/// What [`Store::prober`] gives for a name: the probe's outcome as text (see [`Store::probe`]).
+pub type ProbeFuture = std::pin::Pin<Box<dyn Future<Output = std::result::Result<Option<String>, String>> + Send>>;
 
 impl Store {
     /// A store with default options (see [`Store::open`]).
@@ -297,13 +298,14 @@ impl Store {
     }
 
     /// A cheap call of the store's own, to tell a store that is down from a chunk that fails
-    /// on its own: the metadata of a name below the root (absent is an answer too). Ok when the
-    /// store answered, a refusal included (it is up, if unusable); the error when it did not
-    /// answer in time or the connection failed.
-    pub async fn probe(&self) -> Result<()> {
+    /// on its own: the metadata of a name below the root (absent is an answer too). `Ok(None)`
+    /// when the store answered; `Ok(Some(refusal))` when it answered with an error a later
+    /// call cannot change (a login or a permission it refuses: up, and unusable with these
+    /// settings); the error when it did not answer in time or the connection failed.
+    pub async fn probe(&self) -> Result<Option<Error>> {
         match self.head(paths::PROBE).await {
-            Ok(_) => Ok(()),
-            Err(e) if !e.is_transient() => Ok(()),
+            Ok(_) => Ok(None),
+            Err(e) if !e.is_transient() => Ok(Some(e)),
             Err(e) => Err(e),
         }
     }
@@ -314,7 +316,12 @@ impl Store {
     pub fn prober(self, name: &'static str) -> impl Fn(&'static str) -> Option<ProbeFuture> + Send + Sync {
         move |store| {
             let me = self.clone();
-            (store == name).then(|| Box::pin(async move { me.probe().await.map_err(|e| e.to_string()) }) as _)
+            (store == name).then(|| {
+                Box::pin(async move {
+                    let text = |e: Error| ferry_common::error::with_causes(&e);
+                    me.probe().await.map(|refusal| refusal.map(text)).map_err(text)
+                }) as _
+            })
         }
     }
 

@@ -67,7 +67,8 @@ impl MiniDfs {
         }
     }
 
-    fn start_with(name: &str, extra: &[&str]) -> MiniDfs {
+    /// [`MiniDfs::start`] with more arguments of the MiniDFS program (e.g. `--conf k=v`).
+    pub fn start_with(name: &str, extra: &[&str]) -> MiniDfs {
         let dir = tempfile::tempdir().unwrap();
         let conf_dir = dir.path().join("conf");
         std::fs::create_dir_all(&conf_dir).unwrap();
@@ -114,6 +115,45 @@ impl MiniDfs {
         // An HA cluster's URL names its nameservice, not an address.
         let addr: SocketAddr = url.trim_start_matches("hdfs://").parse().unwrap_or_else(|_| "127.0.0.1:0".parse().unwrap());
         MiniDfs { name: name.to_string(), url, addr, conf_dir, child, lines: rx, _dir: dir }
+    }
+
+    /// A kerberized cluster's (`--kerberos`) client principal, keytab and krb5.conf.
+    pub const KERBEROS_PRINCIPAL: &str = "ferry@EXAMPLE.COM";
+
+    pub fn keytab(&self) -> PathBuf {
+        self.conf_dir.join("ferry.keytab")
+    }
+
+    pub fn krb5_conf(&self) -> PathBuf {
+        self.conf_dir.join("krb5.conf")
+    }
+
+    /// A `[<section>]` whose store is this kerberized cluster at `path`, as Ferry's client
+    /// principal (the keytab path and the conf dir with the client's security settings).
+    pub fn kerberized_section(&self, section: &str, path: &str) -> String {
+        format!(
+            "[{section}]\nurl = \"{}{path}\"\n[{section}.store.hdfs]\nconf_dir = \"{}\"\nkerberos_principal = \"{}\"\nkerberos_keytab = \"{}\"\n",
+            self.url,
+            self.conf_dir.display(),
+            Self::KERBEROS_PRINCIPAL,
+            self.keytab().display()
+        )
+    }
+
+    /// Hadoop's own client (FsShell) on a kerberized cluster, logged in from Ferry's keytab.
+    pub fn kerberized_fs(&self, args: &[&str]) -> std::process::Output {
+        let cp = format!("{}:{}", self.conf_dir.display(), hadoop_classpath());
+        let out = Command::new("java")
+            .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+            .arg(format!("-Djava.security.krb5.conf={}", self.krb5_conf().display()))
+            .args(["-cp", &cp, "ferry.KeytabShell", Self::KERBEROS_PRINCIPAL])
+            .arg(self.keytab())
+            .args(["-fs", &self.url])
+            .args(args)
+            .output()
+            .expect("java");
+        assert!(out.status.success(), "kerberized hdfs dfs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out
     }
 
     /// Hadoop's own client (FsShell) against this cluster: an independent reader and writer.

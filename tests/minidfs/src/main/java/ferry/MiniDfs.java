@@ -9,7 +9,7 @@
  *   java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.net.preferIPv4Stack=true \
  *        -cp "$(cat tests/minidfs/target/classpath.txt)" ferry.MiniDfs \
  *        --name A --base-dir /tmp/x/A --conf-dir /tmp/x/A/conf [--nn-port 0] [--datanodes 1] \
- *        [--log-level WARN] [--conf key=value]... [--ha [--nameservice ns1]]
+ *        [--log-level WARN] [--conf key=value]... [--ha [--nameservice ns1]] [--kerberos]
  *
  *   --name       label used in log lines only
  *   --base-dir   where the cluster keeps its data (in <base-dir>/dfs, wiped on start and on stop)
@@ -35,6 +35,20 @@
  *                resolve ns1). Two HA clusters at once need different --nameservice values if a
  *                client is to see both.
  *   --nameservice NAME  the HA nameservice id (default ns1); only with --ha
+ *   --kerberos   a kerberized cluster: a KDC in this JVM (Hadoop's MiniKdc, realm EXAMPLE.COM,
+ *                UDP on localhost) started before anything else; NameNode and DataNodes log in
+ *                as hdfs/localhost (keytab <conf-dir>/hdfs.keytab); RPC and data transfer
+ *                protection `privacy` (data encrypted with AES/CTR), block access tokens on.
+ *                The conf dir also gets:
+ *                  ferry.keytab   the client principal ferry@EXAMPLE.COM
+ *                  krb5.conf      for clients (KRB5_CONFIG), with ticket_lifetime from
+ *                                 --ticket-lifetime (default 1h), no DNS canonicalization
+ *                and core-site.xml / hdfs-site.xml carry the client's security keys
+ *                (hadoop.security.authentication=kerberos, dfs.data.transfer.protection=privacy,
+ *                dfs.namenode.kerberos.principal). Hadoop's shell as a keytab user:
+ *                  java -Djava.security.krb5.conf=CONF/krb5.conf -cp "CONF:$(cat classpath.txt)" \
+ *                       ferry.KeytabShell ferry@EXAMPLE.COM CONF/ferry.keytab -ls /
+ *   --ticket-lifetime  the client krb5.conf's ticket_lifetime (e.g. 2m); only with --kerberos
  *
  * Protocol: once the cluster is up and out of safe mode, and the conf files are written, exactly
  * one line goes to stdout:
@@ -91,6 +105,8 @@ public final class MiniDfs {
   private static final String HOST = "127.0.0.1";
 
   private static volatile MiniDFSCluster cluster;
+  /** --kerberos: the KDC, stopped after the cluster. */
+  private static volatile org.apache.hadoop.minikdc.MiniKdc kdc;
   private static final AtomicBoolean stopped = new AtomicBoolean();
   private static final CountDownLatch stop = new CountDownLatch(1);
   private static String name = "minidfs";
@@ -118,6 +134,10 @@ public final class MiniDfs {
     int nnPort = Integer.parseInt(args.getOrDefault("nn-port", "0"));
     int dataNodes = Integer.parseInt(args.getOrDefault("datanodes", "1"));
     boolean ha = args.containsKey("ha");
+    boolean kerberos = args.containsKey("kerberos");
+    if (args.containsKey("ticket-lifetime") && !kerberos) {
+      usage("--ticket-lifetime needs --kerberos");
+    }
     if (ha) {
       nameservice = args.getOrDefault("nameservice", "ns1");
       if (!nameservice.matches("[A-Za-z0-9][A-Za-z0-9_-]*")) {
@@ -144,6 +164,19 @@ public final class MiniDfs {
     System.setProperty("hadoop.tmp.dir", tmpDir.toString());
     System.setProperty("java.io.tmpdir", tmpDir.toString());
 
+    // The KDC first: Java reads the Kerberos config (and Hadoop caches the default realm) the
+    // first time anything asks, and MiniKdc points java.security.krb5.conf at its own file.
+    Map<String, String> security = new LinkedHashMap<>();
+    if (kerberos) {
+      try {
+        startKdc(baseDir, confDir, args.getOrDefault("ticket-lifetime", "1h"), security);
+      } catch (Throwable t) {
+        System.err.println("[minidfs " + name + "] KDC startup failed: " + t);
+        t.printStackTrace(System.err);
+        System.exit(1);
+      }
+    }
+
     Map<String, String> hdfsSite = new LinkedHashMap<>();
     hdfsSite.put("dfs.replication", "1");
     hdfsSite.put("dfs.permissions.enabled", "false");
@@ -164,6 +197,7 @@ public final class MiniDfs {
     Configuration conf = new HdfsConfiguration();
     conf.set("hadoop.tmp.dir", tmpDir.toString());
     conf.set("hadoop.security.authentication", "simple");
+    hdfsSite.putAll(security);
     for (Map.Entry<String, String> e : hdfsSite.entrySet()) {
       conf.set(e.getKey(), e.getValue());
     }
@@ -254,7 +288,10 @@ public final class MiniDfs {
 
     Map<String, String> coreSite = new LinkedHashMap<>();
     coreSite.put("fs.defaultFS", uri);
-    coreSite.put("hadoop.security.authentication", "simple");
+    coreSite.put("hadoop.security.authentication", kerberos ? "kerberos" : "simple");
+    if (kerberos) {
+      coreSite.put("hadoop.rpc.protection", security.get("hadoop.rpc.protection"));
+    }
     writeSite(confDir.resolve("core-site.xml"), coreSite);
     writeSite(confDir.resolve("hdfs-site.xml"), hdfsSite);
 
@@ -311,6 +348,51 @@ public final class MiniDfs {
     System.exit(0);
   }
 
+  /** --kerberos: the KDC, the principals and keytabs, and the cluster's security settings
+   *  (into `security`, later also written to hdfs-site.xml). */
+  private static void startKdc(Path baseDir, Path confDir, String ticketLifetime, Map<String, String> security)
+      throws Exception {
+    Path kdcDir = baseDir.resolve("kdc");
+    Files.createDirectories(kdcDir);
+    Properties kp = org.apache.hadoop.minikdc.MiniKdc.createConf();
+    kdc = new org.apache.hadoop.minikdc.MiniKdc(kp, kdcDir.toFile());
+    // UDP, as hdfs-native's own kerberized tests run it against MIT's client library.
+    kdc.setTransport("UDP");
+    kdc.start();
+    String realm = kdc.getRealm();
+    // One call per keytab: createPrincipal rewrites the file.
+    Path hdfsKeytab = confDir.resolve("hdfs.keytab");
+    kdc.createPrincipal(hdfsKeytab.toFile(), "hdfs/localhost", "HTTP/localhost");
+    kdc.createPrincipal(confDir.resolve("ferry.keytab").toFile(), "ferry");
+    // The clients' krb5.conf: MiniKdc's (deleted with its work dir), plus a ticket lifetime a
+    // test can make short, and no DNS games with "localhost".
+    String krb5 = Files.readString(kdc.getKrb5conf().toPath(), StandardCharsets.UTF_8);
+    krb5 = krb5.replaceFirst("\\[libdefaults\\]", "[libdefaults]\n    ticket_lifetime = " + ticketLifetime
+        + "\n    dns_canonicalize_hostname = false\n    rdns = false");
+    Files.writeString(confDir.resolve("krb5.conf"), krb5, StandardCharsets.UTF_8);
+    // A literal host in the principals: _HOST would become 127.0.0.1 for the DataNode
+    // (dfs.datanode.hostname), which is not in the keytab.
+    String hdfsPrincipal = "hdfs/localhost@" + realm;
+    security.put("hadoop.security.authentication", "kerberos");
+    security.put("hadoop.security.authorization", "true");
+    security.put("hadoop.rpc.protection", "privacy");
+    security.put("dfs.data.transfer.protection", "privacy");
+    security.put("dfs.encrypt.data.transfer.cipher.suites", "AES/CTR/NoPadding");
+    security.put("dfs.block.access.token.enable", "true");
+    security.put("dfs.namenode.kerberos.principal", hdfsPrincipal);
+    security.put("dfs.namenode.keytab.file", hdfsKeytab.toString());
+    security.put("dfs.datanode.kerberos.principal", hdfsPrincipal);
+    security.put("dfs.datanode.keytab.file", hdfsKeytab.toString());
+    security.put("dfs.web.authentication.kerberos.principal", "HTTP/localhost@" + realm);
+    // No privileged ports or HTTPS for the DataNode: SASL on data transfer is the protection.
+    security.put("ignore.secure.ports.for.testing", "true");
+    security.put("ipc.client.connect.max.retries.on.sasl", "10");
+    // Idle RPC connections close after 2 x this: clients reconnect, and log in again (what
+    // a short ticket lifetime is to exercise).
+    security.put("ipc.client.connection.maxidletime", "5000");
+    System.err.println("[minidfs " + name + "] KDC up, realm " + realm + ", keytabs and krb5.conf in " + confDir);
+  }
+
   private static void shutdown() {
     if (!stopped.compareAndSet(false, true)) {
       return;
@@ -324,6 +406,9 @@ public final class MiniDfs {
         } catch (Throwable t) {
           System.err.println("[minidfs " + name + "] shutdown: " + t);
         }
+      }
+      if (kdc != null) {
+        kdc.stop();
       }
     }
   }
@@ -416,7 +501,7 @@ public final class MiniDfs {
       if (eq >= 0) {
         value = key.substring(eq + 1);
         key = key.substring(0, eq);
-      } else if (key.equals("ha")) {
+      } else if (key.equals("ha") || key.equals("kerberos")) {
         value = "true"; // a flag
       } else {
         if (i + 1 >= argv.length) {
@@ -425,11 +510,11 @@ public final class MiniDfs {
         value = argv[++i];
       }
       switch (key) {
-        case "name", "base-dir", "conf-dir", "nn-port", "datanodes", "log-level", "nameservice" ->
+        case "name", "base-dir", "conf-dir", "nn-port", "datanodes", "log-level", "nameservice", "ticket-lifetime" ->
             m.put(key, value);
-        case "ha" -> {
+        case "ha", "kerberos" -> {
           if (!value.equals("true")) {
-            usage("--ha takes no value");
+            usage("--" + key + " takes no value");
           }
           m.put(key, value);
         }
@@ -450,7 +535,7 @@ public final class MiniDfs {
     System.err.println("minidfs: " + why);
     System.err.println("usage: ferry.MiniDfs --name A --base-dir DIR --conf-dir DIR"
         + " [--nn-port N (0 = free)] [--datanodes 1] [--log-level WARN] [--conf key=value]..."
-        + " [--ha [--nameservice ns1]]");
+        + " [--ha [--nameservice ns1]] [--kerberos [--ticket-lifetime 1h]]");
     System.exit(2);
   }
 

@@ -1,0 +1,185 @@
+//! Ferry on a kerberized HDFS: a MiniDFS cluster with a KDC of its own (Hadoop's MiniKdc, one
+//! realm, EXAMPLE.COM), NameNode and DataNodes requiring Kerberos, block access tokens, RPC and
+//! data transfer protection `privacy`. Staging and destination are both on it (one realm: the
+//! client library reads one krb5.conf per process). Ferry logs in from its keytab; no ticket
+//! cache is used (KRB5CCNAME points nowhere).
+
+use std::time::{Duration, Instant};
+
+use ferry_tests::clusters::MiniDfs;
+use ferry_tests::{Pipeline, STAGES, input_digest, table_digest};
+
+/// A local source, staging and destination on the kerberized cluster `k`, every binary told
+/// where the KDC is.
+fn kerberized_pipeline(k: &MiniDfs, prefix: &str) -> Pipeline {
+    let staging = k.kerberized_section("staging", &format!("/{prefix}/staging"));
+    let destination = k.kerberized_section("destination", &format!("/{prefix}/wh"));
+    let p = Pipeline::with_stores("256KiB", "5s", "0s", Some(staging), Some(destination));
+    for b in STAGES.iter().copied().chain(["ferry"]) {
+        p.stage_env(b, "KRB5_CONFIG", k.krb5_conf().to_str().unwrap());
+        // No ticket cache to fall back on: the keytab alone logs in.
+        p.stage_env(b, "KRB5CCNAME", "FILE:/nonexistent/ferry-krb5cc");
+    }
+    p
+}
+
+fn ok(o: &std::process::Output, what: &str) {
+    assert!(o.status.success(), "{what}: exit {:?}\n{}", o.status.code(), String::from_utf8_lossy(&o.stderr));
+}
+
+fn table_on(k: &MiniDfs, p: &Pipeline, prefix: &str) -> serde_json::Value {
+    let local = p.path("table-copy");
+    let _ = std::fs::remove_dir_all(&local);
+    k.kerberized_fs(&["-get", &format!("/{prefix}/wh/events"), local.to_str().unwrap()]);
+    table_digest(&local)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn the_four_stages_gc_verify_and_doctor_on_a_kerberized_cluster_exactly_once() {
+    let k = MiniDfs::start_with("K", &["--kerberos"]);
+    let prefix = format!("krb-{}", now_ms());
+    let p = kerberized_pipeline(&k, &prefix);
+    p.add_jsonl_batch("a", 4, 3000, 41);
+    p.generate("in", "avro", "deflate", 2, 3000, 42);
+    let t = Instant::now();
+    for o in p.drain(10) {
+        ok(&o, "a stage");
+    }
+    eprintln!("kerberized pipeline drained in {:?}", t.elapsed());
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0, "everything done");
+    assert_eq!(p.count("SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'"), 0, "no attempt failed");
+    // Staged chunks on the cluster, seen by Hadoop's own client as the same principal.
+    let ls = String::from_utf8_lossy(&k.kerberized_fs(&["-ls", "-R", &format!("/{prefix}/staging")]).stdout).to_string();
+    assert!(ls.contains(".jsonl") && ls.contains(".avro"), "{ls}");
+
+    // The table, read back by Hadoop's client, holds every record once.
+    let got = table_on(&k, &p, &prefix);
+    let mut want_rows = 0;
+    for fmt in ["jsonl", "avro"] {
+        want_rows += input_digest(fmt, &p.path("in"))["rows"].as_i64().unwrap();
+    }
+    assert_eq!(got["rows"].as_i64().unwrap(), want_rows, "{got}");
+    assert_eq!(got["distinct"], got["rows"], "exactly once: {got}");
+
+    ok(&p.command("ferry").arg("verify").output().unwrap(), "ferry verify");
+    ok(&p.command("ferry").args(["gc", "--older-than", "1s"]).output().unwrap(), "ferry gc");
+    let doctor = p.command("ferry").args(["doctor", "--json"]).output().unwrap();
+    ok(&doctor, "ferry doctor");
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    // Nothing of the keytab in what Ferry prints: the path, never the keys.
+    let keytab = std::fs::read(k.keytab()).unwrap();
+    let key_hex: String = keytab[keytab.len() - 16..].iter().map(|b| format!("{b:02x}")).collect();
+    let config = p.command("ferry").arg("check-config").output().unwrap();
+    ok(&config, "check-config");
+    for out in [&doctor.stdout, &doctor.stderr, &config.stdout] {
+        assert!(!String::from_utf8_lossy(out).contains(&key_hex), "key bytes printed");
+    }
+}
+
+#[test]
+fn tickets_that_expire_three_times_over_a_run_cost_no_call() {
+    // The client's tickets live a minute (the KDC grants what krb5.conf asks), and idle RPC
+    // connections close after 10 s: new connections log in again from the keytab, over and over.
+    let k = MiniDfs::start_with("T", &["--kerberos", "--ticket-lifetime", "1m"]);
+    let prefix = format!("krbt-{}", now_ms());
+    let p = kerberized_pipeline(&k, &prefix);
+    let services: Vec<_> = STAGES.iter().map(|s| p.watch(s, &[])).collect();
+    let t = Instant::now();
+    let mut batch = 0;
+    while t.elapsed() < Duration::from_secs(200) {
+        p.add_jsonl_batch(&format!("b{batch:02}"), 1, 500, 100 + batch);
+        batch += 1;
+        std::thread::sleep(Duration::from_secs(10));
+    }
+    ferry_tests::wait_until("the pipeline drains", Duration::from_secs(180), || {
+        p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == 0
+            && p.count("SELECT COUNT(*) FROM source_files WHERE state = 'registered'") == 0
+            && p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load'") == p.count("SELECT COUNT(*) FROM chunks")
+    });
+    for s in services {
+        let (code, _, log) = s.stop();
+        assert!(matches!(code, Some(0)), "{log}");
+        assert!(!log.to_ascii_lowercase().contains("expired"), "a call failed on an expired ticket:\n{log}");
+    }
+    assert_eq!(p.count("SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'"), 0, "no attempt failed");
+    let got = table_on(&k, &p, &prefix);
+    let want = input_digest("jsonl", &p.path("in"));
+    assert_eq!(got["rows"], want["rows"], "{got} vs {want}");
+    assert_eq!(got["digest"], want["digest"], "every field, exactly once");
+    eprintln!("{batch} batches over {:?} with 1-minute tickets", t.elapsed());
+}
+
+#[test]
+fn bad_kerberos_settings_end_the_stage_at_start_with_exit_2() {
+    let k = MiniDfs::start_with("B", &["--kerberos"]);
+    let prefix = format!("krbb-{}", now_ms());
+    let p = kerberized_pipeline(&k, &prefix);
+    p.add_jsonl_batch("a", 1, 100, 7);
+    ok(&p.stage("ferry-extract"), "extract with good settings");
+    let good = std::fs::read_to_string(&p.config).unwrap();
+    let keytab = k.keytab().display().to_string();
+
+    let run = |binary: &str, args: &[&str]| {
+        let t = Instant::now();
+        let o = p.command(binary).args(args).env("RUST_LOG", "info").output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).to_string(), t.elapsed())
+    };
+    // A principal that is not in the keytab, a keytab that is not there: configuration, named.
+    std::fs::write(&p.config, good.replace("kerberos_principal = \"ferry@EXAMPLE.COM\"", "kerberos_principal = \"etl@EXAMPLE.COM\""))
+        .unwrap();
+    for binary in ["ferry-transform", "ferry-copy"] {
+        let (code, log, _) = run(binary, &["--once"]);
+        assert_eq!(code, Some(2), "{binary}: {log}");
+        assert!(log.contains("kerberos_principal") && log.contains("etl@EXAMPLE.COM is not in the keytab"), "{log}");
+        assert!(log.contains("it holds: ferry@EXAMPLE.COM"), "{log}");
+    }
+    std::fs::write(&p.config, good.replace(&keytab, "/etc/no-such.keytab")).unwrap();
+    let (code, log, _) = run("ferry-load", &["--watch"]);
+    assert_eq!(code, Some(2), "{log}");
+    assert!(log.contains("kerberos_keytab") && log.contains("cannot read /etc/no-such.keytab"), "{log}");
+
+    // A realm no krb5.conf names: the client cannot find its KDC. The store refuses us at start,
+    // under --watch too: exit 2 at once, with what to check, not a retry loop.
+    std::fs::write(&p.config, &good).unwrap();
+    let empty = p.path("krb5-without-realms.conf");
+    std::fs::write(&empty, "[libdefaults]\n    default_realm = EXAMPLE.COM\n").unwrap();
+    let t = Instant::now();
+    let o = p.command("ferry-copy").args(["--watch", "--start-wait", "5m"]).env("KRB5_CONFIG", &empty).output().unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{log}");
+    assert!(log.contains("refused us at start") && log.contains("Cannot find KDC for realm") && log.contains("Kerberos:"), "{log}");
+    assert!(t.elapsed() < Duration::from_secs(60), "no retry loop: {:?}", t.elapsed());
+
+    // Clocks too far apart (the client's moved a day ahead by libfaketime).
+    if let Some(lib) = faketime_lib() {
+        let o = p
+            .command("ferry-copy")
+            .args(["--watch", "--start-wait", "5m"])
+            .env("LD_PRELOAD", &lib)
+            .env("FAKETIME", "+1d")
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{log}");
+        assert!(log.contains("Clock skew too great") && log.contains("clocks agree"), "{log}");
+    } else {
+        panic!("libfaketime is not installed: the test command installs it (faketime from Debian)");
+    }
+    // The good settings still work: nothing above left anything behind.
+    for o in p.drain(6) {
+        ok(&o, "a stage after the bad runs");
+    }
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0);
+}
+
+fn faketime_lib() -> Option<String> {
+    ["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .map(str::to_string)
+}
