@@ -44,7 +44,7 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -62,14 +62,29 @@ pub struct HdfsStore {
     root: String,
     opts: StoreOptions,
     client: Mutex<Arc<Conn>>,
-    /// Idle clients, shared by this store and its isolated copies.
-    pool: Arc<Mutex<Vec<Arc<Conn>>>>,
+    /// Idle clients, shared by this store and its isolated copies, each with the time it came
+    /// back; the most recent last.
+    pool: Arc<Mutex<Vec<(Instant, Arc<Conn>)>>>,
     /// An isolated copy gives its client back to the pool when dropped.
     pooled: bool,
 }
 
 /// Idle clients kept for reuse; more are built when more chunks run at once.
 const POOL_MAX: usize = 64;
+
+/// An idle client unused for this long goes (its NameNode connection and thread with it). A
+/// storm of retries or a burst of chunks fills the pool; without this it would hold that
+/// many connections to the NameNode for the rest of the process's life (the soak showed 40+
+/// per stage after one storm). The pool hands out its most recent client first, so the ones
+/// a steady load does not need grow old.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+
+/// Takes the clients idle for longer than [`POOL_IDLE`] out of `pool` (dropped by the
+/// caller, outside the lock).
+fn expired(pool: &mut Vec<(Instant, Arc<Conn>)>) -> Vec<Arc<Conn>> {
+    let keep = pool.iter().position(|(since, _)| since.elapsed() < POOL_IDLE).unwrap_or(pool.len());
+    pool.drain(..keep).map(|(_, c)| c).collect()
+}
 
 /// An HDFS client and the runtime its background tasks (connections, lease renewal) run on.
 /// Dropped (its last user gone), the runtime is shut down, which ends those tasks: the only way
@@ -123,9 +138,12 @@ impl Drop for HdfsStore {
         if self.pooled {
             let c = self.client.get_mut().unwrap_or_else(|p| p.into_inner()).clone();
             let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let old = expired(&mut pool);
             if pool.len() < POOL_MAX {
-                pool.push(c);
+                pool.push((Instant::now(), c));
             }
+            drop(pool);
+            drop(old);
         }
     }
 }
@@ -143,7 +161,12 @@ impl HdfsStore {
     /// The same store on a client no other user holds right now (its own NameNode
     /// connection), from the pool or new.
     pub fn isolated(&self) -> Result<HdfsStore> {
-        let idle = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let (idle, old) = {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let old = expired(&mut pool);
+            (pool.pop().map(|(_, c)| c), old)
+        };
+        drop(old);
         let client = match idle {
             Some(c) => c,
             None => build(&self.base, &self.opts)?,

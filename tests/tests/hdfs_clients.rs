@@ -76,4 +76,17 @@ fn clients_let_go_of_close_their_namenode_connections_and_threads() {
     // The files are all there, and a fresh client still works.
     let n = rt.block_on(store.list("")).unwrap().len();
     assert_eq!(n, 4 * WRITERS);
+
+    // After the burst, a steady trickle of one chunk at a time: the pooled clients it does not
+    // need go once idle for a minute, and the connections fall back to what it uses.
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(75) {
+        rt.block_on(async { store.isolated().unwrap().put_atomic("trickle", vec![1; 10]).await.unwrap() });
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    std::thread::sleep(Duration::from_secs(8));
+    let after = (connections_to(nn.addr.port()), threads());
+    println!("after a minute of one chunk at a time: {} NameNode connections, {} threads", after.0, after.1);
+    assert!(after.0 <= 4, "idle pooled clients keep their NameNode connections: {after:?} (after the burst: {samples:?})");
+    assert!(after.1 + 50 <= last.1, "idle pooled clients keep their threads: {after:?} (after the burst: {samples:?})");
 }
