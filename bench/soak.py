@@ -108,7 +108,8 @@ def proc_stats(pid, peers):
     """RSS (MiB), fds, threads, and TCP connections per peer port of `pid`."""
     try:
         status = open(f"/proc/{pid}/status").read()
-        rss = int(next(l for l in status.splitlines() if l.startswith("VmRSS:")).split()[1]) / 1024
+        field = lambda name: int(next(l for l in status.splitlines() if l.startswith(name)).split()[1]) / 1024
+        rss, anon = field("VmRSS:"), field("RssAnon:")
         fds = os.listdir(f"/proc/{pid}/fd")
         threads = len(os.listdir(f"/proc/{pid}/task"))
     except (FileNotFoundError, StopIteration, ProcessLookupError):
@@ -135,7 +136,7 @@ def proc_stats(pid, peers):
             for name, p in peers.items():
                 if port == p:
                     conns[name] += 1
-    return {"rss_mib": rss, "fds": len(fds), "threads": threads, "conns": conns}
+    return {"rss_mib": rss, "anon_mib": anon, "fds": len(fds), "threads": threads, "conns": conns}
 
 
 def free_port():
@@ -470,6 +471,8 @@ max_bad_records = 0
             s = proc_stats(proc.p.pid, self.peers) if proc and self.a.mode == "watch" else None
             short = stage.split("-")[1]
             row[f"{short}_rss_mib"] = round(s["rss_mib"], 1) if s else ""
+            # The heap alone: RSS also counts mapped files (the ledger's WAL index, binaries).
+            row[f"{short}_anon_mib"] = round(s["anon_mib"], 1) if s else ""
             row[f"{short}_fds"] = s["fds"] if s else ""
             row[f"{short}_threads"] = s["threads"] if s else ""
             row[f"{short}_conns"] = sum(s["conns"].values()) if s else ""
@@ -656,7 +659,7 @@ max_bad_records = 0
         body = [s for s in samples if s["t_min"] >= warm]
         slopes = {}
         for key in samples[0]:
-            if not key.endswith(("_rss_mib", "_fds", "_threads", "_conns")) and key != "ledger_bytes":
+            if not key.endswith(("_rss_mib", "_anon_mib", "_fds", "_threads", "_conns")) and key != "ledger_bytes":
                 continue
             pts = [(s["t_min"], float(s[key])) for s in body if s[key] != ""]
             stage = f"ferry-{key.split('_', 1)[0]}"

@@ -64,10 +64,13 @@ pub struct HdfsStore {
     client: Mutex<Arc<Conn>>,
     /// Idle clients, shared by this store and its isolated copies, each with the time it came
     /// back; the most recent last.
-    pool: Arc<Mutex<Vec<(Instant, Arc<Conn>)>>>,
+    pool: Pool,
     /// An isolated copy gives its client back to the pool when dropped.
     pooled: bool,
 }
+
+/// Idle clients with the time each came back.
+type Pool = Arc<Mutex<Vec<(Instant, Arc<Conn>)>>>;
 
 /// Idle clients kept for reuse; more are built when more chunks run at once.
 const POOL_MAX: usize = 64;
