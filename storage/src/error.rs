@@ -139,6 +139,12 @@ pub fn hdfs_error_class(e: &hdfs_native::HdfsError) -> ErrorClass {
         // rest (safe mode, standby, "could only be written to 0 of the 1 minReplication
         // nodes" while DataNodes restart, leases being recovered, plain IOExceptions) retry,
         // bounded by max_attempts.
+        // A write pipeline that lost a DataNode asked for a replacement and the NameNode's
+        // policy refused ("This feature is disabled"): that block's write is over, but a new
+        // attempt gets a new pipeline, without the lost DataNode once the NameNode notices.
+        RPCError(class, msg) if class.ends_with("UnsupportedOperationException") && msg.contains("replace-datanode-on-failure") => {
+            ErrorClass::Transient
+        }
         RPCError(class, _) => {
             let never = [
                 "AccessControlException",
@@ -195,5 +201,25 @@ pub fn object_store_error_class(e: &object_store::Error) -> ErrorClass {
         | UnknownConfigurationKey { .. } => ErrorClass::Permanent,
         // Generic covers transport failures and exhausted retries: the network may come back.
         _ => ErrorClass::Transient,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hdfs_native::HdfsError::RPCError;
+
+    #[test]
+    fn a_refused_datanode_replacement_retries_other_unsupported_operations_do_not() {
+        let refused = RPCError(
+            "java.lang.UnsupportedOperationException".into(),
+            "This feature is disabled.  Please refer to dfs.client.block.write.replace-datanode-on-failure.enable configuration property."
+                .into(),
+        );
+        assert_eq!(hdfs_error_class(&refused), ErrorClass::Transient);
+        let other = RPCError("java.lang.UnsupportedOperationException".into(), "Symlinks not supported".into());
+        assert_eq!(hdfs_error_class(&other), ErrorClass::Permanent);
+        let denied = RPCError("org.apache.hadoop.security.AccessControlException".into(), "Permission denied".into());
+        assert_eq!(hdfs_error_class(&denied), ErrorClass::Permanent);
     }
 }

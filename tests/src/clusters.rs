@@ -55,15 +55,38 @@ impl MiniDfs {
 
     /// Makes the standby NameNode active (and the active one standby); returns the new active.
     pub fn failover(&mut self) -> String {
+        self.ask("FAILOVER", "FAILED_OVER", "FAILOVER_FAILED")
+    }
+
+    /// Stops the NameNode process (its port then refuses connections; the DataNodes keep
+    /// running).
+    pub fn stop_namenode(&mut self) {
+        self.ask("STOP_NAMENODE", "NAMENODE_STOPPED", "OUTAGE_FAILED");
+    }
+
+    /// Starts the stopped NameNode again on the same port, with the same namespace; returns
+    /// once it is out of safe mode.
+    pub fn start_namenode(&mut self) {
+        let at = self.ask("START_NAMENODE", "NAMENODE_STARTED", "OUTAGE_FAILED");
+        assert!(self.url.starts_with("hdfs://127.") && self.url.ends_with(&at), "the NameNode came back at {at}, not at {}", self.url);
+    }
+
+    /// Stops DataNode `i` (from 0) for good, as a lost machine.
+    pub fn stop_datanode(&mut self, i: usize) {
+        self.ask(&format!("STOP_DATANODE {i}"), "DATANODE_STOPPED", "OUTAGE_FAILED");
+    }
+
+    /// Writes `command` to the program's stdin and waits (up to 3 minutes) for its answer.
+    fn ask(&mut self, command: &str, done: &str, failed: &str) -> String {
         use std::io::Write;
         let stdin = self.child.stdin.as_mut().expect("stdin");
-        stdin.write_all(b"FAILOVER\n").and_then(|_| stdin.flush()).expect("write FAILOVER");
+        stdin.write_all(format!("{command}\n").as_bytes()).and_then(|_| stdin.flush()).expect("write to MiniDFS");
         loop {
-            let line = self.lines.recv_timeout(Duration::from_secs(60)).expect("an answer to FAILOVER");
-            if let Some(nn) = line.strip_prefix("FAILED_OVER ") {
-                return nn.trim().to_string();
+            let line = self.lines.recv_timeout(Duration::from_secs(180)).unwrap_or_else(|_| panic!("an answer to {command}"));
+            if let Some(rest) = line.strip_prefix(done) {
+                return rest.trim().to_string();
             }
-            assert!(!line.starts_with("FAILOVER_FAILED"), "{line}");
+            assert!(!line.starts_with(failed), "{command}: {line}");
         }
     }
 
@@ -143,29 +166,27 @@ impl MiniDfs {
     /// Hadoop's own client (FsShell) on a kerberized cluster, logged in from Ferry's keytab.
     pub fn kerberized_fs(&self, args: &[&str]) -> std::process::Output {
         let cp = format!("{}:{}", self.conf_dir.display(), hadoop_classpath());
-        let out = Command::new("java")
-            .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+        let mut cmd = Command::new("java");
+        cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
             .arg(format!("-Djava.security.krb5.conf={}", self.krb5_conf().display()))
             .args(["-cp", &cp, "ferry.KeytabShell", Self::KERBEROS_PRINCIPAL])
             .arg(self.keytab())
             .args(["-fs", &self.url])
-            .args(args)
-            .output()
-            .expect("java");
+            .args(args);
+        let out = crate::output_within(&mut cmd, std::time::Duration::from_secs(300));
         assert!(out.status.success(), "kerberized hdfs dfs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         out
     }
 
     /// Hadoop's own client (FsShell) against this cluster: an independent reader and writer.
     pub fn fs(&self, args: &[&str]) -> std::process::Output {
-        let out = Command::new("java")
-            .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &hadoop_classpath()])
+        let mut cmd = Command::new("java");
+        cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &hadoop_classpath()])
             .args(["org.apache.hadoop.fs.FsShell", "-fs", &self.url])
             .args(["-conf", &self.conf_dir.join("hdfs-site.xml").display().to_string()])
             .args(args)
-            .env("HADOOP_CONF_DIR", &self.conf_dir)
-            .output()
-            .expect("java");
+            .env("HADOOP_CONF_DIR", &self.conf_dir);
+        let out = crate::output_within(&mut cmd, std::time::Duration::from_secs(300));
         assert!(out.status.success(), "hdfs dfs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         out
     }
@@ -174,13 +195,12 @@ impl MiniDfs {
 impl MiniDfs {
     /// Hadoop's `hdfs dfsadmin` against this cluster (quotas, safe mode).
     pub fn admin(&self, args: &[&str]) -> std::process::Output {
-        let out = Command::new("java")
-            .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &hadoop_classpath()])
+        let mut cmd = Command::new("java");
+        cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &hadoop_classpath()])
             .args(["org.apache.hadoop.hdfs.tools.DFSAdmin", "-fs", &self.url])
             .args(args)
-            .env("HADOOP_CONF_DIR", &self.conf_dir)
-            .output()
-            .expect("java");
+            .env("HADOOP_CONF_DIR", &self.conf_dir);
+        let out = crate::output_within(&mut cmd, std::time::Duration::from_secs(300));
         assert!(out.status.success(), "hdfs dfsadmin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         out
     }

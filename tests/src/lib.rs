@@ -167,9 +167,10 @@ max_bad_records = 5
         std::fs::write(&self.config, cfg).unwrap();
     }
 
-    /// Runs one stage with --once and returns its output.
+    /// Runs one stage with --once and returns its output. A run that outlives ten minutes
+    /// fails the test (killed, its log shown) instead of hanging the suite.
     pub fn stage(&self, name: &str) -> Output {
-        self.command(name).arg("--once").output().unwrap()
+        output_within(self.command(name).arg("--once"), std::time::Duration::from_secs(600))
     }
 
     /// `ferry gen` into `dir` (relative to the pipeline).
@@ -226,6 +227,42 @@ max_bad_records = 5
     pub fn table_digest(&self) -> serde_json::Value {
         table_digest(&self.path("wh/events"))
     }
+}
+
+/// `cmd.output()`, with a deadline: a command still running after `limit` is killed and fails
+/// the test with what it printed so far. Every command a test expects to end goes through this,
+/// so a hang is a red test that names the command, never a suite that runs until CI gives up.
+pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
+    use std::io::Read;
+    let what = format!("{cmd:?}");
+    let mut child =
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = err.join().unwrap_or_default();
+            panic!("{what} still running after {limit:?}, killed:\n{}", String::from_utf8_lossy(&log));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() }
 }
 
 /// Polls `f` every half second until it holds; fails the test naming `what` after `limit`.

@@ -59,6 +59,11 @@
  *   FAILED_OVER nn1                    (the id of the NameNode that is now active)
  * or, if that failed (the details go to stderr):
  *   FAILOVER_FAILED <reason>
+ * Outages, each answered by one stdout line once done:
+ *   STOP_NAMENODE    -> NAMENODE_STOPPED            (the NameNode process stops; its port refuses)
+ *   START_NAMENODE   -> NAMENODE_STARTED host:port  (again, same port, same namespace, out of safe mode)
+ *   STOP_DATANODE i  -> DATANODE_STOPPED i          (DataNode i, from 0, stops for good)
+ *   or OUTAGE_FAILED <reason>.
  * (~0.1 s; without --ha the answer is `FAILOVER_FAILED not started with --ha`). Clients with the
  * HA conf carry on (the Java client retries on the other NameNode). Other stdin lines are
  * ignored (noted on stderr). scripts/minidfs.sh has ferry_minidfs_failover NAME for this.
@@ -325,6 +330,9 @@ public final class MiniDfs {
               out.println("FAILOVER_FAILED not started with --ha");
               out.flush();
             }
+          } else if (line.equals("STOP_NAMENODE") || line.equals("START_NAMENODE")
+              || line.startsWith("STOP_DATANODE")) {
+            outage(line, ha);
           } else if (!line.isEmpty()) {
             System.err.println("[minidfs " + name + "] ignoring stdin line: " + line);
           }
@@ -441,6 +449,50 @@ public final class MiniDfs {
         t.printStackTrace(System.err);
         out.println("FAILOVER_FAILED " + String.valueOf(t).replace('\n', ' '));
       }
+      out.flush();
+    }
+  }
+
+  /**
+   * STOP_NAMENODE: the (first) NameNode process stops, its port refuses connections, the
+   * DataNodes keep running and retry. START_NAMENODE: it starts again on the same port from its
+   * own fsimage and edits (nothing is formatted), and answers once it is out of safe mode.
+   * STOP_DATANODE i: DataNode i stops for good (a lost machine). Each answers one stdout line:
+   * NAMENODE_STOPPED, NAMENODE_STARTED, DATANODE_STOPPED i, or OUTAGE_FAILED reason.
+   */
+  private static void outage(String line, boolean ha) {
+    synchronized (stateLock) {
+      if (stopped.get()) {
+        return;
+      }
+      long t0 = System.nanoTime();
+      String answer;
+      try {
+        if (line.equals("STOP_NAMENODE")) {
+          cluster.shutdownNameNode(0);
+          answer = "NAMENODE_STOPPED";
+        } else if (line.equals("START_NAMENODE")) {
+          cluster.restartNameNode(0, true);
+          if (ha) {
+            cluster.transitionToActive(0);
+          }
+          waitOutOfSafeMode(0, 120_000);
+          answer = "NAMENODE_STARTED " + HOST + ":" + cluster.getNameNodePort(0);
+        } else {
+          int i = Integer.parseInt(line.substring("STOP_DATANODE".length()).trim());
+          MiniDFSCluster.DataNodeProperties dn = cluster.stopDataNode(i);
+          if (dn == null) {
+            throw new IllegalArgumentException("no DataNode " + i);
+          }
+          answer = "DATANODE_STOPPED " + i;
+        }
+        System.err.printf("[minidfs %s] %s in %.2f s%n", name, answer, (System.nanoTime() - t0) / 1e9);
+      } catch (Throwable t) {
+        System.err.println("[minidfs " + name + "] " + line + " failed: " + t);
+        t.printStackTrace(System.err);
+        answer = "OUTAGE_FAILED " + String.valueOf(t).replace('\n', ' ');
+      }
+      out.println(answer);
       out.flush();
     }
   }
