@@ -11,9 +11,10 @@ trap 'ferry_stop_s3; ferry_stop_postgres' EXIT
 ferry_start_postgres
 ferry_python_deps
 ferry_deploy_tools
-# Kerberos: MIT's GSSAPI library (hdfs-native loads it), and kinit for a credential cache
-# renewed by someone else, as a cron job would.
+# Kerberos: MIT's GSSAPI library (hdfs-native loads it), kinit for a credential cache renewed
+# by someone else (as a cron job would), and libfaketime for the clock-skew test.
 ferry_apt kinit krb5-user libgssapi-krb5-2
+ferry_apt faketime faketime
 # HDFS: our MiniDFS program (Hadoop from Maven Central); each test starts its own clusters.
 ferry_build_minidfs
 # S3: versitygw (Go module proxy) over TLS with a CA made here; exports FERRY_TEST_S3_*.

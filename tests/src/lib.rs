@@ -132,6 +132,23 @@ max_bad_records = 5
         Service { name: binary.to_string(), child, log: Some(log) }
     }
 
+    /// [`Pipeline::watch`], returned once the service is past its start checks (the ledger and
+    /// its stores answered): its metrics endpoint, which it opens then, answers. A store that
+    /// does not answer at start is waited for at start (`--start-wait`), not an outage, so a
+    /// test of outages starts its services this way and only then takes the store away.
+    pub fn watch_started(&self, binary: &str, extra: &[&str]) -> Service {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut args = vec!["--metrics-addr", addr.as_str()];
+        args.extend_from_slice(extra);
+        let mut s = self.watch(binary, &args);
+        wait_until(&format!("{binary} past its start checks"), std::time::Duration::from_secs(60), || {
+            assert!(s.running(), "{binary} ended at start");
+            std::net::TcpStream::connect(&addr).is_ok()
+        });
+        s
+    }
+
     /// Sets `key=value` in the environment of every run of `binary`.
     pub fn stage_env(&self, binary: &str, key: &str, value: &str) {
         self.env.lock().unwrap().push((binary.into(), key.into(), value.into()));
@@ -285,6 +302,12 @@ impl Service {
     /// Still running (it has not exited by itself)?
     pub fn running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Sends `signal` (as `kill` names it: "-STOP", "-CONT", ...) to the service.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
+        assert!(ok.success(), "kill {signal} {}", self.name);
     }
 
     /// SIGTERM, then waits: (exit code, seconds it took, log).

@@ -71,16 +71,12 @@ fn namenode_stopped_under_four_watch_services(role: &str, store_label: &str, sta
     let mut services: Vec<_> = STAGES.iter().map(|s| p.watch(s, &[])).collect();
     wait_until("the first batch published", Duration::from_secs(180), || drained(&p, 2));
     let mut files = 2;
-    let signal = |s: &ferry_tests::Service, sig: &str| {
-        let o = std::process::Command::new("kill").args([sig, &s.child.id().to_string()]).status().unwrap();
-        assert!(o.success(), "kill {sig} {}", s.name);
-    };
     if role == "staging" {
         // Extract cannot stage anything while staging is down (it waits the pass out), so give
         // transform a backlog to meet the outage with: a file staged while transform is paused
         // (SIGSTOP; a transform started while staging is down would wait at its start check
         // instead, which is another rule).
-        signal(&services[1], "-STOP");
+        services[1].signal("-STOP");
         p.add_jsonl_batch("pre", 1, 1000, 59);
         files += 1;
         wait_until("a chunk staged for transform", Duration::from_secs(120), || {
@@ -92,7 +88,7 @@ fn namenode_stopped_under_four_watch_services(role: &str, store_label: &str, sta
     let t0 = Instant::now();
     nn.stop_namenode();
     if role == "staging" {
-        signal(&services[1], "-CONT");
+        services[1].signal("-CONT");
     }
     let secs = outage();
     let mut landed = 0;

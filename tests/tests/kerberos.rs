@@ -222,9 +222,35 @@ fn bad_kerberos_settings_end_the_stage_at_start_with_exit_2() {
         }
     }
 
+    // Clocks too far apart: the client's a day ahead (libfaketime). MIT's library corrects for
+    // the offset it sees in the KDC's reply (`kdc_timesync`, on by default), so only a host
+    // that turned that off meets the skew; then it is a setting, named, at start.
+    let strict = p.path("krb5-no-timesync.conf");
+    let conf = std::fs::read_to_string(k.krb5_conf()).unwrap();
+    assert!(conf.contains("[libdefaults]"), "{conf}");
+    std::fs::write(&strict, conf.replacen("[libdefaults]", "[libdefaults]\n    kdc_timesync = 0", 1)).unwrap();
+    let lib = faketime_lib().expect("libfaketime is not installed: the test command installs it (faketime from Debian)");
+    let o = output_within(
+        p.command("ferry-copy")
+            .args(["--watch", "--start-wait", "5m"])
+            .env("KRB5_CONFIG", &strict)
+            .env("LD_PRELOAD", &lib)
+            .env("FAKETIME", "+1d"),
+        LIMIT,
+    );
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{log}");
+    assert!(log.contains("Clock skew too great") && log.contains("clocks agree"), "{log}");
     // The good settings still work: nothing above left anything behind.
     for o in p.drain(6) {
         ok(&o, "a stage after the bad runs");
     }
     assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'"), 0);
+}
+
+fn faketime_lib() -> Option<String> {
+    ["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .map(str::to_string)
 }

@@ -37,16 +37,9 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
     cfg = cfg.replace("lease = \"30s\"", "lease = \"30s\"\nmax_attempts = 3\noutage_probe_max = \"2s\"");
     cfg.push_str("\n[copy]\ndeadline = \"10s\"\nstall_timeout = \"3s\"\nconcurrency = 4\nhedge_multiple = 0.0\n");
     std::fs::write(&p.config, cfg).unwrap();
-    p.generate("in", "jsonl", "null", 3, 1500, 5);
-    for s in ["ferry-extract", "ferry-transform"] {
-        let out = p.stage(s);
-        assert!(out.status.success(), "{s}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let chunks = p.count("SELECT COUNT(*) FROM chunks");
-    assert!(chunks >= 8, "{chunks} chunks");
 
-    // The destination goes away: every connection reset at once (a closed port)...
-    proxy.set(Faults { reset: 1.0, reset_within: 1, ..Faults::default() });
+    // Copy starts while the destination answers (one that does not answer at start is waited
+    // for at start, another rule), with nothing to do yet.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut copy = p
         .command("ferry-copy")
@@ -62,6 +55,22 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
         let _ = stderr.read_to_string(&mut s);
         s
     });
+    wait_until("copy past its start checks", Duration::from_secs(60), || {
+        assert!(copy.try_wait().unwrap().is_none(), "copy ended at start");
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+
+    // The destination goes away: every connection reset at once (a closed port)...
+    proxy.set(Faults { reset: 1.0, reset_within: 1, ..Faults::default() });
+    proxy.cut_all();
+    // ...while chunks arrive for copy.
+    p.generate("in", "jsonl", "null", 3, 1500, 5);
+    for s in ["ferry-extract", "ferry-transform"] {
+        let out = p.stage(s);
+        assert!(out.status.success(), "{s}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
+    assert!(chunks >= 8, "{chunks} chunks");
     std::thread::sleep(Duration::from_secs(15));
     // ...then every connection accepted and never answered (no TLS handshake).
     proxy.set(Faults { hang: 1.0, ..Faults::default() });
@@ -224,13 +233,19 @@ fn staging_unreachable_heals_by_itself() {
     let prefix = format!("staging-out-{}", std::process::id());
     let p = Pipeline::with_stores("16KiB", "30s", "0s", Some(s3_section("staging", &s3, &proxy, &prefix)), None);
     short_budget(&p);
+    // The services start while staging answers (one that does not answer at start is waited
+    // for at start, another rule). Transform is paused while extract stages a first batch, so
+    // that it has chunks to meet the outage with.
+    let mut services: Vec<_> = ferry_tests::STAGES.iter().map(|s| p.watch_started(s, &[])).collect();
+    services[1].signal("-STOP");
     p.add_jsonl_batch("a", 3, 1000, 71);
-    let out = p.stage("ferry-extract");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until("the first batch staged", Duration::from_secs(60), || {
+        p.count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'") == 3
+    });
 
     proxy.set(Faults { reset: 1.0, reset_within: 1, ..Faults::default() });
     proxy.cut_all();
-    let mut services: Vec<_> = ferry_tests::STAGES.iter().map(|s| p.watch(s, &[])).collect();
+    services[1].signal("-CONT");
     p.add_jsonl_batch("b", 2, 1000, 72);
     std::thread::sleep(Duration::from_secs(20));
     proxy.set(Faults { hang: 1.0, ..Faults::default() });
