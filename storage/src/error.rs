@@ -135,16 +135,16 @@ pub fn hdfs_error_class(e: &hdfs_native::HdfsError) -> ErrorClass {
     match e {
         IOError(io) => io_error_class(io),
         DataTransferError(_) | ChecksumError | BlocksNotFound(_) | OperationFailed(_) => ErrorClass::Transient,
-        // A RemoteException: the ones that a later attempt cannot change are permanent; the
-        // rest (safe mode, standby, "could only be written to 0 of the 1 minReplication
-        // nodes" while DataNodes restart, leases being recovered, plain IOExceptions) retry,
-        // bounded by max_attempts.
         // A write pipeline that lost a DataNode asked for a replacement and the NameNode's
         // policy refused ("This feature is disabled"): that block's write is over, but a new
         // attempt gets a new pipeline, without the lost DataNode once the NameNode notices.
         RPCError(class, msg) if class.ends_with("UnsupportedOperationException") && msg.contains("replace-datanode-on-failure") => {
             ErrorClass::Transient
         }
+        // A RemoteException: the ones that a later attempt cannot change are permanent; the
+        // rest (safe mode, standby, "could only be written to 0 of the 1 minReplication
+        // nodes" while DataNodes restart, leases being recovered, plain IOExceptions) retry,
+        // bounded by max_attempts.
         RPCError(class, _) => {
             let never = [
                 "AccessControlException",

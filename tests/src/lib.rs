@@ -190,6 +190,14 @@ max_bad_records = 5
         output_within(self.command(name).arg("--once"), std::time::Duration::from_secs(600))
     }
 
+    /// Runs each stage with --once, in order; fails the test on the first that does not succeed.
+    pub fn stages_ok(&self, names: &[&str]) {
+        for name in names {
+            let o = self.stage(name);
+            assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+    }
+
     /// `ferry gen` into `dir` (relative to the pipeline).
     pub fn generate(&self, dir: &str, format: &str, codec: &str, files: u32, records: u32, seed: u64) {
         let out = Command::new(bin("ferry"))
@@ -252,8 +260,13 @@ max_bad_records = 5
 pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
     use std::io::Read;
     let what = format!("{cmd:?}");
-    let mut child =
-        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap_or_else(|e| panic!("{what}: {e}"));
+    // As `output()`: no stdin, both outputs captured.
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let out = std::thread::spawn(move || {

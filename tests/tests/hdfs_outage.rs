@@ -163,10 +163,7 @@ fn an_ha_failover_of_the_destination_while_copy_and_load_are_busy() {
     let p = Pipeline::with_stores("16KiB", "30s", "0s", None, Some(hdfs_section("destination", &ha.url, "/wh", Some(&ha.conf_dir))));
     short_budget(&p);
     p.add_jsonl_batch("a", 8, 1500, 81);
-    for stage in ["ferry-extract", "ferry-transform"] {
-        let o = p.stage(stage);
-        assert!(o.status.success(), "{stage}: {}", String::from_utf8_lossy(&o.stderr));
-    }
+    p.stages_ok(&["ferry-extract", "ferry-transform"]);
     let chunks = p.count("SELECT COUNT(*) FROM chunks");
     assert!(chunks >= 40, "a backlog: {chunks} chunks");
     let mut copy = p.watch("ferry-copy", &[]);
@@ -224,10 +221,7 @@ fn a_datanode_lost_during_writes() {
     let p = Pipeline::with_stores("4MiB", "30s", "0s", None, Some(hdfs_section("destination", &dn.url, "/wh", Some(&dn.conf_dir))));
     short_budget(&p);
     p.add_jsonl_batch("a", 12, 40_000, 91);
-    for stage in ["ferry-extract", "ferry-transform"] {
-        let o = p.stage(stage);
-        assert!(o.status.success(), "{stage}: {}", String::from_utf8_lossy(&o.stderr));
-    }
+    p.stages_ok(&["ferry-extract", "ferry-transform"]);
     let mut copy = p.watch("ferry-copy", &[]);
     wait_until("copy under way", Duration::from_secs(120), || {
         p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'copy' AND state = 'done'") >= 1

@@ -65,10 +65,7 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
     proxy.cut_all();
     // ...while chunks arrive for copy.
     p.generate("in", "jsonl", "null", 3, 1500, 5);
-    for s in ["ferry-extract", "ferry-transform"] {
-        let out = p.stage(s);
-        assert!(out.status.success(), "{s}: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    p.stages_ok(&["ferry-extract", "ferry-transform"]);
     let chunks = p.count("SELECT COUNT(*) FROM chunks");
     assert!(chunks >= 8, "{chunks} chunks");
     std::thread::sleep(Duration::from_secs(15));
@@ -289,10 +286,7 @@ fn a_lone_chunk_under_once_runs_outlives_an_outage_and_its_record_closes() {
     let p = Pipeline::with_stores("1MiB", "30s", "0s", None, Some(s3_section("destination", &s3, &proxy, &prefix)));
     short_budget(&p);
     p.add_jsonl_batch("lone", 1, 200, 5);
-    for s in ["ferry-extract", "ferry-transform"] {
-        let out = p.stage(s);
-        assert!(out.status.success(), "{s}: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    p.stages_ok(&["ferry-extract", "ferry-transform"]);
     assert_eq!(p.count("SELECT COUNT(*) FROM chunks"), 1, "one lone chunk");
     // Every connection to S3 is reset at its first byte.
     proxy.set(Faults { reset: 1.0, reset_within: 1, ..Faults::default() });
