@@ -19,12 +19,14 @@ Modes: watch (the stages as --watch services, as systemd or Kubernetes run them)
 (--once runs from a timer loop, as cron runs them). `ferry gc` and `ferry prune` run on a
 schedule compressed as the month is.
 
-Output in --out: samples.csv (one row a minute), events.csv (the faults, when), soak.png (the
-charts, faults marked), verdict.md. Exit 0 only on a passing verdict:
+Output in --out: samples.csv (one row a minute), events.csv (the faults, when), starts.json
+(when each stage was started), soak.png (the charts, faults marked), verdict.md
+(`bench/soak.py --reverdict DIR` takes a run's slopes again from its CSV files). Exit 0 only on a passing verdict:
   - the table holds every good record exactly once (digest against the inputs),
   - nothing quarantined but the bad files, no task left unfinished,
   - 0 open outages and no alert firing at the end (alerts checked with --prometheus),
-  - every resource flat after the warm-up: the fitted slope per hour within its bound,
+  - every resource flat after the warm-up: its slope per hour (Theil-Sen: the median slope
+    between two samples, robust to a fault's burst that falls back) within its bound,
   - no stage exited but the ones killed.
 """
 
@@ -36,6 +38,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import signal
 import sqlite3
 import subprocess
@@ -157,6 +160,48 @@ def dir_usage(path):
             except OSError:
                 pass
     return n, b
+
+
+def theil_sen(lives):
+    """The median of the slopes between every two samples of the same life, per hour of the
+    minutes given: the Theil-Sen estimator. A storm of resets or an outage raises connections,
+    threads and memory for its minutes and then they fall back; a least-squares line through a
+    life with such bursts says more about where the faults fell than about a leak, and a count
+    that steps once by one (a thread) tilts it by a bound's worth. What leaks grows between most
+    pairs of samples, so it moves the median."""
+    pairs = [(v2 - v1) / ((t2 - t1) / 60) for pts in lives for i, (t1, v1) in enumerate(pts) for t2, v2 in pts[i + 1:] if t2 > t1]
+    return statistics.median(pairs) if pairs else 0.0
+
+
+def slope_checks(samples, starts, warm):
+    """The resources' slopes after the warm-up (`warm` minutes; an HDFS stage's client pool
+    fills for minutes), and a check per bounded one. A stage killed and started again warms up
+    again, and a line across the restart would measure the restart: slopes are taken within
+    each life that has 5 samples past its warm-up (`starts`: stage -> the minutes it was
+    started at). Returns (checks, slopes (Theil-Sen, bounded), least-squares slopes of the
+    longest life (reported beside))."""
+    slopes, fitted, checks = {}, {}, []
+    for key in samples[0]:
+        if not key.endswith(("_rss_mib", "_anon_mib", "_fds", "_threads", "_conns")) and key != "ledger_bytes":
+            continue
+        pts = [(float(s["t_min"]), float(s[key])) for s in samples if s[key] != "" and float(s["t_min"]) >= warm]
+        stage = f"ferry-{key.split('_', 1)[0]}"
+        lives = {}
+        for t, v in pts:
+            began = max((b for b in starts.get(stage, [0.0]) if b <= t), default=0.0)
+            if t - began >= warm or stage not in starts:
+                lives.setdefault(began, []).append((t, v))
+        lives = [life for life in lives.values() if len(life) >= 5]
+        if lives:
+            slopes[key] = theil_sen(lives)
+            longest = max(lives, key=len)
+            fitted[key] = fit_slope([p[0] / 60 for p in longest], [p[1] for p in longest])
+    for key, slope in sorted(slopes.items()):
+        kind = key.split("_", 1)[1]
+        if kind in BOUNDS:
+            # Growth is what a week turns into an outage; a resource that shrinks is fine.
+            checks.append((f"{key} flat", slope <= BOUNDS[kind], f"{slope:+.2f}/h (bound +{BOUNDS[kind]}/h)"))
+    return checks, slopes, fitted
 
 
 def fit_slope(xs, ys):
@@ -651,32 +696,9 @@ max_bad_records = 0
             checks.append(("no alert firing at the end (but FerryQuarantined for the bad files)", not firing, shown))
         checks.append(("no stage exited but the ones killed, no gc or prune failed", not self.unexpected_exits,
                        f"{self.kills} killed; unexpected: {'; '.join(self.unexpected_exits) or 'none'}"))
-        # Slopes after the warm-up (the first 20% of the run, at least 10 minutes: an HDFS
-        # stage's client pool fills for minutes), on at least 5 samples. A stage killed and
-        # started again warms up again, and a line fitted across the restart would measure the
-        # restart: a stage's slope is fitted on its longest life past its warm-up.
         warm = max(10.0, self.a.minutes * 0.2)
-        body = [s for s in samples if s["t_min"] >= warm]
-        slopes = {}
-        for key in samples[0]:
-            if not key.endswith(("_rss_mib", "_anon_mib", "_fds", "_threads", "_conns")) and key != "ledger_bytes":
-                continue
-            pts = [(s["t_min"], float(s[key])) for s in body if s[key] != ""]
-            stage = f"ferry-{key.split('_', 1)[0]}"
-            if stage in self.starts:
-                lives = {}
-                for t, v in pts:
-                    began = max(b for b in self.starts[stage] if b <= t) if any(b <= t for b in self.starts[stage]) else 0
-                    if t - began >= warm:
-                        lives.setdefault(began, []).append((t, v))
-                pts = max(lives.values(), key=len, default=[])
-            if len(pts) >= 5:
-                slopes[key] = fit_slope([p[0] / 60 for p in pts], [p[1] for p in pts])
-        for key, slope in sorted(slopes.items()):
-            kind = key.split("_", 1)[1]
-            if kind in BOUNDS:
-                # Growth is what a week turns into an outage; a resource that shrinks is fine.
-                checks.append((f"{key} flat", slope <= BOUNDS[kind], f"{slope:+.2f}/h (bound +{BOUNDS[kind]}/h)"))
+        slope_rows, slopes, self.raw_slopes = slope_checks(samples, self.starts, warm)
+        checks += slope_rows
         chunks = self.sql("SELECT COUNT(*) FROM chunks")
         per_chunk = last["ledger_bytes"] / max(1, int(chunks or 0))
         return checks, slopes, per_chunk, chunks
@@ -692,15 +714,10 @@ max_bad_records = 0
             w = csv.writer(f)
             w.writerow(["t_s", "event"])
             w.writerows(self.events)
-        passed = all(c[1] for c in checks)
-        lines = [f"# Soak: {self.a.setup}, {self.a.mode}, {self.a.minutes} min ({'PASS' if passed else 'FAIL'})", "",
-                 f"{self.files} files sent at {self.a.rate}/s, {chunks} chunks; ledger {samples[-1]['ledger_bytes'] >> 10} KiB at the end, "
-                 f"{per_chunk:.0f} bytes per chunk.", "", "| check | ok | detail |", "|---|---|---|"]
-        lines += [f"| {name} | {'yes' if ok else '**no**'} | {detail} |" for name, ok, detail in checks]
-        lines += ["", "Slopes after the warm-up (per hour):", ""]
-        lines += [f"- {k}: {v:+.2f}" for k, v in sorted(slopes.items())]
-        open(os.path.join(out, "verdict.md"), "w").write("\n".join(lines) + "\n")
-        print("\n".join(lines))
+        json.dump(self.starts, open(os.path.join(out, "starts.json"), "w"))
+        summary = (f"{self.files} files sent at {self.a.rate}/s, {chunks} chunks; ledger {samples[-1]['ledger_bytes'] >> 10} KiB at the end, "
+                   f"{per_chunk:.0f} bytes per chunk.")
+        passed = write_verdict(out, f"{self.a.setup}, {self.a.mode}, {self.a.minutes} min", summary, checks, slopes, self.raw_slopes)
         try:
             self.chart(samples)
         except ImportError:
@@ -742,7 +759,45 @@ max_bad_records = 0
         fig.savefig(os.path.join(self.a.out, "soak.png"), dpi=80)
 
 
+def write_verdict(out, title, summary, checks, slopes, fitted):
+    passed = all(c[1] for c in checks)
+    lines = [f"# Soak: {title} ({'PASS' if passed else 'FAIL'})", "", summary, "", "| check | ok | detail |", "|---|---|---|"]
+    lines += [f"| {name} | {'yes' if ok else '**no**'} | {detail} |" for name, ok, detail in checks]
+    lines += ["", "Slopes after the warm-up, per hour: Theil-Sen over every life (bounded), and a least-squares line over the longest life:", ""]
+    lines += [f"- {k}: {v:+.2f} (fitted {fitted.get(k, 0.0):+.2f})" for k, v in sorted(slopes.items())]
+    open(os.path.join(out, "verdict.md"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return passed
+
+
+def reverdict(out):
+    """The slope checks of a finished run again, from its samples.csv and events.csv (and
+    starts.json, or the kills in events.csv): what a change to the bounds or the estimator says
+    about runs already made. The other checks are kept as the run wrote them."""
+    samples = list(csv.DictReader(open(os.path.join(out, "samples.csv"))))
+    path = os.path.join(out, "starts.json")
+    if os.path.exists(path):
+        starts = json.load(open(path))
+    else:
+        starts = {stage: [0.0] for stage in STAGES}
+        for e in csv.DictReader(open(os.path.join(out, "events.csv"))):
+            if e["event"].startswith("kill -9 "):
+                starts.setdefault(e["event"][len("kill -9 "):], [0.0]).append(float(e["t_s"]) / 60)
+    old = open(os.path.join(out, "verdict.md")).read().splitlines()
+    title = old[0].split("Soak: ", 1)[1].rsplit(" (", 1)[0]
+    minutes = float(title.split(", ")[2].split()[0])
+    kept = []
+    for line in old:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3 and cells[0] not in ("check",) and not cells[0].endswith(" flat"):
+            kept.append((cells[0], cells[1] == "yes", cells[2]))
+    checks, slopes, fitted = slope_checks(samples, starts, max(10.0, minutes * 0.2))
+    return write_verdict(out, title, old[2], kept + checks, slopes, fitted)
+
+
 def main():
+    if sys.argv[1:2] == ["--reverdict"]:
+        sys.exit(0 if reverdict(sys.argv[2]) else 1)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setup", choices=["local", "s3", "hdfs"], default="local")
     p.add_argument("--mode", choices=["watch", "once"], default="watch")

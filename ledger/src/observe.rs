@@ -24,6 +24,8 @@ use crate::{Error, Ledger, Result};
 pub const LEDGER_REFRESH: Duration = Duration::from_secs(15);
 /// The window of throughput figures (`ferry status`, progress lines).
 pub const RATE_WINDOW: Duration = Duration::from_secs(300);
+/// How often a `--watch` stage hands the memory it freed back to the system.
+pub const TRIM_EVERY: Duration = Duration::from_secs(60);
 
 /// Every metric Ferry exports. Labels: `stage` (extract, transform, copy, load), `outcome`,
 /// `state` (a task state).
@@ -161,6 +163,15 @@ impl Observer {
                         Ok(()) => sd_notify("WATCHDOG=1"),
                         Err(why) => tracing::error!(stage, reason = %why, "unhealthy: not feeding the systemd watchdog"),
                     }
+                }
+            });
+        }
+        if args.watch {
+            limit_arenas();
+            tokio::spawn(async {
+                loop {
+                    tokio::time::sleep(TRIM_EVERY).await;
+                    let _ = tokio::task::spawn_blocking(release_freed_memory).await;
                 }
             });
         }
@@ -313,6 +324,36 @@ async fn serve_http(listener: tokio::net::TcpListener, handle: PrometheusHandle,
 }
 
 /// Half of systemd's watchdog interval (WATCHDOG_USEC), if systemd set one for this process.
+/// glibc keeps what a thread frees in that thread's arena (up to eight arenas per core) for
+/// the thread to reuse, and returns it to the system only from the top of the main heap. A
+/// burst of blocking threads (a reset storm, a store outage, a backlog after a restart) leaves
+/// every arena at its high-water mark for good: in a week-long service that reads as a slow
+/// leak, and under a container's memory limit it ends in an OOM kill. The soak measured it: an
+/// extract with 4 MB in use held 20 MB in 12 arenas, and each new burst of threads added one.
+/// A service makes no new arena once it has one per core: glibc reads the limit whenever it
+/// would make one, so the arenas of the threads started before this call stay (the soak saw 6
+/// on 2 cores) and every thread after shares them (the per-thread caches keep the locks cold).
+fn limit_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+        // SAFETY: mallopt only sets a tunable read under the arenas' own lock.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, cores as libc::c_int);
+        }
+    }
+}
+
+/// What the arenas hold but nothing uses goes back to the system once a minute:
+/// `malloc_trim` gives back every whole free page of every arena, walking the free lists.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes the arenas' own locks; it frees nothing still in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 fn watchdog_interval() -> Option<Duration> {
     let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
     // Meant for another process (systemd names the one it watches).
