@@ -323,7 +323,6 @@ async fn serve_http(listener: tokio::net::TcpListener, handle: PrometheusHandle,
     }
 }
 
-/// Half of systemd's watchdog interval (WATCHDOG_USEC), if systemd set one for this process.
 /// glibc keeps what a thread frees in that thread's arena (up to eight arenas per core) for
 /// the thread to reuse, and returns it to the system only from the top of the main heap. A
 /// burst of blocking threads (a reset storm, a store outage, a backlog after a restart) leaves
@@ -354,6 +353,7 @@ fn release_freed_memory() {
     }
 }
 
+/// Half of systemd's watchdog interval (WATCHDOG_USEC), if systemd set one for this process.
 fn watchdog_interval() -> Option<Duration> {
     let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
     // Meant for another process (systemd names the one it watches).

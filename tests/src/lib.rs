@@ -129,7 +129,7 @@ max_bad_records = 5
             let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
             s
         });
-        Service { name: binary.to_string(), child, log: Some(log) }
+        Service { name: binary.to_string(), child, log: Some(log), metrics_port: None }
     }
 
     /// [`Pipeline::watch`], returned once the service is past its start checks (the ledger and
@@ -146,6 +146,7 @@ max_bad_records = 5
             assert!(s.running(), "{binary} ended at start");
             std::net::TcpStream::connect(&addr).is_ok()
         });
+        s.metrics_port = Some(port);
         s
     }
 
@@ -309,6 +310,8 @@ pub struct Service {
     pub name: String,
     pub child: std::process::Child,
     log: Option<std::thread::JoinHandle<String>>,
+    /// Where its `/metrics` answers, when started by [`Pipeline::watch_started`].
+    pub metrics_port: Option<u16>,
 }
 
 impl Service {

@@ -5,16 +5,12 @@
 //! real time.
 
 use std::io::{Read, Write};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ferry_tests::clusters::S3Server;
 use ferry_tests::proxy::{FaultProxy, Faults};
 use ferry_tests::{Pipeline, bin, input_digest, s3_table_digest, wait_until};
-
-fn sigterm(c: &mut Child) {
-    let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
-}
 
 fn metrics(port: u16) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -40,25 +36,8 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
 
     // Copy starts while the destination answers (one that does not answer at start is waited
     // for at start, another rule), with nothing to do yet.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut copy = p
-        .command("ferry-copy")
-        .env("RUST_LOG", "info")
-        .args(["--watch", "--poll", "200ms", "--metrics-addr", &format!("127.0.0.1:{port}")])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Read the log as it comes: a full pipe would block the service's logging, and it.
-    let mut stderr = copy.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    wait_until("copy past its start checks", Duration::from_secs(60), || {
-        assert!(copy.try_wait().unwrap().is_none(), "copy ended at start");
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    let copy = p.watch_started("ferry-copy", &[]);
+    let port = copy.metrics_port.unwrap();
 
     // The destination goes away: every connection reset at once (a closed port)...
     proxy.set(Faults { reset: 1.0, reset_within: 1, ..Faults::default() });
@@ -103,10 +82,8 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
     eprintln!("drained {:.1}s after the store came back ({})", healed.elapsed().as_secs_f64(), proxy.summary());
     assert_eq!(p.count("SELECT COUNT(*) FROM open_outages"), 0, "the outage is closed");
     assert_eq!(p.count("SELECT COUNT(*) FROM outages WHERE ended_at IS NOT NULL"), 1);
-    sigterm(&mut copy);
-    let status = copy.wait().unwrap();
-    let log = log.join().unwrap();
-    assert_eq!(status.code(), Some(0), "{log}");
+    let (code, _, log) = copy.stop();
+    assert_eq!(code, Some(0), "{log}");
     let down = log.lines().find(|l| l.contains("store is down")).unwrap_or_else(|| panic!("{log}"));
     assert!(down.contains("ERROR"), "an outage starts at ERROR: {down}");
     let back = log.lines().find(|l| l.contains("store is back")).unwrap_or_else(|| panic!("{log}"));
