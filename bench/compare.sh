@@ -70,7 +70,7 @@ if [ "$SPARK" = 1 ]; then
   [ -s "$SPARK_AVRO" ] || mvn -q -B dependency:get -Dartifact="org.apache.spark:spark-avro_2.13:$SPARK_VERSION" -Dtransitive=false >&2
   export SPARK_AVRO
 fi
-ferry_release_bins
+ferry_release_bins -p ferry-bench -p ferry-tests
 cleanup() {
   [ -n "${WATCH_PIDS:-}" ] && kill $WATCH_PIDS 2>/dev/null
   if [ "$HDFS" = 1 ]; then ferry_stop_minidfs 2>/dev/null || true; fi

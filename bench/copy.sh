@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BACKEND=${1:?hdfs or s3}; EVENTS=${2:-600000}
 . scripts/services.sh
-ferry_release_bins
+ferry_release_bins -p ferry-bench -p ferry-tests
 DIR=$(mktemp -d /tmp/ferry-copy-bench.XXXXXX)
 trap 'ferry_stop_all' EXIT
 ferry_stop_all() { [ -n "${PROXY_PID:-}" ] && kill "$PROXY_PID" 2>/dev/null; ferry_stop_minidfs 2>/dev/null || true; ferry_stop_s3 2>/dev/null || true; rm -rf "$DIR"; }

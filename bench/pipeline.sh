@@ -13,7 +13,7 @@ PAYLOAD=${PAYLOAD:-words}; ROUNDS=${ROUNDS:-3}
 N=$((FILES * RECORDS))
 python3 -c 'import polars' 2>/dev/null || python3 -m pip install -q polars >&2
 ferry_python_deps
-ferry_release_bins
+ferry_release_bins -p ferry-bench -p ferry-tests
 rm -rf "$DIR" && mkdir -p "$DIR"
 "$BIN/ferry" gen --format avro --codec null --payload "$PAYLOAD" --out "$DIR/in" --files "$FILES" --records "$RECORDS" --block-records 4000 >/dev/null
 echo "input: $N events, $(du -sb "$DIR/in" | cut -f1) bytes of Avro (null codec), $PAYLOAD payloads"
@@ -35,10 +35,7 @@ df = df.with_columns(pl.col("ts").dt.date().alias("dt"))
 df.write_parquet(out, compression="zstd", compression_level=3, partition_by="dt")
 PY
 
-sed -e "s#sqlite://ferry-ledger.db#sqlite://$DIR/ledger.db#" -e "s#\"/data/incoming\"#\"$DIR/in\"#" \
-    -e "s#\"/data/staging\"#\"$DIR/staging\"#" -e "s#\"/var/spool/ferry\"#\"$DIR/spool\"#" \
-    -e "s#\"/data/warehouse\"#\"$DIR/warehouse\"#" -e 's#settle = "10s"#settle = "0s"#' \
-    deploy/ferry.example.toml > "$DIR/ferry.toml"
+ferry_local_config "$DIR" > "$DIR/ferry.toml"
 [ -n "${LEVEL:-}" ] && sed -i "s#^compression_level = .*#compression_level = $LEVEL#" "$DIR/ferry.toml"
 export FERRY_CONFIG=$DIR/ferry.toml
 measure "ferry-extract" "$BIN/ferry-extract" --once

@@ -20,7 +20,7 @@ DIR=${1:-/tmp/ferry-scaleout}; FILES=${2:-8}; RECORDS=${3:-100000}
 HOSTS=${HOSTS:-"1 2 4"}; TASKS=${TASKS:-20000}; WORKERS=${WORKERS:-8}; BATCH=${BATCH:-16}
 N=$((FILES * RECORDS))
 max=0; for h in $HOSTS; do [ "$h" -gt "$max" ] && max=$h; done
-ferry_release_bins
+ferry_release_bins -p ferry-bench -p ferry-tests
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -22,11 +22,13 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --mode) mode=${args[i + 1]} ;;
   esac
 done
+# A run too short for its options is refused now, not after the build.
+python3 bench/soak.py --check "$@"
 ferry_python_deps
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install -q matplotlib >&2
 ferry_apt prometheus prometheus
 if [ -z "${BIN:-}" ]; then
-  ferry_release_bins
+  ferry_release_bins -p ferry-bench -p ferry-tests
 fi
 case "$setup" in
   s3)

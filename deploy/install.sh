@@ -30,7 +30,7 @@ done
 binaries=(ferry ferry-extract ferry-transform ferry-copy ferry-load)
 
 if [ -z "$bin_dir" ]; then
-  (cd "$repo" && cargo build --release --locked --bins)
+  (cd "$repo" && cargo build --release --locked -p ferry-extract -p ferry-transform -p ferry-copy -p ferry-load -p ferry-admin)
   bin_dir=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
 fi
 for b in "${binaries[@]}"; do

@@ -11,11 +11,7 @@ ferry_python_deps
 ferry_release_bins
 rm -rf "$DIR" && mkdir -p "$DIR"
 "$BIN/ferry" gen --format "$FORMAT" --codec deflate --out "$DIR/in" --files "$FILES" --records "$RECORDS" >/dev/null
-sed -e "s#sqlite://ferry-ledger.db#sqlite://$DIR/ledger.db#" -e "s#\"/data/incoming\"#\"$DIR/in\"#" \
-    -e "s#\"/data/staging\"#\"$DIR/staging\"#" -e "s#\"/var/spool/ferry\"#\"$DIR/spool\"#" \
-    -e "s#\"/data/warehouse\"#\"$DIR/warehouse\"#" -e 's#settle = "10s"#settle = "0s"#' \
-    -e 's#chunk_size = "64MiB"#chunk_size = "8MiB"#' -e "s#glob = \"\\*\\*/\\*.avro\"#glob = \"**/*.$FORMAT\"#" \
-    deploy/ferry.example.toml > "$DIR/ferry.toml"
+ferry_local_config "$DIR" "$FORMAT" 8MiB > "$DIR/ferry.toml"
 export FERRY_CONFIG=$DIR/ferry.toml
 for stage in extract transform copy load; do
   "$BIN/ferry-$stage" --once

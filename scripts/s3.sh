@@ -11,6 +11,8 @@
 #              FERRY_S3_PORT picks the port; FERRY_CACHE (default ~/.cache/ferry) holds the binary.
 # rclone:      ferry_rclone_s3_env; rclone copy --checksum DIR ferrys3:ferry/PREFIX
 
+. "$(dirname "${BASH_SOURCE[0]}")/tls.sh"
+
 FERRY_CACHE=${FERRY_CACHE:-$HOME/.cache/ferry}
 mkdir -p "$FERRY_CACHE"
 
@@ -35,25 +37,6 @@ ferry_install_s3() {
   fi
 }
 
-ferry_s3_free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# Makes CA + server certificate (SAN IP:127.0.0.1, DNS:localhost) in directory $1.
-ferry_s3_make_certs() {
-  local d=$1
-  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=Ferry test CA" \
-    -keyout "$d/ca.key" -out "$d/ca.pem" \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
-    2>/dev/null || return 1
-  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
-    -keyout "$d/server.key" -out "$d/server.csr" 2>/dev/null || return 1
-  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
-    "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" > "$d/server.ext"
-  openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
-    -days 30 -sha256 -extfile "$d/server.ext" -out "$d/server.pem" 2>/dev/null || return 1
-}
-
 # Signed S3 request with curl (SigV4): ferry_s3_curl METHOD PATH [curl args...]
 ferry_s3_curl() {
   local method=$1 path=$2; shift 2
@@ -68,8 +51,8 @@ ferry_start_s3() {
   ferry_install_s3 || return 1
   FERRY_S3_DIR=$(mktemp -d /tmp/ferry-s3.XXXXXX)
   mkdir -p "$FERRY_S3_DIR/tls" "$FERRY_S3_DIR/data"
-  ferry_s3_make_certs "$FERRY_S3_DIR/tls" || { echo "ferry_start_s3: openssl failed" >&2; return 1; }
-  FERRY_S3_PORT=${FERRY_S3_PORT:-$(ferry_s3_free_port)}
+  ferry_make_certs "$FERRY_S3_DIR/tls" || { echo "ferry_start_s3: openssl failed" >&2; return 1; }
+  FERRY_S3_PORT=${FERRY_S3_PORT:-$(ferry_free_port)}
   export FERRY_S3_DIR FERRY_S3_PORT
   export FERRY_TEST_S3_ENDPOINT="https://127.0.0.1:$FERRY_S3_PORT"
   export FERRY_TEST_S3_BUCKET=ferry

@@ -7,9 +7,25 @@ FERRY_CACHE=${FERRY_CACHE:-$HOME/.cache/ferry}
 mkdir -p "$FERRY_CACHE"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$FERRY_CACHE/target}
 
-ferry_release_bins() { # builds Ferry's binaries (release) and sets BIN to their directory
-  cargo build --release --workspace --bins >&2
+# Builds the binaries users deploy (release) and sets BIN to their directory; more packages
+# with `-p` (the benchmarks add ferry-bench, and ferry-tests for faultproxy).
+ferry_release_bins() {
+  cargo build --release -p ferry-extract -p ferry-transform -p ferry-copy -p ferry-load -p ferry-admin "$@" >&2
   BIN=$CARGO_TARGET_DIR/release
+}
+
+# ferry_local_config DIR [EXT] [CHUNK]: the example configuration on the embedded default, every
+# place under DIR (ledger.db, in/, staging/, spool/, warehouse/), files settled at once; EXT
+# picks the source files (`**/*.EXT`), CHUNK sets extract.chunk_size. Printed to stdout.
+ferry_local_config() {
+  local dir=$1 ext=${2:-} chunk=${3:-}
+  local extra=()
+  [ -n "$ext" ] && extra+=(-e "s#glob = \"\\*\\*/\\*.avro\"#glob = \"**/*.$ext\"#")
+  [ -n "$chunk" ] && extra+=(-e "s#chunk_size = \"64MiB\"#chunk_size = \"$chunk\"#")
+  sed -e "s#sqlite://ferry-ledger.db#sqlite://$dir/ledger.db#" -e "s#\"/data/incoming\"#\"$dir/in\"#" \
+      -e "s#\"/data/staging\"#\"$dir/staging\"#" -e "s#\"/var/spool/ferry\"#\"$dir/spool\"#" \
+      -e "s#\"/data/warehouse\"#\"$dir/warehouse\"#" -e 's#settle = "10s"#settle = "0s"#' \
+      "${extra[@]}" "$(dirname "${BASH_SOURCE[0]}")/../deploy/ferry.example.toml"
 }
 
 ferry_apt() { # ferry_apt CMD PACKAGE...: installs PACKAGEs unless CMD already exists

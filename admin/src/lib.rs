@@ -5,50 +5,20 @@ pub mod doctor;
 pub mod sample;
 pub mod status;
 
-use ferry_common::error::{Classified, ConfigError, ErrorClass};
+use ferry_common::error::ErrorClass;
+use ferry_runtime::{Failure, StageError};
 
+/// The admin commands' error: the kinds every stage shares ([`StageError`], with its one rule
+/// for retry-or-not).
+pub type Error = StageError<AdminFailure>;
+
+/// The admin commands meet nothing the stages do not.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Ledger(#[from] ferry_ledger::Error),
-    #[error(transparent)]
-    Storage(#[from] ferry_storage::Error),
-    /// What load's own checks answer (`ferry skip` looks at the table through them).
-    #[error(transparent)]
-    Load(#[from] ferry_load::LoadError),
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
+pub enum AdminFailure {}
 
-impl Error {
-    pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
-        Error::Io { path: path.to_string(), source }
-    }
-}
-
-impl Classified for Error {
+impl Failure for AdminFailure {
+    const STORE: &'static str = "destination";
     fn class(&self) -> ErrorClass {
-        match self {
-            Error::Config(e) => e.class(),
-            Error::Ledger(e) => e.class(),
-            Error::Storage(e) => e.class(),
-            Error::Load(e) => e.class(),
-            Error::Io { source, .. } => ferry_common::error::io_error_class(source),
-        }
-    }
-    fn is_config(&self) -> bool {
-        match self {
-            Error::Config(_) => true,
-            Error::Ledger(e) => e.is_config(),
-            Error::Storage(e) => e.is_config(),
-            Error::Load(e) => e.is_config(),
-            Error::Io { .. } => false,
-        }
+        match *self {}
     }
 }

@@ -1,14 +1,14 @@
 //! `ferry`: the admin binary. Migrate and inspect the ledger, requeue quarantined work.
 
 use clap::{Parser, Subcommand};
-use ferry_admin::Error;
 use ferry_admin::sample::{AvroCodec, Payload};
+use ferry_admin::{AdminFailure, Error};
 use ferry_admin::{doctor, status};
 use ferry_common::cli::{self, CommonArgs, exit};
 use ferry_common::config::{Config, Format, LedgerUrl, Versions, redact_url};
 use ferry_common::error::ConfigError;
-use ferry_common::paths;
 use ferry_ledger::{Ledger, LedgerOptions, RequeueFilter, Stage};
+use ferry_runtime::sweeps::{Places, Sweep};
 use ferry_storage::Store;
 
 /// Administer a Ferry work ledger.
@@ -110,14 +110,20 @@ enum Cmd {
         #[arg(long, default_value_t = ferry_admin::sample::DEFAULT_GAP_MS)]
         gap_ms: u64,
     },
-    /// Remove what crashed writers left behind: temp files in staging, the destination's
-    /// `_ferry/tmp` and the table (HDFS files possibly still under construction), spool temp
-    /// files, and abandoned S3 multipart uploads. Only what is older than copy.deadline plus two leases (or
-    /// `--older-than`) goes, so running writers are never disturbed.
+    /// Remove what crashed writers left behind (temp files in staging, the destination's
+    /// `_ferry/tmp` and the table, spool temp files, abandoned multipart uploads) and what
+    /// finished work no longer needs (spool directories of copied chunks, landed copies of
+    /// published chunks, staged chunks past transform.keep_staged), as named sweeps. Only what
+    /// is older than copy.deadline plus two leases (or `--older-than`) goes, so running writers
+    /// are never disturbed.
     Gc {
         /// Age instead of copy.deadline plus two leases, e.g. "1h".
         #[arg(long)]
         older_than: Option<humantime::Duration>,
+        /// Only this sweep (repeatable): staging-temps, abandoned-uploads, table-meta-temps,
+        /// spool-temps, spent-spool, stray-landed, old-staged. Default: all of them.
+        #[arg(long = "sweep", value_name = "NAME", value_parser = parse_sweep)]
+        sweeps: Vec<Sweep>,
     },
     /// Send quarantined work back with a fresh attempt budget: tasks (all, of a stage, of a
     /// chunk) or a source file (after fixing what made it fail, e.g. source.format).
@@ -286,9 +292,9 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             println!("ledger {} ({}) is migrated", redact_url(&url), ledger.backend_name());
         }
         Cmd::CheckConfig | Cmd::Doctor { .. } | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
-        Cmd::Gc { older_than } => {
+        Cmd::Gc { older_than, sweeps } => {
             let cfg = Config::load(config()?)?;
-            return gc(&cfg, &url, older_than.map(Into::into)).await;
+            return gc(&cfg, &url, older_than.map(Into::into), &sweeps).await;
         }
         // Only `migrate` (and the stages) create a ledger: a typo in a URL must not leave an
         // empty ledger behind and report "requeued 0".
@@ -375,7 +381,7 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             // it would leave them there with no row naming them. What the ledger can tell (a
             // sibling's switch, its own rows) `Ledger::skip` checks in its transaction.
             let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-            let visible = ferry_load::unrecorded_in_table(&ledger, &cfg.table.name, &dest, &chunk).await?;
+            let visible = ferry_runtime::table::unrecorded_in_table::<AdminFailure>(&ledger, &cfg.table.name, &dest, &chunk).await?;
             if let Some((_, path)) = visible.first() {
                 return Err(ConfigError::new(
                     "--chunk",
@@ -395,33 +401,6 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
     }
     Ok(exit::OK)
-}
-
-/// Staged chunks transform committed more than `transform.keep_staged` ago (found by the
-/// location the ledger records for each chunk).
-async fn remove_old_staged(cfg: &Config, ledger: &Ledger, staging: &Store) -> Result<usize, (usize, String)> {
-    let cutoff = chrono::Utc::now().timestamp_millis() - cfg.transform.keep_staged.0.as_millis() as i64;
-    // Matched as paths in the store, so a location spelled differently (a port, a trailing
-    // slash) still matches.
-    let done: std::collections::HashSet<String> =
-        ledger.transformed_before(cutoff).await.map_err(|e| (0, e.to_string()))?.iter().filter_map(|l| staging.rel_of(l)).collect();
-    let (mut n, mut first) = (0, None);
-    for e in staging.list(&cfg.table.name).await.map_err(|e| (0, e.to_string()))? {
-        if done.contains(&e.rel) {
-            let rel = e.rel;
-            // One that cannot go now does not keep the others.
-            match staging.delete(&rel).await {
-                Ok(()) => n += 1,
-                Err(e) => {
-                    first.get_or_insert(format!("{rel}: {e}"));
-                }
-            }
-        }
-    }
-    match first {
-        None => Ok(n),
-        Some(e) => Err((n, e)),
-    }
 }
 
 /// `ferry verify`: the table on the destination against what the ledger says is published.
@@ -476,54 +455,39 @@ async fn verify(cfg: &Config, ledger: &Ledger, requeue: bool) -> Result<i32, Err
     Ok(if missing + wrong + extra > 0 { exit::QUARANTINED } else { exit::OK })
 }
 
-/// `ferry gc`: what crashed writers left behind, and landed copies of chunks already published
-/// (a zombie copy that landed a chunk again after load published it).
-async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>) -> Result<i32, Error> {
+/// `--sweep NAME`: one of [`Sweep::ALL`] by its name.
+fn parse_sweep(name: &str) -> Result<Sweep, String> {
+    Sweep::parse(name).ok_or_else(|| format!("no sweep {name:?}; one of: {}", Sweep::ALL.map(|s| s.name()).join(", ")))
+}
+
+/// `ferry gc`: what crashed writers left behind, and what finished work no longer needs:
+/// every sweep, or the ones named.
+async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>, only: &[Sweep]) -> Result<i32, Error> {
     let cutoff = match older_than {
         Some(d) => chrono::Utc::now().timestamp_millis() - d.as_millis() as i64,
         // A live writer is at most a copy deadline into its file, plus two leases.
         None => cfg.temp_cutoff_ms(chrono::Utc::now().timestamp_millis()),
     };
-    let table = &cfg.table.name;
     let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
     let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
     let spool = Store::from_url(&cfg.spool.dir.to_string_lossy())?;
     let ledger = existing_ledger(url).await?.with_pipeline(&cfg.pipeline);
+    let at = Places { cfg, ledger: &ledger, staging: Some(&staging), destination: Some(&dest), spool: Some(&spool) };
     // Each place on its own: one store that is down does not stop the others' cleanup.
     let (mut n, mut failed) = (0, 0);
-    // A place that failed part-way still counts what it removed.
-    let text = |r: Result<usize, ferry_storage::Error>| r.map_err(|e| (e.removed(), e.to_string()));
-    for (what, r) in [
-        ("staging", text(staging.remove_stale_temps(table, cutoff).await)),
-        ("destination temp files and uploads", text(ferry_copy::remove_abandoned(&ledger, &dest, table, cutoff).await)),
-        ("destination table metadata", text(dest.remove_stale_temps(&paths::table_meta(table), cutoff).await)),
-        ("spool", text(spool.remove_stale_temps(table, cutoff).await)),
-        ("spool directories of copied chunks", remove_spent_spool(cfg, &ledger, cutoff).await),
-        (
-            "landed copies of published chunks",
-            ferry_load::remove_stray_landed(&ledger, &dest, table, cutoff).await.map_err(|e| (e.removed(), e.to_string())),
-        ),
-        ("staged chunks past transform.keep_staged", remove_old_staged(cfg, &ledger, &staging).await),
-    ] {
-        match r {
+    for sweep in Sweep::ALL.into_iter().filter(|s| only.is_empty() || only.contains(s)) {
+        match sweep.run(&at, cutoff).await {
             Ok(k) => n += k,
-            Err((k, e)) => {
-                n += k;
+            // A place that failed part-way still counts what it removed.
+            Err(e) => {
+                n += e.removed();
                 failed += 1;
-                eprintln!("gc of {what} failed: {e}");
+                eprintln!("gc of {} ({}) failed: {e}", sweep.what(), sweep.name());
             }
         }
     }
     println!("removed {n} abandoned file(s) or upload(s)");
     Ok(if failed > 0 { exit::FATAL } else { exit::OK })
-}
-
-/// Spool directories of chunks copied already (see [`Ledger::spool_spent`]) with nothing in
-/// them newer than `cutoff`.
-async fn remove_spent_spool(cfg: &Config, ledger: &Ledger, cutoff: i64) -> Result<usize, (usize, String)> {
-    let chunks = ledger.spool_spent().await.map_err(|e| (0, e.to_string()))?;
-    let dirs = chunks.iter().map(|c| paths::spool_chunk_dir(&cfg.spool.dir, &cfg.table.name, c));
-    ferry_storage::remove_quiet_dirs(dirs, cutoff).map_err(|e| (e.removed(), e.to_string()))
 }
 
 /// Connects to a ledger that must exist already (an SQLite file that is not there is an error,
@@ -553,7 +517,7 @@ async fn status_command(
 ) -> Result<i32, Error> {
     use std::io::IsTerminal;
     loop {
-        let o = ledger.overview(ferry_ledger::observe::RATE_WINDOW).await?;
+        let o = ledger.overview(ferry_runtime::observe::RATE_WINDOW).await?;
         if let Some(max_age) = check {
             let (code, line) = status::verdict(&o, max_age);
             println!("{line}");

@@ -4,8 +4,8 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use ferry_ledger::runner::human_bytes;
 use ferry_ledger::{Count, FileState, Overview, PartitionStats, TaskState};
+use ferry_runtime::runner::human_bytes;
 use serde_json::json;
 
 /// Nagios plugin exit codes, used by `ferry status --check`.

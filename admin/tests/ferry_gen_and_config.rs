@@ -73,15 +73,17 @@ fn check_config_never_prints_a_secret() {
         .env("FERRY_DESTINATION_STORE_S3_ACCESS_KEY_ID", "AKIAEXAMPLE")
         .env("FERRY_DESTINATION_STORE_S3_SECRET_ACCESS_KEY", "wJalrXUtnFEMI")
         .env("FERRY_DESTINATION_STORE_S3_SESSION_TOKEN_FILE", &token)
+        .env("FERRY_DESTINATION_STORE_AZURE_ACCESS_KEY", "azUr3sh4redKey==")
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
-    for secret in ["hunter2", "wJalrXUtnFEMI", "t0ken-from-a-file"] {
+    for secret in ["hunter2", "wJalrXUtnFEMI", "t0ken-from-a-file", "azUr3sh4redKey=="] {
         assert!(!text.contains(secret), "{secret} printed:\n{text}");
     }
     assert!(text.contains("postgres://ferry:***@db.example.com"), "{text}");
     assert!(text.contains("secret_access_key = \"***\"") && text.contains("session_token = \"***\""), "{text}");
+    assert!(text.contains("access_key = \"***\""), "the Azure key is shown redacted: {text}");
     assert!(text.contains("AKIAEXAMPLE"), "the key id is not a secret: {text}");
     // A bad URL's error does not print the password either.
     let out = Command::new(env!("CARGO_BIN_EXE_ferry")).args(["--ledger", "mysql://root:hunter2@db/x", "status"]).output().unwrap();

@@ -1,5 +1,5 @@
 //! Avro decoders on the same files: records/s of decoding alone. arrow-avro and Ferry's own
-//! (`ferry_transform::avro`, flat records; others it hands to arrow-avro) into Arrow batches;
+//! (`ferry_formats::avro::decode`, flat records; others it hands to arrow-avro) into Arrow batches;
 //! apache-avro into its `Value`s, the form a row-wise decoder hands to an Arrow builder. All
 //! must see the same record count.
 //!
@@ -26,7 +26,7 @@ fn main() {
     let t = Instant::now();
     let mut n_ferry = 0usize;
     for b in &bytes {
-        ferry_transform::avro::decode(&b[..], 8192, 64 << 20, &mut |batch, _| {
+        ferry_formats::avro::decode::decode(&b[..], 8192, 64 << 20, &mut |batch, _| {
             n_ferry += batch.num_rows();
             Ok(())
         })

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ferry_ledger::{Ledger, LedgerOptions, NewChunk, NewSourceFile, RangeKind, Stage, Work, chunk_id};
+use ferry_ledger::{Ledger, LedgerOptions, Stage, Work};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -40,33 +40,8 @@ async fn main() {
     let per_file = 1000;
     let seed = args.phase != "work";
     for f in 0..if seed { (args.tasks + per_file - 1) / per_file } else { 0 } {
-        let hash = blake3::hash(format!("{run}-{f}").as_bytes()).to_hex().to_string();
-        let file = ledger
-            .register_file(&NewSourceFile {
-                uri: format!("file:///bench/{run}/{f}"),
-                size: per_file * 1000,
-                mtime_ms: 0,
-                content_hash: hash.clone(),
-                format: Some(ferry_common::config::Format::Avro),
-                change_token: None,
-            })
-            .await
-            .expect("register");
         let n = per_file.min(args.tasks - f * per_file);
-        let chunks: Vec<NewChunk> = (0..n)
-            .map(|seq| NewChunk {
-                id: chunk_id("default", &hash, seq),
-                seq,
-                range_kind: RangeKind::Bytes,
-                range_start: seq * 1000,
-                range_end: seq * 1000 + 1000,
-                records: Some(100),
-                bytes: 1000,
-                content_hash: hash.clone(),
-                location: format!("file:///bench/{run}/{f}.{seq}"),
-            })
-            .collect();
-        ledger.record_chunks(file.id, &chunks, Stage::Transform).await.expect("chunks");
+        ferry_ledger::testing::seed(&ledger, &format!("bench/{run}/{f}"), n).await;
     }
     let seeded = t.elapsed();
     if args.phase == "seed" {

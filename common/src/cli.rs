@@ -167,6 +167,13 @@ pub struct StageArgs {
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub poll: std::time::Duration,
 
+    /// Between two polls, how often --watch asks the ledger whether the stage before has handed
+    /// a chunk on (one read of an index; a claim only when there is one), so a chunk waits this
+    /// long for its next stage, not a whole --poll. 0s: look only every --poll. Not for extract,
+    /// whose work comes from the source store.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub handoff: std::time::Duration,
+
     /// Chunks worked on at once (overrides the stage's `concurrency` in the config).
     #[arg(long)]
     pub concurrency: Option<usize>,

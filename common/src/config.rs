@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
+// What a source format reads and the columns it decodes into are the formats' own.
+pub use ferry_formats::spec::{AsciiChar, ColumnSpec, ColumnType, CsvOptions, EpochUnit, Format, SourceFormat};
+
 type Result<T, E = ConfigError> = std::result::Result<T, E>;
 
 /// A duration written for people: "30s", "5m", "1h 30m", "250ms".
@@ -77,197 +80,6 @@ impl<'de> Deserialize<'de> for ByteSize {
 impl Serialize for ByteSize {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.serialize_u64(self.0)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Format {
-    Avro,
-    Jsonl,
-    Csv,
-}
-
-impl Format {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Format::Avro => "avro",
-            Format::Jsonl => "jsonl",
-            Format::Csv => "csv",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Format> {
-        match s {
-            "avro" => Some(Format::Avro),
-            "jsonl" | "json" | "ndjson" => Some(Format::Jsonl),
-            "csv" => Some(Format::Csv),
-            _ => None,
-        }
-    }
-    /// The format a file name implies, for `format = "auto"`.
-    pub fn from_name(name: &str) -> Option<Format> {
-        let ext = name.rsplit('.').next()?.to_ascii_lowercase();
-        Format::parse(&ext)
-    }
-}
-
-impl std::str::FromStr for Format {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Format, String> {
-        Format::parse(s).ok_or_else(|| format!("unknown format {s:?} (avro, jsonl or csv)"))
-    }
-}
-
-impl TryFrom<String> for Format {
-    type Error = String;
-    fn try_from(s: String) -> std::result::Result<Format, String> {
-        s.parse()
-    }
-}
-
-impl std::fmt::Display for Format {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// `source.format`: one format for every file, or `auto` (by file extension).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SourceFormat {
-    #[default]
-    Auto,
-    Fixed(Format),
-}
-
-impl SourceFormat {
-    /// The format of the source file `name`, if it can be told.
-    pub fn of(self, name: &str) -> Option<Format> {
-        match self {
-            SourceFormat::Auto => Format::from_name(name),
-            SourceFormat::Fixed(f) => Some(f),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for SourceFormat {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        match s.as_str() {
-            "auto" => Ok(SourceFormat::Auto),
-            f => Format::parse(f)
-                .map(SourceFormat::Fixed)
-                .ok_or_else(|| serde::de::Error::custom(format!("unknown format {s:?} (avro, jsonl, csv or auto)"))),
-        }
-    }
-}
-
-impl Serialize for SourceFormat {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(match self {
-            SourceFormat::Auto => "auto",
-            SourceFormat::Fixed(f) => f.as_str(),
-        })
-    }
-}
-
-/// The type of a table column (`table.columns[].type`, `transform.cast`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ColumnType {
-    String,
-    /// int64
-    Long,
-    /// int32
-    Int,
-    Double,
-    Float,
-    Boolean,
-    /// UTC, microseconds: what Spark, Trino and Hive store.
-    Timestamp,
-    /// UTC, milliseconds.
-    TimestampMs,
-    /// UTC, microseconds (the same as `timestamp`, said explicitly).
-    TimestampUs,
-    /// UTC, nanoseconds (years 1677 to 2262 only).
-    TimestampNs,
-    Date,
-}
-
-impl ColumnType {
-    pub const ALL: [ColumnType; 11] = [
-        ColumnType::String,
-        ColumnType::Long,
-        ColumnType::Int,
-        ColumnType::Double,
-        ColumnType::Float,
-        ColumnType::Boolean,
-        ColumnType::Timestamp,
-        ColumnType::TimestampMs,
-        ColumnType::TimestampUs,
-        ColumnType::TimestampNs,
-        ColumnType::Date,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ColumnType::String => "string",
-            ColumnType::Long => "long",
-            ColumnType::Int => "int",
-            ColumnType::Double => "double",
-            ColumnType::Float => "float",
-            ColumnType::Boolean => "boolean",
-            ColumnType::Timestamp => "timestamp",
-            ColumnType::TimestampMs => "timestamp_ms",
-            ColumnType::TimestampUs => "timestamp_us",
-            ColumnType::TimestampNs => "timestamp_ns",
-            ColumnType::Date => "date",
-        }
-    }
-
-    /// Units of a timestamp column per second (None: not a timestamp).
-    pub fn per_second(self) -> Option<i64> {
-        match self {
-            ColumnType::TimestampMs => Some(1_000),
-            ColumnType::Timestamp | ColumnType::TimestampUs => Some(1_000_000),
-            ColumnType::TimestampNs => Some(1_000_000_000),
-            _ => None,
-        }
-    }
-
-    /// The Hive / Spark SQL type of a column of this type.
-    pub fn hive(self) -> &'static str {
-        match self {
-            ColumnType::String => "STRING",
-            ColumnType::Long => "BIGINT",
-            ColumnType::Int => "INT",
-            ColumnType::Double => "DOUBLE",
-            ColumnType::Float => "FLOAT",
-            ColumnType::Boolean => "BOOLEAN",
-            ColumnType::Timestamp | ColumnType::TimestampMs | ColumnType::TimestampUs | ColumnType::TimestampNs => "TIMESTAMP",
-            ColumnType::Date => "DATE",
-        }
-    }
-}
-
-/// What a number in a timestamp column counts (`table.columns[].epoch`): without it, a number
-/// there is rejected, since seconds and milliseconds look alike.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EpochUnit {
-    S,
-    Ms,
-    Us,
-    Ns,
-}
-
-impl EpochUnit {
-    pub fn per_second(self) -> i64 {
-        match self {
-            EpochUnit::S => 1,
-            EpochUnit::Ms => 1_000,
-            EpochUnit::Us => 1_000_000,
-            EpochUnit::Ns => 1_000_000_000,
-        }
     }
 }
 
@@ -434,50 +246,6 @@ pub struct SourceSection {
     pub store: StoreOptions,
 }
 
-/// `[source.csv]`: how CSV files are written. Extract frames records and transform reads
-/// them with the same settings.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CsvOptions {
-    /// The field separator, one ASCII character (`","`, `";"`, `"\t"`, `"|"`).
-    pub delimiter: AsciiChar,
-    /// The quote character, one ASCII character.
-    pub quote: AsciiChar,
-    /// Whether the first record names the columns. Without one, fields fill the declared
-    /// columns in order.
-    pub has_header: bool,
-    /// A field holding exactly this text is a null, in every column. Unset: an empty field
-    /// is a null, except in a string column, where it is the empty string.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub null_value: Option<String>,
-}
-
-impl Default for CsvOptions {
-    fn default() -> Self {
-        CsvOptions { delimiter: AsciiChar(b','), quote: AsciiChar(b'"'), has_header: true, null_value: None }
-    }
-}
-
-/// One ASCII character, written in the TOML as a one-character string.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AsciiChar(pub u8);
-
-impl Serialize for AsciiChar {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(&(self.0 as char).to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for AsciiChar {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        match s.as_bytes() {
-            [c] if c.is_ascii() && *c != b'\n' && *c != b'\r' => Ok(AsciiChar(*c)),
-            _ => Err(serde::de::Error::custom(format!("{s:?}: expected one ASCII character other than a line end"))),
-        }
-    }
-}
-
 fn default_glob() -> String {
     "**/*".into()
 }
@@ -488,7 +256,8 @@ fn default_settle() -> HumanDuration {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSection {
-    /// `file:///dir`, `/dir`, `hdfs://nameservice/dir`, `viewfs://cluster/dir`, `s3://bucket/prefix`.
+    /// `file:///dir`, `/dir`, `hdfs://nameservice/dir`, `viewfs://cluster/dir`, `s3://bucket/prefix`,
+    /// `gs://bucket/prefix`, `az://container/prefix`.
     pub url: String,
     #[serde(default)]
     pub store: StoreOptions,
@@ -505,6 +274,8 @@ pub struct StoreOptions {
     pub read_stall: HumanDuration,
     pub hdfs: HdfsOptions,
     pub s3: S3Options,
+    pub gcs: GcsOptions,
+    pub azure: AzureOptions,
 }
 
 impl Default for StoreOptions {
@@ -514,6 +285,8 @@ impl Default for StoreOptions {
             read_stall: HumanDuration(Duration::from_secs(60)),
             hdfs: HdfsOptions::default(),
             s3: S3Options::default(),
+            gcs: GcsOptions::default(),
+            azure: AzureOptions::default(),
         }
     }
 }
@@ -536,80 +309,141 @@ pub struct HdfsOptions {
     pub replication: Option<u32>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct S3Options {
-    /// `https://host:port` of an S3-compatible server; default AWS for `region`.
-    pub endpoint: Option<String>,
-    /// Default: `AWS_REGION` / `AWS_DEFAULT_REGION`, then us-east-1.
-    pub region: Option<String>,
-    /// Credentials: these keys, else `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/
-    /// `AWS_SESSION_TOKEN`, else `profile` in ~/.aws/credentials (`AWS_PROFILE`), else the
-    /// instance metadata service.
-    pub access_key_id: Option<String>,
-    pub secret_access_key: Option<String>,
-    pub session_token: Option<String>,
-    /// The same three read from files (a mounted Kubernetes Secret, a systemd credential), so
-    /// secrets need not sit in the TOML. A key and its `_file` are not both set.
-    pub access_key_id_file: Option<PathBuf>,
-    pub secret_access_key_file: Option<PathBuf>,
-    pub session_token_file: Option<PathBuf>,
-    pub profile: Option<String>,
-    /// Path-style requests (`endpoint/bucket/key`), which most self-hosted servers need.
-    pub path_style: bool,
-    /// PEM file of extra CA certificates to trust (a private CA in front of the endpoint).
+/// The limits of every request to an object store: the same keys, with the same defaults,
+/// under `store.s3`, `store.gcs` and `store.azure`.
+#[derive(Debug, Clone)]
+pub struct ObjectLimits {
     pub ca_bundle: Option<PathBuf>,
-    /// Allow `http://` endpoints (tests, sidecars). Off: credentials never travel in clear.
     pub allow_http: bool,
-    /// TCP connect plus TLS handshake. Seed 000 hung forever in a handshake; this bounds it.
-    pub connect_timeout: HumanDuration,
-    /// One HTTP request from start to end. Uploads go in parts of `part_size`, so this is
-    /// sized to a part, not to a whole chunk: 60 s at 8 MiB is a floor of ~140 KB/s.
-    pub request_timeout: HumanDuration,
-    /// No bytes read for this long ends the request (object_store's `read_timeout`).
-    pub read_timeout: HumanDuration,
-    /// object_store's own retries of retryable requests (5xx, 429, connect errors and
-    /// timeouts of idempotent requests), and their time budget. Ferry resends, as many
-    /// times, the requests object_store leaves alone although they are safe: one that never
-    /// went out (its connect or handshake timed out), a delete, an abort.
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub read_timeout: Duration,
     pub max_retries: usize,
-    pub retry_timeout: HumanDuration,
-    /// Files larger than this go multipart, in parts of `part_size`.
-    pub part_size: ByteSize,
-    /// Parts in flight per upload.
+    pub retry_timeout: Duration,
+    pub part_size: u64,
     pub part_concurrency: usize,
-    /// Sign requests without hashing their bodies (`UNSIGNED-PAYLOAD`). On by default over
-    /// HTTPS: TLS already protects the bytes in flight and Ferry hashes every byte with blake3
-    /// anyway, so SigV4's SHA-256 of each body would only burn a core. Off for `http://`.
-    pub unsigned_payload: bool,
 }
 
-impl Default for S3Options {
-    fn default() -> Self {
-        S3Options {
-            endpoint: None,
-            region: None,
-            access_key_id: None,
-            secret_access_key: None,
-            session_token: None,
-            access_key_id_file: None,
-            secret_access_key_file: None,
-            session_token_file: None,
-            profile: None,
-            path_style: false,
-            ca_bundle: None,
-            allow_http: false,
-            // AWS's Java SDK v2 uses 2 s too: a working network finishes a handshake far
-            // sooner, and a connect error is retried by object_store on a new connection.
-            connect_timeout: HumanDuration(Duration::from_secs(2)),
-            request_timeout: HumanDuration(Duration::from_secs(60)),
-            read_timeout: HumanDuration(Duration::from_secs(20)),
-            max_retries: 3,
-            retry_timeout: HumanDuration(Duration::from_secs(60)),
-            part_size: ByteSize(8 << 20),
-            part_concurrency: 4,
-            unsigned_payload: true,
+/// An object-store section: its own keys, then the keys of [`ObjectLimits`].
+macro_rules! object_store_section {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty = $default:expr,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Deserialize, Serialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+            /// PEM file of extra CA certificates to trust (a private CA in front of the endpoint).
+            pub ca_bundle: Option<PathBuf>,
+            /// Allow `http://` endpoints (tests, sidecars). Off: credentials never travel in clear.
+            pub allow_http: bool,
+            /// TCP connect plus TLS handshake. Seed 000 hung forever in a handshake; this bounds it.
+            pub connect_timeout: HumanDuration,
+            /// One HTTP request from start to end. Uploads go in parts of `part_size`, so this is
+            /// sized to a part, not to a whole chunk: 60 s at 8 MiB is a floor of ~140 KB/s.
+            pub request_timeout: HumanDuration,
+            /// No bytes read for this long ends the request (object_store's `read_timeout`).
+            pub read_timeout: HumanDuration,
+            /// object_store's own retries of retryable requests (5xx, 429, connect errors and
+            /// timeouts of idempotent requests), and their time budget. Ferry resends, as many
+            /// times, the requests object_store leaves alone although they are safe: one that never
+            /// went out (its connect or handshake timed out), a delete, an abort.
+            pub max_retries: usize,
+            pub retry_timeout: HumanDuration,
+            /// Files larger than this go multipart, in parts of `part_size`.
+            pub part_size: ByteSize,
+            /// Parts in flight per upload.
+            pub part_concurrency: usize,
         }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name {
+                    $($field: $default,)*
+                    ca_bundle: None,
+                    allow_http: false,
+                    // AWS's Java SDK v2 uses 2 s too: a working network finishes a handshake far
+                    // sooner, and a connect error is retried by object_store on a new connection.
+                    connect_timeout: HumanDuration(Duration::from_secs(2)),
+                    request_timeout: HumanDuration(Duration::from_secs(60)),
+                    read_timeout: HumanDuration(Duration::from_secs(20)),
+                    max_retries: 3,
+                    retry_timeout: HumanDuration(Duration::from_secs(60)),
+                    part_size: ByteSize(8 << 20),
+                    part_concurrency: 4,
+                }
+            }
+        }
+
+        impl $name {
+            pub fn limits(&self) -> ObjectLimits {
+                ObjectLimits {
+                    ca_bundle: self.ca_bundle.clone(),
+                    allow_http: self.allow_http,
+                    connect_timeout: self.connect_timeout.0,
+                    request_timeout: self.request_timeout.0,
+                    read_timeout: self.read_timeout.0,
+                    max_retries: self.max_retries,
+                    retry_timeout: self.retry_timeout.0,
+                    part_size: self.part_size.0,
+                    part_concurrency: self.part_concurrency,
+                }
+            }
+        }
+    };
+}
+
+object_store_section! {
+    /// Amazon S3 and S3-compatible servers (`s3://bucket/prefix`).
+    S3Options {
+        /// `https://host:port` of an S3-compatible server; default AWS for `region`.
+        endpoint: Option<String> = None,
+        /// Default: `AWS_REGION` / `AWS_DEFAULT_REGION`, then us-east-1.
+        region: Option<String> = None,
+        /// Credentials: these keys, else `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/
+        /// `AWS_SESSION_TOKEN`, else `profile` in ~/.aws/credentials (`AWS_PROFILE`), else the
+        /// instance metadata service.
+        access_key_id: Option<String> = None,
+        secret_access_key: Option<String> = None,
+        session_token: Option<String> = None,
+        /// The same three read from files (a mounted Kubernetes Secret, a systemd credential), so
+        /// secrets need not sit in the TOML. A key and its `_file` are not both set.
+        access_key_id_file: Option<PathBuf> = None,
+        secret_access_key_file: Option<PathBuf> = None,
+        session_token_file: Option<PathBuf> = None,
+        profile: Option<String> = None,
+        /// Path-style requests (`endpoint/bucket/key`), which most self-hosted servers need.
+        path_style: bool = false,
+        /// Sign requests without hashing their bodies (`UNSIGNED-PAYLOAD`). On by default over
+        /// HTTPS: TLS already protects the bytes in flight and Ferry hashes every byte with blake3
+        /// anyway, so SigV4's SHA-256 of each body would only burn a core. Off for `http://`.
+        unsigned_payload: bool = true,
+    }
+}
+
+object_store_section! {
+    /// Google Cloud Storage (`gs://bucket/prefix`).
+    GcsOptions {
+        /// Base URL of the service (a private endpoint, an emulator); default Google's.
+        endpoint: Option<String> = None,
+        /// A service account's JSON key file. Default: `GOOGLE_SERVICE_ACCOUNT` /
+        /// `GOOGLE_APPLICATION_CREDENTIALS`, then the instance's metadata server.
+        service_account: Option<PathBuf> = None,
+    }
+}
+
+object_store_section! {
+    /// Azure Blob Storage (`az://container/prefix`).
+    AzureOptions {
+        /// The storage account. Default: `AZURE_STORAGE_ACCOUNT_NAME`.
+        account: Option<String> = None,
+        /// The account's shared key, or a file holding it (not both). Default:
+        /// `AZURE_STORAGE_ACCOUNT_KEY`, then the environment's Azure credentials (workload or
+        /// managed identity, the Azure CLI).
+        access_key: Option<String> = None,
+        access_key_file: Option<PathBuf> = None,
+        /// The account's blob endpoint with its path (`https://host:port/account` for Azurite or
+        /// a private endpoint); default `https://<account>.blob.core.windows.net`.
+        endpoint: Option<String> = None,
     }
 }
 
@@ -652,28 +486,8 @@ pub struct TableSection {
     pub case_insensitive: bool,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ColumnSpec {
-    pub name: String,
-    /// string, long (int64), int (int32), double, float, boolean, timestamp (UTC,
-    /// microseconds; timestamp_ms, timestamp_us, timestamp_ns to choose), date
-    #[serde(rename = "type")]
-    pub ty: ColumnType,
-    #[serde(default = "yes")]
-    pub nullable: bool,
-    /// Timestamp columns: what a number in the input counts (s, ms, us, ns). Unset: numbers
-    /// are rejected there, text must be RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub epoch: Option<EpochUnit>,
-}
-
 fn default_pipeline() -> String {
     "default".into()
-}
-
-fn yes() -> bool {
-    true
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -903,7 +717,7 @@ impl Config {
         let mut shown = self.clone();
         shown.ledger.url = redact_url(&shown.ledger.url);
         for store in [&mut shown.source.store, &mut shown.staging.store, &mut shown.destination.store] {
-            for secret in [&mut store.s3.secret_access_key, &mut store.s3.session_token] {
+            for secret in [&mut store.s3.secret_access_key, &mut store.s3.session_token, &mut store.azure.access_key] {
                 if secret.is_some() {
                     *secret = Some(REDACTED.into());
                 }
@@ -938,6 +752,8 @@ impl Config {
             fill(&format!("{name}.store.s3.access_key_id"), &mut s3.access_key_id, &s3.access_key_id_file)?;
             fill(&format!("{name}.store.s3.secret_access_key"), &mut s3.secret_access_key, &s3.secret_access_key_file)?;
             fill(&format!("{name}.store.s3.session_token"), &mut s3.session_token, &s3.session_token_file)?;
+            let azure = &mut store.azure;
+            fill(&format!("{name}.store.azure.access_key"), &mut azure.access_key, &azure.access_key_file)?;
         }
         Ok(())
     }
@@ -949,7 +765,10 @@ pub const REDACTED: &str = "***";
 /// Keys whose values are secrets: their lines are never quoted in an error.
 fn is_secret_key(key: &str) -> bool {
     let key = key.trim().trim_matches(['"', '\'']).to_ascii_lowercase();
-    ["secret", "token", "password", "passwd"].iter().any(|w| key.contains(w)) || key == "url" || key == "access_key_id"
+    ["secret", "token", "password", "passwd"].iter().any(|w| key.contains(w))
+        || key == "url"
+        || key == "access_key_id"
+        || key == "access_key"
 }
 
 /// A TOML error as "line L, column C: what", quoting the offending line as the parser does,
@@ -1049,7 +868,7 @@ fn apply_env(doc: &mut toml::Table, vars: impl Iterator<Item = (String, String)>
         let mut path = vec![section.to_string()];
         let mut key = key;
         if ["source", "staging", "destination"].contains(&section) {
-            for nest in ["store_s3_", "store_hdfs_", "store_"] {
+            for nest in ["store_s3_", "store_gcs_", "store_azure_", "store_hdfs_", "store_"] {
                 if let Some(inner) = key.strip_prefix(nest) {
                     path.extend(nest.trim_end_matches('_').split('_').map(str::to_string));
                     key = inner.to_string();
@@ -1058,7 +877,7 @@ fn apply_env(doc: &mut toml::Table, vars: impl Iterator<Item = (String, String)>
             }
         }
         // Secrets, URLs and paths are text even when they look like a number or a boolean.
-        let value = if ["_key", "_key_id", "_token", "url", "_file"].iter().any(|end| key.ends_with(end)) {
+        let value = if ["_key", "_key_id", "_token", "url", "_file", "account", "endpoint"].iter().any(|end| key.ends_with(end)) {
             toml::Value::String(v.clone())
         } else {
             value

@@ -47,77 +47,51 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_common::config::Config;
-use ferry_common::error::{Classified, ConfigError, ErrorClass};
+use ferry_common::error::{Classified, ErrorClass};
 use ferry_common::paths;
-use ferry_ledger::observe::names;
-use ferry_ledger::{Lease, Ledger, Part, Tally, Work};
+use ferry_ledger::{Lease, Ledger, Part, Stage, Tally, Work};
+use ferry_runtime::observe::emit;
+use ferry_runtime::sweeps::{Places, Sweep};
+use ferry_runtime::{Failure, StageError};
 use ferry_storage::{Backoff, Progress, Store, watched};
 
-/// Removes the temp files and multipart uploads older than `cutoff` that copies of this
-/// pipeline's chunks left in `dest` (a crashed or cancelled upload). Only names Ferry writes,
-/// and only for chunks in this pipeline's ledger rows: another tool's upload, or a slower
-/// pipeline's live one, under the same root is never touched. Returns how many went.
-pub async fn remove_abandoned(ledger: &Ledger, dest: &Store, table: &str, cutoff: i64) -> Result<usize, ferry_storage::Error> {
-    let found = dest.abandoned(table, cutoff).await?;
-    if found.is_empty() {
-        return Ok(0);
-    }
-    let chunks: Vec<String> = found.iter().map(|a| a.chunk.clone()).collect();
-    let ours = ledger.own_chunks(&chunks).await.map_err(|e| ferry_storage::Error::Other(format!("which chunks are ours: {e}")))?;
-    let chosen: Vec<_> = found.into_iter().filter(|a| ours.contains(&a.chunk)).collect();
-    dest.remove_abandoned(&chosen).await
-}
+/// The copy stage's error: the kinds every stage shares ([`StageError`], with the one rule
+/// for retry-or-not) and copy's own.
+pub type CopyError = StageError<CopyFailure>;
 
-/// The copy stage's one error type; [`Classified::class`] decides retry-or-not.
+/// What only copy meets.
 #[derive(Debug, thiserror::Error)]
-pub enum CopyError {
+pub enum CopyFailure {
     /// What transform left in the spool is gone or wrong; the chunk needs a new transform.
     #[error("spool: {0}")]
     Spool(String),
     /// What arrived differs from what was sent; a retry may get it right.
     #[error("verify: {0}")]
     Verify(String),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Ledger(#[from] ferry_ledger::Error),
-    #[error(transparent)]
-    Storage(#[from] ferry_storage::Error),
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
-impl Classified for CopyError {
+impl Failure for CopyFailure {
+    const STORE: &'static str = "destination";
     fn class(&self) -> ErrorClass {
         match self {
-            CopyError::Spool(_) => ErrorClass::Permanent,
-            CopyError::Verify(_) => ErrorClass::Transient,
-            CopyError::Config(e) => e.class(),
-            CopyError::Ledger(e) => e.class(),
-            CopyError::Storage(e) => e.class(),
-            CopyError::Io { source, .. } => ferry_common::error::io_error_class(source),
+            CopyFailure::Spool(_) => ErrorClass::Permanent,
+            CopyFailure::Verify(_) => ErrorClass::Transient,
         }
     }
     fn store(&self) -> Option<&'static str> {
         match self {
-            CopyError::Storage(_) | CopyError::Verify(_) => Some("destination"),
-            CopyError::Ledger(e) if e.is_transient() => Some("ledger"),
-            _ => None,
-        }
-    }
-    fn is_config(&self) -> bool {
-        match self {
-            CopyError::Config(_) => true,
-            CopyError::Ledger(e) => e.is_config(),
-            CopyError::Storage(e) => e.is_config(),
-            _ => false,
+            CopyFailure::Verify(_) => Some(Self::STORE),
+            CopyFailure::Spool(_) => None,
         }
     }
 }
+
+/// Parts of one chunk in flight at once where a close waits on the store (HDFS): enough to
+/// overlap the waits of a chunk's partitions, few enough to keep a chunk's connections few.
+const PARTS_AT_ONCE: usize = 4;
+/// The most of its file one upload holds in memory (HDFS sends pieces of up to 4 MiB, no
+/// larger than the file, at least 64 KiB; see `ferry_storage::hdfs`).
+const UPLOAD_HOLDS: u64 = 4 << 20;
 
 pub struct Copier {
     cfg: Config,
@@ -196,25 +170,65 @@ impl Copier {
 
     pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, CopyError> {
         let parts = self.ledger.parts(&lease.chunk_id).await?;
-        let mut work = Work::default();
+        // The chunk's work is all of its parts, also those an earlier attempt landed.
+        let mut work =
+            Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum(), ..Work::default() };
         // Its own connections: a hung one holds back this chunk only.
         let dest = self.dest.isolated()?;
-        for (i, p) in parts.iter().enumerate() {
-            let landed = landed_path(&self.cfg.table.name, p);
-            // The chunk's work is all of its parts, also those an earlier attempt landed.
-            work.bytes += p.bytes;
-            work.records += p.records;
-            if self.landed_whole(&dest, &landed, p).await? {
-                continue; // an earlier attempt landed it
+        // Where closing a file waits on the store, parts go side by side and their waits
+        // overlap, as long as together they hold no more than one upload does (an upload holds
+        // up to UPLOAD_HOLDS of its file): small parts overlap, large ones still go one by one,
+        // so a chunk in flight holds what it did when parts went one at a time.
+        let at_once = if dest.capabilities().slow_close { PARTS_AT_ONCE } else { 1 };
+        let holds = |p: &Part| u64::try_from(p.bytes).unwrap_or(0).clamp(64 << 10, UPLOAD_HOLDS);
+        let mut next = parts.iter().enumerate().peekable();
+        let mut running = futures::stream::FuturesUnordered::new();
+        let mut holding = 0u64;
+        let mut failed = None;
+        loop {
+            // After a failure no new part starts; those under way finish (their temp files
+            // removed by their own ends), and the first failure is the attempt's.
+            while failed.is_none() && running.len() < at_once {
+                let Some(&(i, p)) = next.peek() else { break };
+                if !running.is_empty() && holding + holds(p) > UPLOAD_HOLDS {
+                    break;
+                }
+                next.next();
+                holding += holds(p);
+                let (held, part) = (holds(p), self.part(&dest, &lease, i, p));
+                running.push(async move { (held, part.await) });
             }
-            let src = paths::spool_part(&self.cfg.spool.dir, &self.cfg.table.name, &p.chunk_id, &p.rel_path());
-            if !src.exists() {
-                return Err(CopyError::Spool(format!("{} is missing; transform the chunk again (ferry requeue)", src.display())));
+            match futures::StreamExt::next(&mut running).await {
+                None => break,
+                Some((held, r)) => {
+                    holding -= held;
+                    if let Err(e) = r {
+                        failed.get_or_insert(e);
+                    }
+                }
             }
-            self.ship_retrying(&dest, &lease, i, &src, &landed, p).await?;
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         work.redone_bytes = lease.tally.redone_bytes();
         Ok(work)
+    }
+
+    /// Part `i` of a chunk, landed unless an earlier attempt did.
+    async fn part(&self, dest: &Store, lease: &Lease, i: usize, p: &Part) -> Result<(), CopyError> {
+        let landed = landed_path(&self.cfg.table.name, p);
+        if self.landed_whole(dest, &landed, p).await? {
+            return Ok(()); // an earlier attempt landed it
+        }
+        let src = paths::spool_part(&self.cfg.spool.dir, &self.cfg.table.name, &p.chunk_id, &p.rel_path());
+        if !src.exists() {
+            return Err(CopyError::Stage(CopyFailure::Spool(format!(
+                "{} is missing; transform the chunk again (ferry requeue)",
+                src.display()
+            ))));
+        }
+        self.ship_retrying(dest, lease, i, &src, &landed, p).await
     }
 
     /// Whether `landed` holds the part whole. A file there with other bytes is removed.
@@ -234,20 +248,22 @@ impl Copier {
     /// failed). The attempt fails only when every try did.
     async fn ship_retrying(&self, dest: &Store, lease: &Lease, part: usize, src: &Path, landed: &str, p: &Part) -> Result<(), CopyError> {
         let retries = self.cfg.copy.retries;
+        let tally = lease.tally.part();
         let mut backoff = Backoff::new(std::time::Duration::from_millis(250), std::time::Duration::from_secs(5));
         let mut try_no = 0u32;
         loop {
             let tmp = paths::copy_temp(&lease.chunk_id, lease.epoch, part, try_no);
-            // Parts go one after the other: what the tally gains meanwhile is this try's.
-            let before = lease.tally.moved_bytes();
-            match self.ship_hedged(dest, src, &tmp, landed, p, &lease.tally).await {
+            // What the part's own tally gains meanwhile is this try's (other parts may be
+            // under way beside it, counted in the attempt's tally only).
+            let before = tally.moved_bytes();
+            match self.ship_hedged(dest, src, &tmp, landed, p, &tally).await {
                 Ok(()) => return Ok(()),
                 Err(e) if try_no < retries && e.class() == ErrorClass::Transient => {
                     // An ambiguous failure (a lost reply) may have landed it after all: then
                     // what this try sent is what landed, not redone work.
                     if matches!(self.landed_whole(dest, landed, p).await, Ok(true)) {
-                        let sent = (lease.tally.moved_bytes() - before).clamp(0, p.bytes);
-                        lease.tally.kept(sent as u64);
+                        let sent = (tally.moved_bytes() - before).clamp(0, p.bytes);
+                        tally.kept(sent as u64);
                         return Ok(());
                     }
                     try_no += 1;
@@ -256,7 +272,7 @@ impl Copier {
                         chunk = %p.chunk_id, part = %p.rel_path(), retry = try_no, of = retries, error = %e, retry_in = ?d,
                         "part copy failed; sending it again on a new connection"
                     );
-                    metrics::counter!(names::REQUEST_RETRIES, "stage" => "copy").increment(1);
+                    emit::request_retries(Stage::Copy).increment(1);
                     tokio::time::sleep(d).await;
                 }
                 Err(e) => return Err(e),
@@ -307,7 +323,7 @@ impl Copier {
         let Ok(hedge_dest) = dest.isolated() else { return ((&mut first).await, None) };
         tracing::info!(chunk = %p.chunk_id, part = %p.rel_path(), after = ?delay, "copy is slow; starting a hedged upload");
         self.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        metrics::counter!(names::HEDGES_STARTED).increment(1);
+        emit::hedges_started().increment(1);
         // Always to its own temp name, even where the first went in place.
         let second = self.ship(&hedge_dest, src, &hedge_tmp, landed, p, false, tally);
         tokio::pin!(second);
@@ -324,7 +340,7 @@ impl Copier {
                 Ok(()) => {
                     tracing::info!(chunk = %p.chunk_id, "the hedged upload won");
                     self.hedges_won.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    metrics::counter!(names::HEDGES_WON).increment(1);
+                    emit::hedges_won().increment(1);
                     (Ok(()), (!in_place).then(|| tmp.to_string()))
                 }
                 Err(e) => {
@@ -400,7 +416,7 @@ impl Copier {
                 // Our own upload's target vanished mid-way (another process's gc, an operator):
                 // worth another attempt, not a quarantine.
                 if e.is_not_found() {
-                    return Err(CopyError::Verify(format!("{what}: the upload's target vanished ({e})")));
+                    return Err(CopyError::Stage(CopyFailure::Verify(format!("{what}: the upload's target vanished ({e})"))));
                 }
                 return Err(e.into());
             }
@@ -411,12 +427,12 @@ impl Copier {
             }
             // These are the bytes read from the spool file: it is not what transform wrote, and
             // no retry of the copy changes that.
-            return Err(CopyError::Spool(format!(
+            return Err(CopyError::Stage(CopyFailure::Spool(format!(
                 "{}: holds {n} bytes with hash {hash}, transform recorded {} bytes with hash {}; transform the chunk again (ferry requeue --stage transform)",
                 src.display(),
                 p.bytes,
                 p.content_hash
-            )));
+            ))));
         }
         if !in_place {
             let renamed = match dest.rename_noreplace(tmp, landed).await {
@@ -431,7 +447,7 @@ impl Copier {
                 // Another attempt (or our hedge) landed it first; keep theirs if it is right.
                 self.remove_temp(tmp).await;
                 if dest.hash(landed).await?.1 != p.content_hash {
-                    return Err(CopyError::Verify(format!("{landed} exists with other content")));
+                    return Err(CopyError::Stage(CopyFailure::Verify(format!("{landed} exists with other content"))));
                 }
                 return Ok(());
             }
@@ -455,13 +471,14 @@ impl Copier {
     /// files in the destination and the spool, all older than a deadline plus two leases.
     pub async fn gc(&self) -> Result<(), CopyError> {
         let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
-        let spent = self.ledger.spool_spent().await?.into_iter().map(|c| self.spool_dir(&c));
-        // Each place on its own: one that fails does not keep the others.
-        let dirs = ferry_storage::remove_quiet_dirs(spent, cutoff);
-        let dest = remove_abandoned(&self.ledger, &self.dest, &self.cfg.table.name, cutoff).await;
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
-        let spool = spool.remove_stale_temps(&self.cfg.table.name, cutoff).await;
-        ferry_storage::combine(vec![dirs, dest, spool])?;
+        let at = Places { cfg: &self.cfg, ledger: &self.ledger, staging: None, destination: Some(&self.dest), spool: Some(&spool) };
+        // Each place on its own: one that fails does not keep the others.
+        let mut done = Vec::new();
+        for sweep in [Sweep::SpentSpool, Sweep::AbandonedUploads, Sweep::SpoolTemps] {
+            done.push(sweep.run(&at, cutoff).await);
+        }
+        ferry_storage::combine(done)?;
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
 use ferry_copy::{Copier, CopyError};
 use ferry_ledger::Stage;
-use ferry_ledger::runner::{self, StoreProbe, Stores, open_stage};
+use ferry_runtime::runner::{self, StoreProbe, Stores, open_stage};
 
 /// Move each transformed chunk from the local spool to the destination (cluster A): upload to
 /// a temp name under a deadline and a no-progress watchdog, verify size and hash, rename into
@@ -20,11 +20,10 @@ struct Args {
     stage: StageArgs,
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args = Args::parse();
     cli::init_logging(args.common.log_format);
-    cli::exit_with(run(args).await)
+    cli::exit_with(ferry_runtime::observe::block_on(args.stage.watch, run(args)))
 }
 
 async fn run(args: Args) -> Result<i32, CopyError> {

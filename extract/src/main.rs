@@ -4,8 +4,8 @@ use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
 use ferry_extract::{ExtractError, Extractor};
 use ferry_ledger::FileState;
-use ferry_ledger::observe::Observer;
-use ferry_ledger::runner::{self, open_stage};
+use ferry_runtime::observe::Observer;
+use ferry_runtime::runner::{self, open_stage};
 
 /// Take finished files from the source, split them at record boundaries into chunks, and
 /// stage the chunks (cluster B) for ferry-transform. Every file and chunk is recorded in the
@@ -19,11 +19,10 @@ struct Args {
     stage: StageArgs,
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args = Args::parse();
     cli::init_logging(args.common.log_format);
-    cli::exit_with(run(args).await)
+    cli::exit_with(ferry_runtime::observe::block_on(args.stage.watch, run(args)))
 }
 
 async fn run(args: Args) -> Result<i32, ExtractError> {

@@ -13,10 +13,15 @@
 //! caller's `limit` (the `max_record_size` setting, itself at most [`MAX_BLOCK`]), and a count
 //! or size that is negative or overflows is corrupt input, never a panic or a huge allocation.
 //! A decompressed block is produced at most `limit + 1` bytes at a time, so a small
-//! "compression bomb" costs what the limit allows and no more. Extract's splitter, transform's decoder and the sample generator all use
-//! this module.
+//! "compression bomb" costs what the limit allows and no more. Extract's splitter, the decoder
+//! ([`decode`], with the `decode` feature) and the sample generator all use this module.
 
 use std::io::{Read, Write};
+
+#[cfg(feature = "decode")]
+pub mod decode;
+#[cfg(feature = "decode")]
+pub use decode::Avro;
 
 /// The first four bytes of every container file.
 pub const MAGIC: &[u8; 4] = b"Obj\x01";
@@ -199,25 +204,6 @@ impl Header {
         let schema = schema.ok_or_else(|| Some("Avro header has no avro.schema".to_string()))?;
         Ok(Header { len: c.pos, schema, codec: codec.unwrap_or_else(|| "null".into()), sync })
     }
-
-    /// Reads a header from the start of `r` (at most [`MAX_HEADER`] bytes); returns it with
-    /// every byte read, which may go on past the header (`raw[h.len..]` is the first block's).
-    pub fn read(r: &mut impl Read) -> Result<(Header, Vec<u8>), ReadError> {
-        let mut raw = Vec::new();
-        let mut want = 64 << 10;
-        loop {
-            let have = raw.len();
-            let k = r.by_ref().take((want - have) as u64).read_to_end(&mut raw)?;
-            match Header::parse(&raw) {
-                Parse::Done(h) => return Ok((h, raw)),
-                Parse::Corrupt(m) => return Err(ReadError::Corrupt(m)),
-                Parse::More if k == 0 || raw.len() < want || want > MAX_HEADER => {
-                    return Err(ReadError::Corrupt("truncated Avro header".into()));
-                }
-                Parse::More => want *= 4,
-            }
-        }
-    }
 }
 
 /// A block's count and size, read from the start of `data`.
@@ -262,6 +248,155 @@ pub enum ReadError {
     Corrupt(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+}
+
+/// A container file read block by block through one buffer: extract's splitter and
+/// transform's decoder walk files with it. The buffer is refilled in large reads and grows
+/// only as bytes arrive, never to a size a (corrupt) length merely claims; a block is handed
+/// out as one slice of it, checked (head within the limit, every byte at hand, the sync marker
+/// at its end) before anyone looks inside.
+#[derive(Debug)]
+pub struct Blocks<R> {
+    inner: R,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    eof: bool,
+    /// File offset of `buf[pos]`, for error messages.
+    offset: u64,
+    /// Blocks handed out so far.
+    index: u64,
+    sync: [u8; 16],
+    limit: usize,
+}
+
+/// One block as it is in the file, checked by [`Blocks::next_block`].
+#[derive(Debug)]
+pub struct RawBlock<'a> {
+    pub records: u64,
+    /// The whole block as it is in the file: head, (compressed) records, sync marker.
+    pub bytes: &'a [u8],
+    /// The (compressed) records.
+    pub data: &'a [u8],
+    /// Which block of the file it is, from 0, and the file offset it starts at.
+    pub index: u64,
+    pub offset: u64,
+}
+
+impl RawBlock<'_> {
+    /// Corrupt input in this block: `what`, with where it is.
+    pub fn corrupt(&self, what: &str) -> ReadError {
+        ReadError::Corrupt(format!("Avro block {} at byte {}: {what}", self.index, self.offset))
+    }
+}
+
+impl<R: Read> Blocks<R> {
+    /// Reads `inner` through `buf` (its contents are dropped; its capacity is reused, and it
+    /// starts at `capacity` bytes). Blocks may take at most `limit` bytes (`max_record_size`).
+    pub fn new(inner: R, mut buf: Vec<u8>, capacity: usize, limit: usize) -> Self {
+        buf.clear();
+        buf.resize(capacity.max(MAX_BLOCK_HEAD), 0);
+        Blocks { inner, buf, pos: 0, end: 0, eof: false, offset: 0, index: 0, sync: [0; 16], limit: limit.min(MAX_BLOCK) }
+    }
+
+    /// At least `n` bytes from the current position, or fewer only at the end of the file.
+    fn ensure(&mut self, n: usize) -> std::io::Result<&[u8]> {
+        if self.end - self.pos < n && !self.eof {
+            if self.buf.len() - self.pos < n {
+                self.buf.copy_within(self.pos..self.end, 0);
+                self.end -= self.pos;
+                self.pos = 0;
+            }
+            while self.end - self.pos < n {
+                if self.end == self.buf.len() {
+                    let want = (self.buf.len() * 2).min(self.pos + n).max(self.end + 1);
+                    self.buf.resize(want, 0);
+                }
+                match self.inner.read(&mut self.buf[self.end..]) {
+                    Ok(0) => {
+                        self.eof = true;
+                        break;
+                    }
+                    Ok(k) => self.end += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(&self.buf[self.pos..self.end])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos += n;
+        self.offset += n as u64;
+    }
+
+    /// The file's header (at most [`MAX_HEADER`] bytes) and its raw bytes; the blocks follow.
+    /// Call it first, once.
+    pub fn header(&mut self) -> Result<(Header, Vec<u8>), ReadError> {
+        let mut want = 64 << 10;
+        loop {
+            let avail = self.ensure(want)?;
+            match Header::parse(avail) {
+                Parse::Done(h) => {
+                    let raw = avail[..h.len].to_vec();
+                    self.consume(h.len);
+                    self.sync = h.sync;
+                    return Ok((h, raw));
+                }
+                Parse::Corrupt(m) => return Err(ReadError::Corrupt(m)),
+                // Longer than what is buffered: read more, unless there is no more.
+                Parse::More if avail.len() < want || want > MAX_HEADER => {
+                    return Err(ReadError::Corrupt("truncated Avro header".into()));
+                }
+                Parse::More => want *= 4,
+            }
+        }
+    }
+
+    /// The next block, checked, or `None` at the end of the file. Nothing is decompressed.
+    pub fn next_block(&mut self) -> Result<Option<RawBlock<'_>>, ReadError> {
+        let (index, offset, limit, sync) = (self.index, self.offset, self.limit, self.sync);
+        let corrupt = |what: String| ReadError::Corrupt(format!("Avro block {index} at byte {offset}: {what}"));
+        let head = self.ensure(MAX_BLOCK_HEAD)?;
+        if head.is_empty() {
+            return Ok(None);
+        }
+        let b = match BlockHead::parse(head, index, offset, limit) {
+            Parse::Done(b) => b,
+            Parse::Corrupt(m) => return Err(ReadError::Corrupt(m)),
+            Parse::More => return Err(corrupt("truncated block header".into())),
+        };
+        let got = self.ensure(b.total())?.len();
+        if got < b.total() {
+            return Err(ReadError::Corrupt(format!(
+                "truncated Avro block {index} at byte {offset}: the file ends inside it ({got} of {} bytes)",
+                b.total()
+            )));
+        }
+        let start = self.pos;
+        if self.buf[start + b.len + b.size..start + b.total()] != sync {
+            return Err(corrupt("does not end with the file's sync marker".into()));
+        }
+        self.consume(b.total());
+        self.index += 1;
+        let bytes = &self.buf[start..start + b.total()];
+        Ok(Some(RawBlock { records: b.records, bytes, data: &bytes[b.len..b.len + b.size], index, offset }))
+    }
+
+    /// Reads whatever is left after the last block (normally nothing), so that a reader
+    /// hashing the input sees every byte.
+    pub fn drain(&mut self) -> std::io::Result<()> {
+        self.pos = self.end;
+        std::io::copy(&mut self.inner, &mut std::io::sink())?;
+        Ok(())
+    }
+
+    /// The buffer, for reuse (the reader is done with it).
+    pub fn take_buffer(&mut self) -> Vec<u8> {
+        (self.pos, self.end) = (0, 0);
+        std::mem::take(&mut self.buf)
+    }
 }
 
 /// Decompresses one block's records into `out` (cleared first), at most `limit` bytes: the
@@ -394,9 +529,9 @@ mod tests {
     fn written_files_parse_back_for_every_codec() {
         for codec in Codec::ALL {
             let f = file(codec, &[&[b"a", b"bc"], &[b"def"]]);
-            let (h, raw) = Header::read(&mut &f[..]).unwrap();
+            let (h, raw) = Blocks::new(&f[..], Vec::new(), 64, MAX_BLOCK).header().unwrap();
             assert_eq!((h.codec.as_str(), h.sync), (codec.name(), [9; 16]));
-            assert_eq!(raw, f);
+            assert_eq!(raw, f[..h.len]);
             let mut at = h.len;
             let mut got = Vec::new();
             let mut out = Vec::new();
@@ -419,6 +554,43 @@ mod tests {
     }
 
     #[test]
+    fn blocks_come_whole_and_checked_or_not_at_all() {
+        let f = file(Codec::Deflate, &[&[b"a", b"bc"], &[b"def"], &[b"g"]]);
+        // A buffer smaller than a block: it grows as bytes arrive.
+        let mut blocks = Blocks::new(&f[..], Vec::new(), 1, MAX_BLOCK);
+        let (h, _) = blocks.header().unwrap();
+        let mut at = h.len;
+        let mut seen = Vec::new();
+        while let Some(b) = blocks.next_block().unwrap() {
+            assert_eq!((b.offset, b.bytes), (at as u64, &f[at..at + b.bytes.len()]));
+            assert!(b.bytes.ends_with(&[9; 16]));
+            at += b.bytes.len();
+            seen.push((b.index, b.records));
+        }
+        assert_eq!((at, seen), (f.len(), vec![(0, 2), (1, 1), (2, 1)]));
+        // Cut inside the last block; its sync marker changed.
+        let walk = |bytes: &[u8]| -> Result<u64, ReadError> {
+            let mut blocks = Blocks::new(bytes, Vec::new(), 64, MAX_BLOCK);
+            blocks.header()?;
+            let mut n = 0;
+            while blocks.next_block()?.is_some() {
+                n += 1;
+            }
+            Ok(n)
+        };
+        let e = walk(&f[..f.len() - 3]).unwrap_err().to_string();
+        assert!(e.contains("truncated Avro block 2") && e.contains("ends inside it"), "{e}");
+        let mut bad = f.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        let e = walk(&bad).unwrap_err().to_string();
+        assert!(e.contains("Avro block 2") && e.contains("sync marker"), "{e}");
+        // A block larger than the limit is refused by its head, before its bytes are read.
+        let mut blocks = Blocks::new(&f[..], Vec::new(), 64, 4);
+        blocks.header().unwrap();
+        assert!(blocks.next_block().unwrap_err().to_string().contains("limit"));
+    }
+
+    #[test]
     fn lengths_read_from_a_file_are_never_trusted() {
         let f = file(Codec::Null, &[&[b"a"]]);
         // A header entry claiming 2^50 bytes, a negative count, a truncated header, bad magic.
@@ -429,7 +601,7 @@ mod tests {
         let mut neg = MAGIC.to_vec();
         write_long(&mut neg, i64::MIN);
         assert!(matches!(Header::parse(&neg), Parse::Corrupt(_) | Parse::More));
-        assert!(matches!(Header::read(&mut &f[..20]), Err(ReadError::Corrupt(m)) if m.contains("truncated")));
+        assert!(matches!(Blocks::new(&f[..20], Vec::new(), 64, MAX_BLOCK).header(), Err(ReadError::Corrupt(m)) if m.contains("truncated")));
         assert!(matches!(Header::parse(b"PAR1...."), Parse::Corrupt(m) if m.contains("magic")));
         // Block heads: 2^42 bytes, a negative count, a varint that never ends.
         let mut head = Vec::new();

@@ -5,8 +5,12 @@
 
 use std::io::{BufRead, Read};
 
-use ferry_common::config::CsvOptions;
+use crate::spec::CsvOptions;
 
+#[cfg(feature = "decode")]
+use crate::decode::{Cell, Decode, Decoded, Decoding, Error, Rows, Sink, Unmatched};
+#[cfg(feature = "decode")]
+use crate::spec::ColumnType;
 use crate::{Piece, SplitError};
 
 /// Reads one CSV record's raw bytes (with its line end) into `out`, at most `max` bytes of
@@ -113,6 +117,100 @@ pub fn split<E>(
     Ok(())
 }
 
+/// CSV into the table's columns. With a header, columns are found by name; without one,
+/// fields fill the columns in order. Positions count the data records of the source file.
+#[cfg(feature = "decode")]
+pub struct Csv;
+
+#[cfg(feature = "decode")]
+impl Decode for Csv {
+    fn self_describing(&self) -> bool {
+        false
+    }
+
+    fn decode(&self, input: &mut dyn BufRead, how: &Decoding<'_>, sink: &mut Sink<'_>) -> Result<Decoded, Error> {
+        use std::borrow::Cow;
+        let (specs, names_rule, dialect) = (how.columns, how.names, how.csv);
+        // Whole: a chunk is at most chunk_size bytes, and the csv reader then meets no I/O error.
+        let mut data = Vec::with_capacity(how.size_hint);
+        input.read_to_end(&mut data).map_err(|e| Error::io(how.path, e))?;
+        let mut rows = Rows::new(specs, how.batch_size, how.max_bad, sink);
+        let mut notes = Vec::new();
+        let data = data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&data);
+        let mut r = ::csv::ReaderBuilder::new()
+            .flexible(true)
+            .delimiter(dialect.delimiter.0)
+            .quote(dialect.quote.0)
+            .has_headers(dialect.has_header)
+            .from_reader(data);
+        let (index, fields): (Vec<usize>, usize) = if dialect.has_header {
+            let header = r.headers().map_err(|e| Error::BadInput(format!("CSV header: {e}")))?.clone();
+            let mut index = Vec::with_capacity(specs.len());
+            for f in specs {
+                match header.iter().position(|h| names_rule.matches(h, &f.name)) {
+                    Some(i) => index.push(i),
+                    None if f.nullable => index.push(usize::MAX),
+                    None => {
+                        return Err(Error::BadInput(format!("CSV header has no column {:?}", f.name)));
+                    }
+                }
+            }
+            if !specs.is_empty() && index.iter().all(|&i| i == usize::MAX) {
+                let got: Vec<&str> = header.iter().take(10).collect();
+                return Err(Error::BadInput(format!(
+                    "the CSV header matches none of the table's columns (it has {got:?}); is this the right file, and does it have a header? (source.csv.has_header)"
+                )));
+            }
+            let mut unmatched = Unmatched::default();
+            for h in header.iter().filter(|h| !specs.iter().any(|c| names_rule.matches(h, &c.name))) {
+                unmatched.note(h);
+            }
+            notes.extend(unmatched.report("CSV header"));
+            let absent: Vec<&str> = specs.iter().zip(&index).filter(|(_, i)| **i == usize::MAX).map(|(c, _)| c.name.as_str()).collect();
+            if !absent.is_empty() {
+                notes.push(format!("columns that are not in the CSV header are null: {absent:?}"));
+            }
+            (index, header.len())
+        } else {
+            ((0..specs.len()).collect(), specs.len())
+        };
+        let null = dialect.null_value.as_deref();
+        let mut rec = ::csv::StringRecord::new();
+        let mut n = how.first_record;
+        loop {
+            n += 1;
+            match r.read_record(&mut rec) {
+                Ok(false) => break,
+                Ok(true) if rec.len() != fields => {
+                    let why = if dialect.has_header {
+                        format!("{} fields, the header has {fields}", rec.len())
+                    } else {
+                        format!("{} fields, the table has {fields} columns", rec.len())
+                    };
+                    rows.reject(format!("record {n}"), why)?;
+                }
+                Ok(true) => {
+                    let cells = index
+                        .iter()
+                        .zip(specs)
+                        .map(|(&i, f)| match (rec.get(i), null) {
+                            (Some(s), Some(null)) if s == null => Cell::Null,
+                            // Without a null_value, an empty field is a null, except in a string column.
+                            (Some(""), None) if f.ty != ColumnType::String => Cell::Null,
+                            (Some(s), _) => Cell::Str(Cow::Borrowed(s)),
+                            (None, _) => Cell::Null,
+                        })
+                        .collect();
+                    let line = rec.position().map(|p| p.line()).unwrap_or(0);
+                    rows.add(cells, || format!("record {n} (line {line} of the chunk)"))?;
+                }
+                Err(e) => rows.reject(format!("record {n}"), format!("invalid CSV: {e}"))?,
+            }
+        }
+        Ok(Decoded { rejects: rows.finish()?, notes })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,8 +243,8 @@ mod tests {
     #[test]
     fn another_dialect_frames_by_its_own_quote_and_may_have_no_header() {
         let d = CsvOptions {
-            delimiter: ferry_common::config::AsciiChar(b';'),
-            quote: ferry_common::config::AsciiChar(b'\''),
+            delimiter: crate::spec::AsciiChar(b';'),
+            quote: crate::spec::AsciiChar(b'\''),
             has_header: false,
             null_value: None,
         };

@@ -7,15 +7,15 @@ use crate::state::{AttemptOutcome, FileState, Stage, TaskState};
 use crate::{Ledger, Result, db};
 
 /// One row of the `backlog` view.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BacklogRow {
-    #[sqlx(try_from = "String")]
     pub stage: Stage,
-    #[sqlx(try_from = "String")]
     pub state: TaskState,
     pub tasks: i64,
     pub bytes: i64,
 }
+
+from_row!(BacklogRow { stage: String, state: String, tasks, bytes });
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Status {
@@ -34,13 +34,15 @@ impl Status {
 }
 
 /// One row of the `quarantined` view: a source file or a chunk's task set aside.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantined {
     /// `file` or `chunk`.
     pub kind: String,
     pub what: String,
     pub reason: Option<String>,
 }
+
+from_row!(Quarantined { kind, what, reason });
 
 /// Which quarantined tasks to send back to `available`.
 #[derive(Debug, Clone, Default)]
@@ -627,21 +629,21 @@ impl StageOverview {
 }
 
 /// A running task whose lease has expired, with the worker that held it.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StuckLease {
     pub task_id: i64,
     pub chunk_id: String,
-    #[sqlx(try_from = "String")]
     pub stage: Stage,
     pub lease_owner: Option<String>,
     pub lease_expires_at: Option<i64>,
 }
 
+from_row!(StuckLease { task_id, chunk_id, stage: String, lease_owner, lease_expires_at });
+
 /// One of the latest attempts that did not finish its task.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecentFailure {
     pub ended_at: i64,
-    #[sqlx(try_from = "String")]
     pub stage: Stage,
     pub chunk_id: String,
     pub attempt: i64,
@@ -649,6 +651,8 @@ pub struct RecentFailure {
     pub outcome: String,
     pub error: Option<String>,
 }
+
+from_row!(RecentFailure { ended_at, stage: String, chunk_id, attempt, worker, outcome, error });
 
 /// Everything `ferry status` and the ledger metrics show, read at `now_ms`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,11 +4,13 @@
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
+use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use ferry_common::config::LedgerUrl;
 use ferry_common::error::ConfigError;
@@ -16,8 +18,57 @@ use ferry_common::error::ConfigError;
 use crate::LedgerOptions;
 use crate::error::{Error, Result};
 
-static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
-static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+/// The ledger's migrations (`migrations/<backend>/<version>_<description>.sql`), compiled in as
+/// sqlx's `migrate!` would do it, without building sqlx's proc-macros and a second copy of its
+/// drivers for them. A new migration is one more name here; a test checks the list against
+/// both directories.
+macro_rules! embed_migrations {
+    ($($file:literal),* $(,)?) => {
+        (
+            &[$(($file, include_str!(concat!("../../migrations/sqlite/", $file)))),*],
+            &[$(($file, include_str!(concat!("../../migrations/postgres/", $file)))),*],
+        )
+    };
+}
+
+type Embedded = &'static [(&'static str, &'static str)];
+
+const MIGRATION_FILES: (Embedded, Embedded) = embed_migrations!(
+    "0001_ledger.sql",
+    "0002_outputs.sql",
+    "0003_backlog_bytes.sql",
+    "0004_outages.sql",
+    "0005_recovery.sql",
+    "0006_schemas.sql",
+    "0007_pipelines.sql",
+    "0008_spool_nodes.sql",
+    "0009_redone_bytes.sql",
+    "0010_pipeline_scope.sql",
+    "0011_published_chunk.sql",
+);
+
+static SQLITE_MIGRATIONS: LazyLock<Migrator> = LazyLock::new(|| migrator(MIGRATION_FILES.0));
+static POSTGRES_MIGRATIONS: LazyLock<Migrator> = LazyLock::new(|| migrator(MIGRATION_FILES.1));
+
+/// Each file as sqlx reads a migrations directory: version and description from the name, the
+/// checksum over the text, `-- no-transaction` first to run outside a transaction. Ledgers
+/// migrated by earlier builds (through `migrate!`) carry the same checksums.
+fn migrator(files: Embedded) -> Migrator {
+    let migrations = files
+        .iter()
+        .map(|(name, sql)| {
+            let (version, rest) = name.split_once('_').expect("migration file names are <version>_<description>.sql");
+            Migration::new(
+                version.parse().expect("a migration's version is a number"),
+                rest.trim_end_matches(".sql").replace('_', " ").into(),
+                MigrationType::Simple,
+                AssertSqlSafe(*sql).into_sql_str(),
+                sql.starts_with("-- no-transaction"),
+            )
+        })
+        .collect();
+    Migrator::with_migrations(migrations)
+}
 
 /// The statement that opens a write transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,4 +384,26 @@ async fn lock_beside(db: &Path) -> Result<std::fs::File> {
     })
     .await
     .map_err(|e| Error::Internal(format!("migration lock task failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every file of both migration directories is compiled in, in order, and the newest is
+    /// the binary's schema version.
+    #[test]
+    fn every_migration_file_is_embedded() {
+        for (dir, embedded) in [("sqlite", MIGRATION_FILES.0), ("postgres", MIGRATION_FILES.1)] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations").join(dir);
+            let mut on_disk: Vec<String> =
+                std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            on_disk.sort();
+            let names: Vec<&str> = embedded.iter().map(|(n, _)| *n).collect();
+            assert_eq!(names, on_disk, "migrations/{dir}: add the new file to embed_migrations!");
+            let m = migrator(embedded);
+            assert_eq!(m.iter().last().map(|m| m.version), Some(crate::SCHEMA_VERSION));
+            assert!(m.iter().zip(m.iter().skip(1)).all(|(a, b)| a.version < b.version));
+        }
+    }
 }

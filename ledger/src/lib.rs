@@ -39,7 +39,7 @@
 //! `attempts` is append-only: one row per lease that ended (done, retryable, quarantined,
 //! lease_expired, released), with the worker, the times, the error class and the bytes moved.
 //!
-//! A failure while the chunk's store is down (see [`breaker`]) also goes running -> retryable,
+//! A failure while the chunk's store is down (see the runtime's breaker) also goes running -> retryable,
 //! but gives its attempt back (`fail_uncounted`), as do the failures that found the store down
 //! (`refund_attempts`); the outage itself is one row of `outages` ([`Ledger::outage_open`]).
 //!
@@ -73,7 +73,8 @@
 //!   fail, release, reclaim; [`batch`]: SQLite's batched completions; [`outputs`]: parts,
 //!   rejects and published files; [`admin`]: status, requeue and the views behind them.
 //! - [`backend`]: connecting and migrating (`migrations/sqlite`, `migrations/postgres`).
-//! - [`runner`]: the loop every chunk stage runs on top of all this.
+//! - The loop every chunk stage runs on top of all this, the outage breaker and what a running
+//!   stage shows are the `ferry-runtime` crate's.
 //!
 //! ## Bounded calls
 //! Every call runs under `call_timeout` (client side) and, on Postgres, `statement_timeout`;
@@ -103,7 +104,7 @@ pub const SCHEMA_VERSION: i64 = 11;
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 11)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
-pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE};
+pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE, DUE};
 
 /// Exponential backoff with jitter, applied by writing `scheduled_at`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -153,7 +154,7 @@ pub struct LedgerOptions {
     pub reclaim_interval: Duration,
     /// Connections in the pool.
     pub max_connections: u32,
-    /// The longest wait between probes of a store that is down (see [`breaker`]).
+    /// The longest wait between probes of a store that is down (see the runtime's breaker).
     pub outage_probe_max: Duration,
     /// Apply pending migrations on connect (else a ledger behind this binary is refused).
     pub migrate: bool,
@@ -223,22 +224,34 @@ impl Work {
 /// fails (or succeeds after retrying a request) still records what it sent: `moved` is every
 /// byte sent, `kept` the bytes that ended in place (a landed part). The rest was redone work.
 #[derive(Debug, Clone, Default)]
-pub struct Tally(Arc<(AtomicI64, AtomicI64)>);
+pub struct Tally {
+    own: Arc<(AtomicI64, AtomicI64)>,
+    /// The attempt's tally, when this one counts a part of it ([`Tally::part`]).
+    whole: Option<Arc<(AtomicI64, AtomicI64)>>,
+}
 
 impl Tally {
+    /// A tally of one part of the work (a part shipped beside others), whose bytes also count
+    /// in this one: the part's own figures tell what its tries sent.
+    pub fn part(&self) -> Tally {
+        Tally { own: Default::default(), whole: Some(self.own.clone()) }
+    }
+    fn counters(&self) -> impl Iterator<Item = &Arc<(AtomicI64, AtomicI64)>> {
+        std::iter::once(&self.own).chain(self.whole.as_ref())
+    }
     pub fn moved(&self, n: u64) {
-        self.0.0.fetch_add(n as i64, std::sync::atomic::Ordering::Relaxed);
+        self.counters().for_each(|c| _ = c.0.fetch_add(n as i64, std::sync::atomic::Ordering::Relaxed));
     }
     pub fn kept(&self, n: u64) {
-        self.0.1.fetch_add(n as i64, std::sync::atomic::Ordering::Relaxed);
+        self.counters().for_each(|c| _ = c.1.fetch_add(n as i64, std::sync::atomic::Ordering::Relaxed));
     }
     /// Bytes sent so far.
     pub fn moved_bytes(&self) -> i64 {
-        self.0.0.load(std::sync::atomic::Ordering::Relaxed)
+        self.own.0.load(std::sync::atomic::Ordering::Relaxed)
     }
     /// Bytes sent that did not end in place.
     pub fn redone_bytes(&self) -> i64 {
-        (self.moved_bytes() - self.0.1.load(std::sync::atomic::Ordering::Relaxed)).max(0)
+        (self.moved_bytes() - self.own.1.load(std::sync::atomic::Ordering::Relaxed)).max(0)
     }
 }
 
@@ -350,6 +363,39 @@ macro_rules! version_in_table {
     };
 }
 
+/// `sqlx::FromRow` for a row struct on both backends, written out by hand instead of derived:
+/// the derive needs sqlx's proc-macros, whose build is a second copy of sqlx and its drivers.
+/// Each field is read from the column of its name, or `= "column"`; `: String` reads a String
+/// and converts it with the field type's `TryFrom<String>` (the ledger's state enums).
+macro_rules! from_row {
+    ($ty:ident { $($field:ident $(: $via:ty)? $(= $col:literal)?),* $(,)? }) => {
+        from_row!(@impl sqlx::sqlite::SqliteRow, $ty { $($field $(: $via)? $(= $col)?),* });
+        from_row!(@impl sqlx::postgres::PgRow, $ty { $($field $(: $via)? $(= $col)?),* });
+    };
+    (@impl $row:ty, $ty:ident { $($field:ident $(: $via:ty)? $(= $col:literal)?),* }) => {
+        impl<'r> sqlx::FromRow<'r, $row> for $ty {
+            fn from_row(row: &'r $row) -> sqlx::Result<Self> {
+                #[allow(unused_imports)]
+                use sqlx::Row as _;
+                Ok($ty { $($field: from_row!(@col row, $field $(: $via)? $(= $col)?)),* })
+            }
+        }
+    };
+    (@col $r:ident, $field:ident) => { $r.try_get(stringify!($field))? };
+    (@col $r:ident, $field:ident = $col:literal) => { $r.try_get($col)? };
+    (@col $r:ident, $field:ident : $via:ty) => {
+        $crate::column_into($r.try_get::<$via, _>(stringify!($field))?, stringify!($field))?
+    };
+}
+
+/// A column's value converted into its field's type, or the column's decode error.
+fn column_into<V, T: TryFrom<V>>(v: V, column: &str) -> sqlx::Result<T>
+where
+    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    T::try_from(v).map_err(|e| sqlx::Error::ColumnDecode { index: column.to_string(), source: e.into() })
+}
+
 /// Opens a write transaction on `$pool`, after queueing behind this process's other SQLite
 /// writers (see `Ledger::sqlite_writer`); SQLite takes its write lock up front (`$begin`).
 /// Yields `(guard, tx)`: keep the guard alive until the transaction ends.
@@ -364,17 +410,16 @@ macro_rules! write_tx {
 mod admin;
 mod backend;
 mod batch;
-pub mod breaker;
 pub mod clock;
 mod error;
 mod files;
-pub mod observe;
 mod outages;
 mod outputs;
-pub mod runner;
 mod schemas;
 pub mod state;
 mod tasks;
+#[doc(hidden)]
+pub mod testing;
 
 impl Ledger {
     /// Connects (creating an SQLite file on first use) and applies the migrations.
@@ -683,4 +728,24 @@ fn db(op: &'static str) -> impl Fn(sqlx::Error) -> Error {
 pub fn worker_name(stage: &str) -> String {
     let host = ferry_common::config::host_name();
     format!("{stage}@{host}:{}:{:04x}", std::process::id(), rand::random::<u16>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tally;
+
+    /// Parts shipped side by side each see only their own bytes, and the attempt sees all.
+    #[test]
+    fn a_part_tally_counts_its_own_bytes_and_the_attempts() {
+        let attempt = Tally::default();
+        let (a, b) = (attempt.part(), attempt.part());
+        a.moved(100);
+        b.moved(40);
+        a.kept(100);
+        b.moved(40);
+        b.kept(40);
+        assert_eq!((a.moved_bytes(), a.redone_bytes()), (100, 0));
+        assert_eq!((b.moved_bytes(), b.redone_bytes()), (80, 40));
+        assert_eq!((attempt.moved_bytes(), attempt.redone_bytes()), (180, 40));
+    }
 }

@@ -7,17 +7,18 @@ use crate::state::Stage;
 use crate::{Ledger, Result, db};
 
 /// One row of the `open_outages` view.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outage {
     pub id: i64,
     pub store: String,
-    #[sqlx(try_from = "String")]
     pub stage: Stage,
     pub started_at: i64,
     pub probes: i64,
     pub last_probe_at: Option<i64>,
     pub last_error: Option<String>,
 }
+
+from_row!(Outage { id, store, stage: String, started_at, probes, last_probe_at, last_error });
 
 impl Ledger {
     /// Records that `store` is down for `stage`; returns whether this call opened the outage

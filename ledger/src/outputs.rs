@@ -8,7 +8,7 @@ use crate::state::TaskState;
 use crate::{Lease, Ledger, Result, db};
 
 /// One Parquet file transform wrote for a chunk: the rows of one partition value.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {
     pub chunk_id: String,
     /// Hive partition path (`dt=2026-11-30`), empty for an unpartitioned table.
@@ -18,6 +18,8 @@ pub struct Part {
     pub bytes: i64,
     pub content_hash: String,
 }
+
+from_row!(Part { chunk_id, partition, name, records, bytes, content_hash });
 
 impl Part {
     /// `<partition>/<name>`, or just the name when unpartitioned.
@@ -32,14 +34,15 @@ pub struct Reject {
     pub reason: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionStats {
-    #[sqlx(rename = "table_name")]
     pub table: String,
     pub partition: String,
     pub files: i64,
     pub records: i64,
 }
+
+from_row!(PartitionStats { table = "table_name", partition, files, records });
 
 /// Locks the task row at the caller's epoch inside `$tx`, or returns Ok(false).
 macro_rules! fence {

@@ -35,7 +35,6 @@ pub struct TableSchema {
     pub recorded_at: i64,
 }
 
-#[derive(sqlx::FromRow)]
 struct Row {
     version: i64,
     columns: String,
@@ -43,6 +42,8 @@ struct Row {
     chunk_id: Option<String>,
     recorded_at: i64,
 }
+
+from_row!(Row { version, columns, change, chunk_id, recorded_at });
 
 impl Ledger {
     /// Every recorded version of `table`'s schema, oldest first (empty before its first chunk).

@@ -17,9 +17,9 @@ macro_rules! claim_sql {
     ($lock:literal) => {
         concat!(
             "WITH picked AS (
-                SELECT id FROM tasks
-                WHERE pipeline = $7 AND stage = $1 AND state IN ('available', 'retryable') AND scheduled_at <= $2
-                  AND (stage <> 'copy' OR node IS NULL OR node = $8)
+                SELECT id FROM tasks ",
+            due_where!(),
+            "
                 ORDER BY scheduled_at, id
                 LIMIT $3 ",
             $lock,
@@ -34,12 +34,26 @@ macro_rules! claim_sql {
     };
 }
 
+/// What makes a task claimable by this worker: `$1` stage, `$2` now, `$7` pipeline, `$8` node.
+/// One text for the claim and for [`DUE`], so the question "is there work?" can never answer
+/// differently from the claim that follows it.
+macro_rules! due_where {
+    () => {
+        "WHERE pipeline = $7 AND stage = $1 AND state IN ('available', 'retryable') AND scheduled_at <= $2
+                  AND (stage <> 'copy' OR node IS NULL OR node = $8)"
+    };
+}
+
+/// Is a task claimable? The claim's own predicate, read only: one probe of the `tasks_due`
+/// index, no write lock on SQLite and no row lock on Postgres (bind as the claim: `$3`-`$6`
+/// unused).
+pub const DUE: &str = concat!("SELECT id FROM tasks ", due_where!(), " LIMIT 1");
+
 /// The claim statements, for the tests that check their query plans.
 pub const CLAIM_SQLITE: &str = claim_sql!("");
 pub const CLAIM_POSTGRES: &str = claim_sql!("FOR UPDATE SKIP LOCKED");
 
 /// What a claim returns per task.
-#[derive(sqlx::FromRow)]
 struct Claimed {
     id: i64,
     chunk_id: String,
@@ -48,12 +62,12 @@ struct Claimed {
     epoch: i64,
 }
 
+from_row!(Claimed { id, chunk_id, attempt, max_attempts, epoch });
+
 /// A running task whose lease has expired.
-#[derive(sqlx::FromRow)]
 struct Expired {
     id: i64,
     chunk_id: String,
-    #[sqlx(try_from = "String")]
     stage: Stage,
     attempt: i64,
     max_attempts: i64,
@@ -61,6 +75,8 @@ struct Expired {
     lease_owner: String,
     attempted_at: Option<i64>,
 }
+
+from_row!(Expired { id, chunk_id, stage: String, attempt, max_attempts, epoch, lease_owner, attempted_at });
 
 /// Appends one row to the attempt history; run inside the caller's transaction.
 macro_rules! insert_attempt {
@@ -165,6 +181,32 @@ impl Ledger {
                     .collect();
                 leases.sort_by_key(|l| l.task_id);
                 Ok(leases)
+            })
+        })
+        .await
+    }
+
+    /// Would [`Ledger::claim`] find a task of `stage` now? A read of one index entry: under
+    /// `--watch` a stage asks this between its polls and claims only on a yes, so a chunk the
+    /// stage before it has just handed on waits a fraction of a second, not a whole poll,
+    /// while an idle stage takes no write lock.
+    pub async fn due(&self, stage: Stage) -> Result<bool> {
+        let now = self.now_ms();
+        self.call("due", || async move {
+            on_backend!(self, |pool, begin| {
+                let found: Option<i64> = sqlx::query_scalar(DUE)
+                    .bind(stage.as_str())
+                    .bind(now)
+                    .bind(0i64)
+                    .bind("")
+                    .bind(0i64)
+                    .bind("")
+                    .bind(self.pipeline())
+                    .bind(self.node())
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(db("due"))?;
+                Ok(found.is_some())
             })
         })
         .await

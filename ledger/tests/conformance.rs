@@ -57,7 +57,37 @@ conformance!(
     views_and_constraints,
     copies_stay_on_the_spool_node_of_their_transform,
     free_text_with_a_nul_is_recorded,
+    a_file_of_many_chunks_is_recorded_whole_and_once,
+    due_answers_as_the_claim_would,
 );
+
+/// `due` (the read a `--watch` stage makes between polls) says yes exactly when a claim would
+/// find a task: by stage, by backoff time, by spool node, and not for a task already claimed.
+async fn due_answers_as_the_claim_would(db: Db) {
+    let t = TestDb::new(db).await;
+    let clock = ManualClock::new(T0);
+    let a = t.ledger(opts(), Some(&clock)).await.with_node("host-a");
+    let b = a.clone().with_node("host-b");
+    assert!(!a.due(Stage::Transform).await.unwrap(), "an empty ledger");
+    seed(&a, "due", 1).await;
+    assert!(a.due(Stage::Transform).await.unwrap());
+    assert!(!a.due(Stage::Copy).await.unwrap() && !a.due(Stage::Load).await.unwrap(), "nothing handed on yet");
+    let l = a.claim(Stage::Transform, "ta", 1).await.unwrap().pop().unwrap();
+    assert!(!a.due(Stage::Transform).await.unwrap(), "claimed: not due again");
+    // A failed attempt is due at its backoff's end, not before.
+    let FailOutcome::Retry { at_ms } = a.fail(&l, ErrorClass::Transient, "reset", Work::default()).await.unwrap() else { panic!() };
+    clock.set(at_ms - 1);
+    assert!(!a.due(Stage::Transform).await.unwrap(), "before its backoff ends");
+    clock.set(at_ms);
+    assert!(a.due(Stage::Transform).await.unwrap(), "at its backoff's end");
+    // Transformed on host A: its copy is due there, and not on host B, whose claim finds nothing.
+    let l = a.claim(Stage::Transform, "ta", 1).await.unwrap().pop().unwrap();
+    a.complete(&l, Work::default()).await.unwrap();
+    assert!(a.due(Stage::Copy).await.unwrap());
+    assert!(!b.due(Stage::Copy).await.unwrap());
+    assert!(b.claim(Stage::Copy, "cb", 1).await.unwrap().is_empty());
+    assert_eq!(a.claim(Stage::Copy, "ca", 1).await.unwrap().len(), 1);
+}
 
 async fn racing_workers_each_task_held_once_none_lost(db: Db) {
     let t = TestDb::new(db).await;
@@ -417,6 +447,24 @@ async fn registration_is_idempotent_and_versions_changes(db: Db) {
     assert_eq!(t.scalar("SELECT COUNT(*) FROM chunks").await, 1);
     assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks").await, 1);
     assert_eq!(t.scalar("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'").await, 1);
+}
+
+/// Chunks are recorded many rows per statement: a file of more chunks than one statement
+/// holds (here 2.4 statements' worth) gets every chunk and its task, each with its own values,
+/// and recording it again (a crash before the caller saw the commit) adds nothing.
+async fn a_file_of_many_chunks_is_recorded_whole_and_once(db: Db) {
+    let t = TestDb::new(db).await;
+    let ledger = t.ledger(opts(), None).await;
+    let ids = seed(&ledger, "many.jsonl", 1201).await;
+    let again = seed(&ledger, "many.jsonl", 1201).await;
+    assert_eq!(ids, again);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM chunks").await, 1201);
+    assert_eq!(t.scalar("SELECT COUNT(DISTINCT seq) FROM chunks").await, 1201);
+    assert_eq!(t.scalar("SELECT CAST(SUM(seq) AS BIGINT) FROM chunks").await, 1200 * 1201 / 2);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM chunks WHERE range_start = seq * 100 AND range_end = seq * 100 + 100").await, 1201);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks WHERE stage = 'transform' AND state = 'available'").await, 1201);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM tasks t JOIN chunks c ON c.id = t.chunk_id").await, 1201);
+    assert_eq!(t.scalar("SELECT MAX(chunks) FROM source_files WHERE state = 'chunked'").await, 1201);
 }
 
 async fn views_and_constraints(db: Db) {

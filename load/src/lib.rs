@@ -55,14 +55,21 @@
 use std::sync::Arc;
 
 use ferry_common::config::{ColumnType, Config, Versions};
-use ferry_common::error::{Classified, ConfigError, ErrorClass};
+use ferry_common::error::{Classified, ErrorClass};
 use ferry_common::{hive, paths};
 use ferry_ledger::{Lease, Ledger, Part, Work};
+use ferry_runtime::sweeps::{Places, Sweep};
+use ferry_runtime::table::{in_table, unrecorded_in_table};
+use ferry_runtime::{Failure, StageError};
 use ferry_storage::Store;
 
-/// The load stage's one error type; [`Classified::class`] decides retry-or-not.
+/// The load stage's error: the kinds every stage shares ([`StageError`], with the one rule
+/// for retry-or-not) and load's own.
+pub type LoadError = StageError<LoadFailure>;
+
+/// What only load meets.
 #[derive(Debug, thiserror::Error)]
-pub enum LoadError {
+pub enum LoadFailure {
     /// The table already holds different content under this chunk's name.
     #[error("conflict: {0}")]
     Conflict(String),
@@ -79,124 +86,21 @@ pub enum LoadError {
     /// retried (not quarantined), so that the next attempt publishes the rest or takes them out.
     #[error("partly published: {0}")]
     PartlyVisible(String),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Ledger(#[from] ferry_ledger::Error),
-    #[error(transparent)]
-    Storage(#[from] ferry_storage::Error),
 }
 
-impl LoadError {
-    /// What a cleanup that failed part-way had removed already.
-    pub fn removed(&self) -> usize {
-        match self {
-            LoadError::Storage(e) => e.removed(),
-            _ => 0,
-        }
-    }
-}
-
-impl Classified for LoadError {
+impl Failure for LoadFailure {
+    const STORE: &'static str = "destination";
     fn class(&self) -> ErrorClass {
         match self {
-            LoadError::Conflict(_) | LoadError::Missing { .. } => ErrorClass::Permanent,
-            LoadError::PartlyVisible(_) | LoadError::Waiting { .. } => ErrorClass::Transient,
-            LoadError::Config(e) => e.class(),
-            LoadError::Ledger(e) => e.class(),
-            LoadError::Storage(e) => e.class(),
-        }
-    }
-    fn store(&self) -> Option<&'static str> {
-        match self {
-            LoadError::Storage(_) => Some("destination"),
-            LoadError::Ledger(e) if e.is_transient() => Some("ledger"),
-            _ => None,
+            LoadFailure::Conflict(_) | LoadFailure::Missing { .. } => ErrorClass::Permanent,
+            LoadFailure::PartlyVisible(_) | LoadFailure::Waiting { .. } => ErrorClass::Transient,
         }
     }
     fn waits(&self) -> Option<std::time::Duration> {
         match self {
-            LoadError::Waiting { after, .. } => Some(*after),
+            LoadFailure::Waiting { after, .. } => Some(*after),
             _ => None,
         }
-    }
-    fn is_config(&self) -> bool {
-        match self {
-            LoadError::Config(_) => true,
-            LoadError::Ledger(e) => e.is_config(),
-            LoadError::Storage(e) => e.is_config(),
-            _ => false,
-        }
-    }
-}
-
-/// Whether the table holds `target`: None if not, else whether it is part `p` (size and
-/// hash). A file that goes between the look and the hash (another publisher took it back) is
-/// not there.
-async fn in_table(dest: &Store, target: &str, p: &Part) -> Result<Option<bool>, LoadError> {
-    let Some(h) = dest.head(target).await? else { return Ok(None) };
-    if h.size as i64 != p.bytes {
-        return Ok(Some(false));
-    }
-    match dest.hash(target).await {
-        Ok((_, hash)) => Ok(Some(hash == p.content_hash)),
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// The parts of `chunk` that are in the table (its bytes at its table path) while no
-/// `published` row of it names them, with their table paths: moved there by a sibling's switch
-/// of the chunk's version, or by an attempt of its own that died (or could not take them back)
-/// before recording them. Only the store can tell the second case; `ferry skip` asks here
-/// before it closes a load, as closing it would leave them in the table unnamed.
-pub async fn unrecorded_in_table(ledger: &Ledger, table: &str, dest: &Store, chunk: &str) -> Result<Vec<(Part, String)>, LoadError> {
-    let recorded: std::collections::HashSet<String> = ledger.published_of(chunk).await?.into_iter().map(|(p, _)| p).collect();
-    let mut found = Vec::new();
-    for p in ledger.parts(chunk).await? {
-        let target = paths::table_file(table, &p.rel_path());
-        if !recorded.contains(&target) && in_table(dest, &target, &p).await? == Some(true) {
-            found.push((p, target));
-        }
-    }
-    Ok(found)
-}
-
-/// Removes landed files older than `cutoff` of chunks that are published and settled (no
-/// stage of theirs due again): a zombie copy that landed a chunk again after load published
-/// it. A chunk that `ferry rerun` is redoing keeps its landed files. Returns how many went.
-///
-/// Only the chunk directories are listed first (one call on HDFS), and only those of done
-/// chunks are then listed whole: the landed tree holds every chunk waiting for load, and
-/// listing all of it cost load on HDFS one NameNode call per partition directory at each start.
-pub async fn remove_stray_landed(ledger: &Ledger, dest: &Store, table: &str, cutoff: i64) -> Result<usize, LoadError> {
-    let dir = paths::landed_dir(table);
-    let chunks = dest.children(&dir).await?;
-    if chunks.is_empty() {
-        return Ok(0);
-    }
-    let done: std::collections::HashSet<String> = ledger.published_and_settled().await?.into_iter().collect();
-    let mut landed = Vec::new();
-    for chunk in chunks.iter().filter(|c| done.contains(c.as_str())) {
-        landed.extend(dest.list(&format!("{dir}/{chunk}")).await?);
-    }
-    let (mut n, mut first) = (0, None);
-    for e in landed {
-        // Every entry is under a done chunk's directory; a part's path below it is required.
-        if e.mtime_ms < cutoff && paths::parse_landed(table, &e.rel).is_some() {
-            tracing::info!(file = %dest.url(&e.rel), "removing a landed copy of a published chunk");
-            // One that cannot go now does not keep the others.
-            match dest.delete(&e.rel).await {
-                Ok(()) => n += 1,
-                Err(err) => {
-                    first.get_or_insert(err.to_string());
-                }
-            }
-        }
-    }
-    match first {
-        None => Ok(n),
-        Some(reason) => Err(LoadError::Storage(ferry_storage::Error::Incomplete { removed: n, reason })),
     }
 }
 
@@ -265,11 +169,11 @@ impl Loader {
     /// Removes manifest and DDL temp files left by a load that crashed, and landed files of
     /// chunks already published (a zombie copy that landed a chunk again after its load).
     pub async fn gc(&self) -> Result<(), LoadError> {
-        let table = &self.cfg.table.name;
         let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
+        let at = Places { cfg: &self.cfg, ledger: &self.ledger, staging: None, destination: Some(&self.dest), spool: None };
         // Each place on its own: one that fails does not keep the other.
-        let temps = self.dest.remove_stale_temps(&paths::table_meta(table), cutoff).await;
-        let landed = remove_stray_landed(&self.ledger, &self.dest, table, cutoff).await;
+        let temps = Sweep::TableMetaTemps.run(&at, cutoff).await;
+        let landed = Sweep::StrayLanded.run(&at, cutoff).await;
         temps?;
         landed?;
         Ok(())
@@ -339,10 +243,10 @@ impl Loader {
             }
             tracing::info!(chunk, skipped = %c.id, parts = visible.len(), "taking a skipped chunk's parts back out of the table");
             if !self.take_back(dest, &c.id, &visible).await {
-                return Err(LoadError::PartlyVisible(format!(
+                return Err(LoadError::Stage(LoadFailure::PartlyVisible(format!(
                     "chunk {} of the same version was skipped, and not all of its parts could be taken back out of the table",
                     c.id
-                )));
+                ))));
             }
         }
         Ok(())
@@ -411,7 +315,10 @@ impl Loader {
                 tracing::info!(chunk, file = ?dest.url(target), "replacing the chunk's earlier output");
                 dest.delete(target).await?;
                 if !dest.rename_noreplace(landed, target).await? {
-                    return Err(LoadError::Conflict(format!("{} reappeared while it was being replaced", dest.url(target))));
+                    return Err(LoadError::Stage(LoadFailure::Conflict(format!(
+                        "{} reappeared while it was being replaced",
+                        dest.url(target)
+                    ))));
                 }
                 Ok(true)
             }
@@ -420,23 +327,23 @@ impl Loader {
     }
 
     fn conflict(&self, dest: &Store, target: &str, chunk: &str) -> LoadError {
-        LoadError::Conflict(format!("{} holds other content than chunk {chunk}", dest.url(target)))
+        LoadError::Stage(LoadFailure::Conflict(format!("{} holds other content than chunk {chunk}", dest.url(target))))
     }
 
     fn missing(&self, dest: &Store, landed: &str, target: &str, chunk: &str) -> LoadError {
-        LoadError::Missing {
+        LoadError::Stage(LoadFailure::Missing {
             chunk: chunk.to_string(),
             message: format!(
                 "neither {} nor {} exists; run the chunk again (ferry rerun --chunk {chunk} --from transform)",
                 dest.url(landed),
                 dest.url(target)
             ),
-        }
+        })
     }
 
     /// A published file's replacement (a rerun) is not there: the published file stays.
     fn replacement_missing(&self, dest: &Store, landed: &str, target: &str, chunk: &str) -> LoadError {
-        LoadError::Missing {
+        LoadError::Stage(LoadFailure::Missing {
             chunk: chunk.to_string(),
             message: format!(
                 "{} would replace {}, but it is not there; the published file stays. Run the chunk again \
@@ -444,7 +351,7 @@ impl Loader {
                 dest.url(landed),
                 dest.url(target)
             ),
-        }
+        })
     }
 
     fn table_path(&self, p: &Part) -> String {
@@ -524,10 +431,12 @@ impl Loader {
                 // retried), except that a sibling's part gone while a version is switched in
                 // is that sibling's business (another load may be moving it): wait and look again.
                 return Err(match e {
-                    LoadError::Missing { chunk, message } if chunk != lease.chunk_id => LoadError::Waiting {
-                        reason: format!("a part of chunk {chunk} of the same version: {message}"),
-                        after: WAIT_BRIEFLY,
-                    },
+                    LoadError::Stage(LoadFailure::Missing { chunk, message }) if chunk != lease.chunk_id => {
+                        LoadError::Stage(LoadFailure::Waiting {
+                            reason: format!("a part of chunk {chunk} of the same version: {message}"),
+                            after: WAIT_BRIEFLY,
+                        })
+                    }
                     e => e,
                 });
             }
@@ -538,10 +447,10 @@ impl Loader {
             // A newer version went in while these parts moved: they go back out.
             tracing::info!(chunk = %lease.chunk_id, "not publishing: a newer version of its source file was published meanwhile");
             if !self.take_back(&dest, &lease.chunk_id, &moved).await {
-                return Err(LoadError::PartlyVisible(format!(
+                return Err(LoadError::Stage(LoadFailure::PartlyVisible(format!(
                     "chunk {} was superseded while it was published, and not all of its parts could be taken back out",
                     lease.chunk_id
-                )));
+                ))));
             }
             let _ = dest.delete(&manifest_rel).await;
             return Ok(Work::default());
@@ -592,10 +501,10 @@ impl Loader {
                 Err(e) => {
                     let all_back = self.take_back(dest, chunk, &moved).await;
                     return Err(match (all_back, e.class()) {
-                        (false, ErrorClass::Permanent) => LoadError::PartlyVisible(format!(
+                        (false, ErrorClass::Permanent) => LoadError::Stage(LoadFailure::PartlyVisible(format!(
                             "{e}; {} of the chunk's parts could not be taken back out of the table and stay there until it is retried",
                             moved.len()
-                        )),
+                        ))),
                         _ => e,
                     });
                 }
@@ -614,10 +523,10 @@ impl Loader {
     fn switching(&self, uri: &str, version: i64) -> Result<Switching, LoadError> {
         let key = (uri.to_string(), version);
         if !self.switches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
-            return Err(LoadError::Waiting {
+            return Err(LoadError::Stage(LoadFailure::Waiting {
                 reason: format!("version {version} of {uri} is being published by another chunk of it"),
                 after: WAIT_BRIEFLY,
-            });
+            }));
         }
         Ok(Switching { key, switches: self.switches.clone() })
     }
@@ -873,7 +782,7 @@ const WAIT_FOR_OPERATOR: std::time::Duration = std::time::Duration::from_secs(30
 fn version_ready(v: &ferry_ledger::VersionState) -> Result<(), LoadError> {
     let needed: Vec<&ferry_ledger::VersionChunk> = v.chunks.iter().filter(|c| !c.skipped).collect();
     if let Some(c) = needed.iter().find(|c| c.quarantined_at.is_some()) {
-        return Err(LoadError::Waiting {
+        return Err(LoadError::Stage(LoadFailure::Waiting {
             reason: format!(
                 "version {} of {} is published only whole, and its chunk {} is quarantined at {}; until it is requeued or skipped \
                  (ferry requeue / ferry skip --chunk {}) the version before stays in the table",
@@ -884,11 +793,11 @@ fn version_ready(v: &ferry_ledger::VersionState) -> Result<(), LoadError> {
                 c.id
             ),
             after: WAIT_FOR_OPERATOR,
-        });
+        }));
     }
     let waiting = needed.iter().filter(|c| !c.copied).count();
     if waiting > 0 {
-        return Err(LoadError::Waiting {
+        return Err(LoadError::Stage(LoadFailure::Waiting {
             reason: format!(
                 "version {} of {} is published only whole: {waiting} of its {} chunks are not copied yet",
                 v.version,
@@ -896,7 +805,7 @@ fn version_ready(v: &ferry_ledger::VersionState) -> Result<(), LoadError> {
                 needed.len()
             ),
             after: WAIT_FOR_COPIES,
-        });
+        }));
     }
     Ok(())
 }

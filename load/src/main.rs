@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_ledger::runner::{self, StoreProbe, Stores, open_stage};
 use ferry_ledger::{Lease, Stage};
 use ferry_load::{LoadError, Loader};
+use ferry_runtime::runner::{self, StoreProbe, Stores, open_stage};
 
 /// Publish each landed chunk into the Hive-partitioned table as
 /// <table>/<k=v>/part-<chunk>.parquet by atomic rename, record it in the ledger, and keep the
@@ -20,11 +20,10 @@ struct Args {
     stage: StageArgs,
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args = Args::parse();
     cli::init_logging(args.common.log_format);
-    cli::exit_with(run(args).await)
+    cli::exit_with(ferry_runtime::observe::block_on(args.stage.watch, run(args)))
 }
 
 async fn run(args: Args) -> Result<i32, LoadError> {

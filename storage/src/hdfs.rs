@@ -25,7 +25,7 @@
 //! a temp file, possibly under construction; the stage's gc (and `ferry gc`) deletes temp files
 //! older than a copy deadline plus two leases, which also ends their leases.
 //!
-//! Each chunk gets a client of its own ([`HdfsStore::isolated`]): hdfs-native multiplexes all
+//! Each chunk gets a client of its own ([`Backend::isolated`]): hdfs-native multiplexes all
 //! calls of one client over one NameNode connection, so a connection that hangs would otherwise
 //! stall every chunk. Clients are pooled, not built per chunk: hdfs-native never frees a client
 //! that has written a file (its lease-renewal task holds it), so one client per chunk would leak
@@ -41,6 +41,15 @@
 //! timeouts). Each client therefore runs its background tasks on a runtime of its own (one
 //! worker thread, see [`Conn`]), which is shut down a few seconds after the last user of the
 //! client lets go: the renewal task ends with it, and the connection closes.
+//!
+//! Reads go through one client shared by a store and its isolated copies, never one of the
+//! pooled writers. hdfs-native keeps a finished read's DataNode connection in a process-wide
+//! cache and drops expired entries only when a later read looks in it; a connection made on a
+//! pooled client's runtime keeps that runtime's reactor (five descriptors) alive after the
+//! runtime is shut down. Copy reads only to check a landed part after an ambiguous write, so
+//! what it cached during a storm of faults stayed for good (the soak showed the step). On the
+//! reader's runtime, which lives as long as the store, a cached connection holds its socket
+//! only, and the next read reuses or expires it.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -51,6 +60,7 @@ use futures::StreamExt;
 use hdfs_native::{Client, ClientBuilder, HdfsError, WriteOptions};
 
 use super::{Entry, Progress, StreamReader};
+use crate::backend::{Backend, Capabilities};
 use crate::error::{Error, Result};
 use ferry_common::config::StoreOptions;
 
@@ -67,26 +77,60 @@ pub struct HdfsStore {
     pool: Pool,
     /// An isolated copy gives its client back to the pool when dropped.
     pooled: bool,
+    /// The client every read of this store and its isolated copies goes through (see the
+    /// module's notes); built at the first read, built again after it was retired.
+    reader: Arc<Mutex<Option<Arc<Conn>>>>,
 }
 
 /// Idle clients with the time each came back.
-type Pool = Arc<Mutex<Vec<(Instant, Arc<Conn>)>>>;
+type Pool = Timed<Arc<Conn>>;
+
+/// Entries with the time each came back, oldest first.
+type Timed<T> = Arc<Mutex<Vec<(Instant, T)>>>;
 
 /// Idle clients kept for reuse; more are built when more chunks run at once.
 const POOL_MAX: usize = 64;
 
-/// An idle client unused for this long goes (its NameNode connection and thread with it). A
-/// storm of retries or a burst of chunks fills the pool; without this it would hold that
-/// many connections to the NameNode for the rest of the process's life (the soak showed 40+
-/// per stage after one storm). The pool hands out its most recent client first, so the ones
-/// a steady load does not need grow old.
-const POOL_IDLE: Duration = Duration::from_secs(60);
+/// An idle client unused for this long goes (its NameNode connection, thread and runtime with
+/// it: five descriptors). A storm of retries or a burst of chunks fills the pool; without this
+/// it would hold that many connections to the NameNode for the rest of the process's life (the
+/// soak showed 40+ per stage after one storm). The pool hands out its most recent client first,
+/// so the ones a steady load does not need grow old. Short, so that what a stage holds follows
+/// what it does now, not its busiest minute (a hedge or a temp file's removal takes a client
+/// for a moment): a steady stream keeps its clients busy well within it, and a client is cheap
+/// to build again (one connection).
+const POOL_IDLE: Duration = Duration::from_secs(15);
+
+/// How often the idle clients are looked at when nobody takes or returns one.
+const POOL_SWEEP: Duration = Duration::from_secs(5);
 
 /// Takes the clients idle for longer than [`POOL_IDLE`] out of `pool` (dropped by the
 /// caller, outside the lock).
 fn expired(pool: &mut Vec<(Instant, Arc<Conn>)>) -> Vec<Arc<Conn>> {
-    let keep = pool.iter().position(|(since, _)| since.elapsed() < POOL_IDLE).unwrap_or(pool.len());
+    idle_for(pool, POOL_IDLE)
+}
+
+/// The entries of `pool` (oldest first) back for longer than `idle`, taken out.
+fn idle_for<T>(pool: &mut Vec<(Instant, T)>, idle: Duration) -> Vec<T> {
+    let keep = pool.iter().position(|(since, _)| since.elapsed() < idle).unwrap_or(pool.len());
     pool.drain(..keep).map(|(_, c)| c).collect()
+}
+
+/// Expires idle entries every `every` while the pool lives, also when nobody takes or returns
+/// one: a service gone quiet after a burst (the soak: 65 NameNode connections per stage for
+/// minutes after an outage's catch-up) gives its connections back instead of holding them
+/// until work comes again. Ends with the pool (it holds it weakly).
+fn sweep_while_alive<T: Send + 'static>(pool: &Timed<T>, every: Duration, idle: Duration) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
+    let weak = Arc::downgrade(pool);
+    handle.spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(pool) = weak.upgrade() else { return };
+            let old = idle_for(&mut pool.lock().unwrap_or_else(|p| p.into_inner()), idle);
+            drop(old);
+        }
+    });
 }
 
 /// An HDFS client and the runtime its background tasks (connections, lease renewal) run on.
@@ -158,12 +202,13 @@ impl HdfsStore {
         let root = parsed.path().trim_end_matches('/').to_string();
         crate::kerberos::check(&opts.hdfs, url)?;
         let client = build(&base, opts)?;
-        Ok(HdfsStore { base, root, opts: opts.clone(), client: Mutex::new(client), pool: Default::default(), pooled: false })
+        let pool = Pool::default();
+        sweep_while_alive(&pool, POOL_SWEEP, POOL_IDLE);
+        Ok(HdfsStore { base, root, opts: opts.clone(), client: Mutex::new(client), pool, pooled: false, reader: Default::default() })
     }
 
-    /// The same store on a client no other user holds right now (its own NameNode
-    /// connection), from the pool or new.
-    pub fn isolated(&self) -> Result<HdfsStore> {
+    /// [`Backend::isolated`]: the same store on a client taken from the pool or new.
+    fn on_own_client(&self) -> Result<HdfsStore> {
         let (idle, old) = {
             let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
             let old = expired(&mut pool);
@@ -181,17 +226,8 @@ impl HdfsStore {
             client: Mutex::new(client),
             pool: self.pool.clone(),
             pooled: true,
+            reader: self.reader.clone(),
         })
-    }
-
-    pub fn url(&self, rel: &str) -> String {
-        format!("{}{}", self.base, self.path(rel))
-    }
-
-    pub fn rel_of(&self, url: &str) -> Option<String> {
-        let p = url.strip_prefix(&self.base)?;
-        let r = p.strip_prefix(&self.root)?;
-        Some(r.trim_start_matches('/').to_string())
     }
 
     fn path(&self, rel: &str) -> String {
@@ -203,9 +239,28 @@ impl HdfsStore {
         self.client.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Replaces `used` (if it is still the current client) after a call on it missed its
-    /// deadline, was given up on, or broke: a hung or broken connection is never reused.
+    /// The shared client for reads (see the module's notes).
+    fn reader(&self) -> Result<Arc<Conn>> {
+        let mut g = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = g.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = build(&self.base, &self.opts)?;
+        *g = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Replaces `used` (if it is still the current client, or the reader) after a call on it
+    /// missed its deadline, was given up on, or broke: a hung or broken connection is never
+    /// reused.
     fn retire(&self, used: &Arc<Conn>) {
+        {
+            let mut r = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+            if r.as_ref().is_some_and(|c| Arc::ptr_eq(c, used)) {
+                *r = None;
+                return;
+            }
+        }
         let mut g = self.client.lock().unwrap_or_else(|p| p.into_inner());
         if Arc::ptr_eq(&g, used) {
             match build(&self.base, &self.opts) {
@@ -268,48 +323,11 @@ impl HdfsStore {
         Entry { rel, size: st.length as u64, mtime_ms: st.modification_time as i64, change_token: None }
     }
 
-    pub async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
-        let path = self.path(dir);
-        let p = path.clone();
-        match self.call("list", &path, |c| async move { c.list_status(&p, true).await }).await {
-            Ok(sts) => {
-                let mut out: Vec<Entry> = sts.iter().filter(|s| !s.isdir).map(|s| self.entry(s)).collect();
-                out.sort_by(|a, b| a.rel.cmp(&b.rel));
-                Ok(out)
-            }
-            Err(e) if e.is_not_found() => Ok(vec![]),
-            Err(e) => Err(e),
-        }
-    }
-
-    pub async fn children(&self, dir: &str) -> Result<Vec<String>> {
-        let path = self.path(dir);
-        let p = path.clone();
-        match self.call("list", &path, |c| async move { c.list_status(&p, false).await }).await {
-            Ok(sts) => Ok(sts.iter().map(|s| s.path.rsplit('/').next().unwrap_or(&s.path).to_string()).collect()),
-            Err(e) if e.is_not_found() => Ok(vec![]),
-            Err(e) => Err(e),
-        }
-    }
-
-    pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
-        let path = self.path(rel);
-        let p = path.clone();
-        match self.call("stat", &path, |c| async move { c.get_file_info(&p).await }).await {
-            Ok(st) if st.isdir => Ok(None),
-            Ok(st) => {
-                Ok(Some(Entry { rel: rel.to_string(), size: st.length as u64, mtime_ms: st.modification_time as i64, change_token: None }))
-            }
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     /// A stream of the file's bytes; the caller bounds the wait for each piece.
     async fn stream(&self, rel: &str) -> Result<(usize, futures::stream::BoxStream<'static, Result<Bytes>>)> {
         let path = self.path(rel);
         let p = path.clone();
-        let conn = self.client();
+        let conn = self.reader()?;
         let reader = self.call_on(conn.clone(), "open", &path, |c| async move { c.read(&p).await }).await?;
         let len = reader.file_length();
         let url = self.url_of_path(&path);
@@ -322,24 +340,6 @@ impl HdfsStore {
             })
             .boxed();
         Ok((len, s))
-    }
-
-    pub async fn read(&self, rel: &str) -> Result<Vec<u8>> {
-        let (len, s) = self.stream(rel).await?;
-        let mut out = Vec::with_capacity(len);
-        super::drain(&format!("read of {}", self.url(rel)), self.opts.read_stall.0, s, |b| out.extend_from_slice(b)).await?;
-        Ok(out)
-    }
-
-    pub fn open_blocking(&self, rel: &str) -> Result<Box<dyn std::io::Read + Send>> {
-        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::Other("HDFS read outside the runtime".into()))?;
-        let (_, s) = handle.block_on(self.stream(rel))?;
-        Ok(Box::new(StreamReader::new(format!("read of {}", self.url(rel)), self.opts.read_stall.0, s)?))
-    }
-
-    pub async fn hash(&self, rel: &str) -> Result<(u64, String)> {
-        let (_, s) = self.stream(rel).await?;
-        super::drain_hash(&format!("read of {}", self.url(rel)), self.opts.read_stall.0, s).await
     }
 
     /// Writes a whole file from `pieces` to `rel` (which must not exist), following the
@@ -415,7 +415,7 @@ impl HdfsStore {
     async fn settle_ambiguous_close(&self, rel: &str, n: u64, hash: &str, reason: &str) -> Result<()> {
         let what = format!("write of {}", self.url(rel));
         // A client of its own: the writer's client may be the one whose connection broke.
-        let fresh = self.isolated()?;
+        let fresh = self.on_own_client()?;
         let path = self.path(rel);
         let give_up = tokio::time::Instant::now() + self.opts.call_timeout.0 * 2;
         loop {
@@ -442,64 +442,12 @@ impl HdfsStore {
         }
     }
 
-    pub async fn upload(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
-        let f = tokio::fs::File::open(local).await.map_err(|e| Error::io(local.display(), e))?;
-        // Pieces of up to 4 MiB, each in its own buffer (handed to the writer): no larger than
-        // the file, so that many small parts in flight hold their size, not 4 MiB each.
-        let piece = f.metadata().await.map_err(|e| Error::io(local.display(), e))?.len().clamp(64 << 10, 4 << 20) as usize;
-        let f = Arc::new(tokio::sync::Mutex::new(f));
-        let src = local.display().to_string();
-        let next = move || {
-            let (f, src) = (f.clone(), src.clone());
-            Box::pin(async move {
-                use tokio::io::AsyncReadExt;
-                let mut buf = vec![0u8; piece];
-                let mut g = f.lock().await;
-                let mut filled = 0;
-                while filled < buf.len() {
-                    let k = g.read(&mut buf[filled..]).await.map_err(|e| Error::io(&src, e))?;
-                    if k == 0 {
-                        break;
-                    }
-                    filled += k;
-                }
-                buf.truncate(filled);
-                Ok(if filled == 0 { None } else { Some(Bytes::from(buf)) })
-            }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Bytes>>> + Send>>
-        };
-        self.write_new(rel, next, &progress).await
-    }
-
-    /// Writes a small file whole or not at all (a manifest, the DDL). A try that fails on a
-    /// transient error (a reset, a NameNode that did not answer: its client is retired) is
-    /// made again under a new temp name, up to 3 times: a lost reply costs a retry, not the
-    /// caller's attempt.
-    pub async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
-        let bytes = Bytes::from(bytes);
-        let what = format!("HDFS write of {}", self.url(rel));
-        super::retry::resending(&what, 3, Duration::from_millis(200), None, Error::is_transient, || {
-            self.put_atomic_once(rel, bytes.clone())
-        })
-        .await
-    }
-
     async fn put_atomic_once(&self, rel: &str, bytes: Bytes) -> Result<()> {
         let tmp = self.write_temp_once(rel, bytes).await?;
         self.commit_temp(&tmp, rel).await
     }
 
-    /// Writes `bytes` to a temp name next to `rel` and returns that name: the slow half of
-    /// [`HdfsStore::put_atomic`] (its close waits for the block report), which a caller may run
-    /// before `rel` is to appear. Sent again on a transient failure, as `put_atomic` is.
-    pub async fn write_temp(&self, rel: &str, bytes: Bytes) -> Result<String> {
-        let what = format!("HDFS write of {}", self.url(rel));
-        super::retry::resending(&what, 3, Duration::from_millis(200), None, Error::is_transient, || {
-            self.write_temp_once(rel, bytes.clone())
-        })
-        .await
-    }
-
-    /// One try of [`HdfsStore::write_temp`]; the temp file is removed again if the write fails.
+    /// One try of [`Backend::write_temp`]; the temp file is removed again if the write fails.
     async fn write_temp_once(&self, rel: &str, bytes: Bytes) -> Result<String> {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -534,7 +482,7 @@ impl HdfsStore {
         Ok(tmp)
     }
 
-    /// Renames a [`HdfsStore::write_temp`] file to `rel`, replacing what is there; the temp
+    /// Renames a [`Backend::write_temp`] file to `rel`, replacing what is there; the temp
     /// file is removed if that fails.
     pub async fn commit_temp(&self, tmp: &str, rel: &str) -> Result<()> {
         let (t, p) = (self.path(tmp), self.path(rel));
@@ -551,13 +499,149 @@ impl HdfsStore {
             }
         }
     }
+}
 
-    pub fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
+#[async_trait::async_trait]
+impl Backend for HdfsStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { slow_close: true, ..Capabilities::default() }
+    }
+
+    /// The same store on a client no other user holds right now (its own NameNode
+    /// connection), from the pool or new.
+    fn isolated(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(Some(Arc::new(self.on_own_client()?)))
+    }
+
+    /// Renames a [`Backend::write_temp`] file over `to`: see [`HdfsStore::commit_temp`].
+    async fn rename_over(&self, from: &str, to: &str) -> Result<()> {
+        self.commit_temp(from, to).await
+    }
+
+    fn url(&self, rel: &str) -> String {
+        format!("{}{}", self.base, self.path(rel))
+    }
+
+    fn rel_of(&self, url: &str) -> Option<String> {
+        let p = url.strip_prefix(&self.base)?;
+        let r = p.strip_prefix(&self.root)?;
+        Some(r.trim_start_matches('/').to_string())
+    }
+
+    async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        let path = self.path(dir);
+        let p = path.clone();
+        match self.call("list", &path, |c| async move { c.list_status(&p, true).await }).await {
+            Ok(sts) => {
+                let mut out: Vec<Entry> = sts.iter().filter(|s| !s.isdir).map(|s| self.entry(s)).collect();
+                out.sort_by(|a, b| a.rel.cmp(&b.rel));
+                Ok(out)
+            }
+            Err(e) if e.is_not_found() => Ok(vec![]),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn children(&self, dir: &str) -> Result<Vec<String>> {
+        let path = self.path(dir);
+        let p = path.clone();
+        match self.call("list", &path, |c| async move { c.list_status(&p, false).await }).await {
+            Ok(sts) => Ok(sts.iter().map(|s| s.path.rsplit('/').next().unwrap_or(&s.path).to_string()).collect()),
+            Err(e) if e.is_not_found() => Ok(vec![]),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn head(&self, rel: &str) -> Result<Option<Entry>> {
+        let path = self.path(rel);
+        let p = path.clone();
+        match self.call("stat", &path, |c| async move { c.get_file_info(&p).await }).await {
+            Ok(st) if st.isdir => Ok(None),
+            Ok(st) => {
+                Ok(Some(Entry { rel: rel.to_string(), size: st.length as u64, mtime_ms: st.modification_time as i64, change_token: None }))
+            }
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn read(&self, rel: &str) -> Result<Vec<u8>> {
+        let (len, s) = self.stream(rel).await?;
+        let mut out = Vec::with_capacity(len);
+        super::drain(&format!("read of {}", self.url(rel)), self.opts.read_stall.0, s, |b| out.extend_from_slice(b)).await?;
+        Ok(out)
+    }
+
+    fn open_blocking(&self, rel: &str) -> Result<Box<dyn std::io::Read + Send>> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::Other("HDFS read outside the runtime".into()))?;
+        let (_, s) = handle.block_on(self.stream(rel))?;
+        Ok(Box::new(StreamReader::new(format!("read of {}", self.url(rel)), self.opts.read_stall.0, s)?))
+    }
+
+    async fn hash(&self, rel: &str) -> Result<(u64, String)> {
+        let (_, s) = self.stream(rel).await?;
+        super::drain_hash(&format!("read of {}", self.url(rel)), self.opts.read_stall.0, s).await
+    }
+
+    async fn upload(&self, local: &Path, rel: &str, _expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
+        let f = tokio::fs::File::open(local).await.map_err(|e| Error::io(local.display(), e))?;
+        // Pieces of up to 4 MiB, each in its own buffer (handed to the writer): no larger than
+        // the file, so that many small parts in flight hold their size, not 4 MiB each.
+        let piece = f.metadata().await.map_err(|e| Error::io(local.display(), e))?.len().clamp(64 << 10, 4 << 20) as usize;
+        let f = Arc::new(tokio::sync::Mutex::new(f));
+        let src = local.display().to_string();
+        let next = move || {
+            let (f, src) = (f.clone(), src.clone());
+            Box::pin(async move {
+                use tokio::io::AsyncReadExt;
+                let mut buf = vec![0u8; piece];
+                let mut g = f.lock().await;
+                let mut filled = 0;
+                while filled < buf.len() {
+                    let k = g.read(&mut buf[filled..]).await.map_err(|e| Error::io(&src, e))?;
+                    if k == 0 {
+                        break;
+                    }
+                    filled += k;
+                }
+                buf.truncate(filled);
+                Ok(if filled == 0 { None } else { Some(Bytes::from(buf)) })
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Bytes>>> + Send>>
+        };
+        self.write_new(rel, next, &progress).await
+    }
+
+    /// Writes a small file whole or not at all (a manifest, the DDL). A try that fails on a
+    /// transient error (a reset, a NameNode that did not answer: its client is retired) is
+    /// made again under a new temp name, up to 3 times: a lost reply costs a retry, not the
+    /// caller's attempt.
+    async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let bytes = Bytes::from(bytes);
+        let what = format!("HDFS write of {}", self.url(rel));
+        super::retry::resending(&what, 3, Duration::from_millis(200), None, Error::is_transient, || {
+            self.put_atomic_once(rel, bytes.clone())
+        })
+        .await
+    }
+
+    /// Writes `bytes` to a temp name next to `rel` and returns that name: the slow half of
+    /// [`Backend::put_atomic`] (its close waits for the block report), which a caller may run
+    /// before `rel` is to appear. Sent again on a transient failure, as `put_atomic` is.
+    async fn write_temp(&self, rel: &str, bytes: Bytes) -> Result<Option<String>> {
+        let what = format!("HDFS write of {}", self.url(rel));
+        super::retry::resending(&what, 3, Duration::from_millis(200), None, Error::is_transient, || {
+            self.write_temp_once(rel, bytes.clone())
+        })
+        .await
+        .map(Some)
+    }
+
+    fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::Other("HDFS write outside the runtime".into()))?;
         handle.block_on(self.put_atomic(rel, bytes.to_vec()))
     }
 
-    pub async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
+    async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
         let (f, t) = (self.path(from), self.path(to));
         if let Some((parent, _)) = t.rsplit_once('/')
             && !parent.is_empty()
@@ -581,7 +665,7 @@ impl HdfsStore {
         }
     }
 
-    pub async fn delete(&self, rel: &str) -> Result<()> {
+    async fn delete(&self, rel: &str) -> Result<()> {
         let path = self.path(rel);
         let p = path.clone();
         match self.call("delete", &path, |c| async move { c.delete(&p, false).await }).await {
@@ -636,4 +720,27 @@ fn build(base: &str, opts: &StoreOptions) -> Result<Arc<Conn>> {
     }
     let client = b.build().map_err(|e| Error::Config { file: base.to_string(), message: format!("cannot set up the HDFS client: {e}") })?;
     Ok(Arc::new(Conn { client, rt: Background(Some(rt)) }))
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+
+    /// Idle entries go on a timer, with nobody taking or returning one, and the sweeper ends
+    /// with its pool.
+    #[tokio::test]
+    async fn an_idle_pool_gives_its_clients_back_and_its_sweeper_ends_with_it() {
+        let pool: Timed<Arc<u32>> = Default::default();
+        let kept = Arc::new(7u32);
+        pool.lock().unwrap().push((Instant::now(), kept.clone()));
+        sweep_while_alive(&pool, Duration::from_millis(20), Duration::from_millis(50));
+        assert_eq!(Arc::strong_count(&kept), 2, "in the pool");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(pool.lock().unwrap().is_empty(), "expired without anyone touching the pool");
+        assert_eq!(Arc::strong_count(&kept), 1, "and dropped");
+        let weak = Arc::downgrade(&pool);
+        drop(pool);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(weak.upgrade().is_none(), "the sweeper holds the pool only weakly");
+    }
 }

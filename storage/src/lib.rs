@@ -1,8 +1,11 @@
 //! One storage abstraction for source, staging and destination, chosen by URL scheme.
 //!
 //! `file://` URLs and plain paths are local directories (a NAS mount looks the same);
-//! `hdfs://` and `viewfs://` go through hdfs-native ([`hdfs`]); `s3://` through object_store
-//! ([`s3`]). Callers never branch on the backend.
+//! `hdfs://` and `viewfs://` go through hdfs-native ([`hdfs`]); `s3://`, `gs://` and `az://`
+//! through object_store, one backend for the three ([`objects`]) with what each service alone
+//! needs in its own module. Each is a [`Backend`]; [`Store`] holds one and adds what is the same
+//! for all.
+//! Callers never branch on the backend.
 //!
 //! Every method takes paths relative to the store's root, with `/` separators, and every
 //! method ends: network calls run under `call_timeout`, streams under a no-progress watchdog.
@@ -11,18 +14,24 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ferry_common::config::StoreOptions;
 use ferry_common::paths;
 
+mod azure;
+mod backend;
 mod error;
+mod gcs;
 pub mod hdfs;
 mod kerberos;
 mod local;
+mod objects;
 mod retry;
-pub mod s3;
+mod s3;
 mod transfer;
 
+pub use backend::{Backend, Capabilities};
 pub use error::{Error, Result};
 pub use local::{LocalStore, Unsynced, hash_file, remove_quiet_dirs, write_atomic};
 pub use retry::Backoff;
@@ -92,12 +101,9 @@ pub struct Prepared {
     temp: Option<String>,
 }
 
+/// A store: one [`Backend`], and what every backend's callers need on top of it.
 #[derive(Debug, Clone)]
-pub enum Store {
-    Local(LocalStore),
-    Hdfs(std::sync::Arc<hdfs::HdfsStore>),
-    S3(std::sync::Arc<s3::S3Store>),
-}
+pub struct Store(Arc<dyn Backend>);
 
 /// A temp file or multipart upload a crashed copy may have left (see [`Store::abandoned`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,18 +147,25 @@ impl Store {
     }
 
     /// `file:///abs/dir`, `/abs/dir`, `rel/dir`, `hdfs://nn-or-nameservice/dir`,
-    /// `viewfs://cluster/dir` or `s3://bucket/prefix`. Other schemes are named in the error.
+    /// `viewfs://cluster/dir`, `s3://bucket/prefix`, `gs://bucket/prefix` or
+    /// `az://container/prefix`. Other schemes are named in the error.
     pub fn open(url: &str, opts: &StoreOptions) -> Result<Store> {
         let path = if let Some(p) = url.strip_prefix("file://") {
             p
         } else if url.starts_with("hdfs://") || url.starts_with("viewfs://") {
-            return Ok(Store::Hdfs(std::sync::Arc::new(hdfs::HdfsStore::new(url, opts)?)));
+            return Ok(Store(Arc::new(hdfs::HdfsStore::new(url, opts)?)));
         } else if url.starts_with("s3://") || url.starts_with("s3a://") {
-            return Ok(Store::S3(std::sync::Arc::new(s3::S3Store::new(url, opts)?)));
+            return Ok(Store(Arc::new(s3::open(url, opts)?)));
+        } else if url.starts_with("gs://") {
+            return Ok(Store(Arc::new(gcs::open(url, opts)?)));
+        } else if url.starts_with("az://") {
+            return Ok(Store(Arc::new(azure::open(url, opts)?)));
         } else if let Some((scheme, _)) = url.split_once("://") {
             return Err(Error::Config {
                 file: url.to_string(),
-                message: format!("storage scheme {scheme}:// is not supported (file://, plain paths, hdfs://, viewfs://, s3://)"),
+                message: format!(
+                    "storage scheme {scheme}:// is not supported (file://, plain paths, hdfs://, viewfs://, s3://, gs://, az://)"
+                ),
             });
         } else {
             url
@@ -160,26 +173,20 @@ impl Store {
         if path.is_empty() {
             return Err(Error::Config { file: url.to_string(), message: "empty storage path".into() });
         }
-        Ok(Store::Local(LocalStore::new(PathBuf::from(path), opts.call_timeout.0)))
+        Ok(Store(Arc::new(LocalStore::new(PathBuf::from(path), opts.call_timeout.0))))
     }
 
     /// The same store on its own connections, for one chunk's work: a connection that hangs
     /// or breaks then holds back that chunk only, never the others (hdfs-native multiplexes
     /// every call of a client over one NameNode connection).
     pub fn isolated(&self) -> Result<Store> {
-        Ok(match self {
-            Store::Hdfs(h) => Store::Hdfs(std::sync::Arc::new(h.isolated()?)),
-            other => other.clone(),
-        })
+        Ok(self.0.isolated()?.map_or_else(|| self.clone(), Store))
     }
 
     /// Multipart uploads (key, id) under the store's root started before `cutoff_ms` and
     /// never completed: what gc would abort. Only S3 has them.
     pub async fn abandoned_uploads(&self, cutoff_ms: i64) -> Result<Vec<(String, String)>> {
-        match self {
-            Store::S3(s) => s.abandoned_uploads(cutoff_ms).await,
-            _ => Ok(vec![]),
-        }
+        self.0.abandoned_uploads(cutoff_ms).await
     }
 
     /// Whether an upload can go straight to its final name. True on S3, where an upload is
@@ -187,7 +194,12 @@ impl Store {
     /// would be a second copy of every byte; false where files grow in place (local, HDFS) and a
     /// temp name keeps half-written files out of sight.
     pub fn uploads_in_place(&self) -> bool {
-        matches!(self, Store::S3(_))
+        self.0.capabilities().uploads_in_place
+    }
+
+    /// What this store's backend can do that others cannot (see [`Capabilities`]).
+    pub fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
     }
 
     /// What crashed copies of `table` may have left in this destination, older than
@@ -205,9 +217,9 @@ impl Store {
                 found.push(Abandoned { chunk: chunk.to_string(), rel: e.rel.clone(), upload: None });
             }
         }
-        if let Store::S3(s) = self {
-            for (key, id) in s.abandoned_uploads(cutoff_ms).await? {
-                let Some(rel) = s.rel_of_key(&key) else { continue };
+        {
+            for (key, id) in self.0.abandoned_uploads(cutoff_ms).await? {
+                let Some(rel) = self.0.rel_of_key(&key) else { continue };
                 let chunk = paths::parse_copy_temp(rel)
                     .map(|(c, ..)| c)
                     .or_else(|| paths::parse_landed(table, rel).map(|(c, _)| c))
@@ -236,10 +248,7 @@ impl Store {
             }
         }
         let uploads: Vec<(String, String)> = chosen.iter().filter_map(|a| Some((a.rel.clone(), a.upload.clone()?))).collect();
-        let aborted = match self {
-            Store::S3(s) if !uploads.is_empty() => s.abort_uploads(&uploads).await,
-            _ => Ok(0),
-        };
+        let aborted = if uploads.is_empty() { Ok(0) } else { self.0.abort_uploads(&uploads).await };
         let files = match first {
             None => Ok(n),
             Some(e) => Err(Error::Incomplete { removed: n, reason: e.to_string() }),
@@ -249,50 +258,30 @@ impl Store {
 
     /// The URL of a path in this store, as recorded in the ledger.
     pub fn url(&self, rel: &str) -> String {
-        match self {
-            Store::Local(l) => l.url(rel),
-            Store::Hdfs(h) => h.url(rel),
-            Store::S3(s) => s.url(rel),
-        }
+        self.0.url(rel)
     }
 
     /// The store's path for a URL this store produced with [`Store::url`], if it is one.
     pub fn rel_of(&self, url: &str) -> Option<String> {
-        match self {
-            Store::Local(l) => l.rel_of(url),
-            Store::Hdfs(h) => h.rel_of(url),
-            Store::S3(s) => s.rel_of(url),
-        }
+        self.0.rel_of(url)
     }
 
     /// Every file below `dir` (recursively), with sizes and modification times.
     pub async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
-        match self {
-            Store::Local(l) => l.list(dir).await,
-            Store::Hdfs(h) => h.list(dir).await,
-            Store::S3(s) => s.list(dir).await,
-        }
+        self.0.list(dir).await
     }
 
     /// [`Store::list`] of a source: one odd entry (a name that is not UTF-8, a directory
     /// without permission, an S3 key with `//`, a `.` or `..` segment or a control character)
     /// is set aside with its reason, and the others are listed.
     pub async fn list_source(&self, dir: &str) -> Result<Listing> {
-        match self {
-            Store::Local(l) => l.list_source(dir).await,
-            Store::Hdfs(h) => Ok(Listing { entries: h.list(dir).await?, set_aside: Vec::new() }),
-            Store::S3(s) => s.list_source(dir).await,
-        }
+        self.0.list_source(dir).await
     }
 
     /// The names directly under `dir` (files and directories), sorted; none if it is missing.
     /// One call on HDFS and S3, where [`Store::list`] of a tree makes one per directory.
     pub async fn children(&self, dir: &str) -> Result<Vec<String>> {
-        let mut names = match self {
-            Store::Local(l) => l.children(dir).await,
-            Store::Hdfs(h) => h.children(dir).await,
-            Store::S3(s) => s.children(dir).await,
-        }?;
+        let mut names = self.0.children(dir).await?;
         names.sort();
         Ok(names)
     }
@@ -326,38 +315,22 @@ impl Store {
     }
 
     pub async fn head(&self, rel: &str) -> Result<Option<Entry>> {
-        match self {
-            Store::Local(l) => l.head(rel).await,
-            Store::Hdfs(h) => h.head(rel).await,
-            Store::S3(s) => s.head(rel).await,
-        }
+        self.0.head(rel).await
     }
 
     pub async fn read(&self, rel: &str) -> Result<Vec<u8>> {
-        match self {
-            Store::Local(l) => l.read(rel).await,
-            Store::Hdfs(h) => h.read(rel).await,
-            Store::S3(s) => s.read(rel).await,
-        }
+        self.0.read(rel).await
     }
 
     /// A blocking reader, for callers already on a blocking thread (splitting large files).
     pub fn open_blocking(&self, rel: &str) -> Result<Box<dyn Read + Send>> {
-        match self {
-            Store::Local(l) => l.open_blocking(rel),
-            Store::Hdfs(h) => h.open_blocking(rel),
-            Store::S3(s) => s.open_blocking(rel),
-        }
+        self.0.open_blocking(rel)
     }
 
     /// Writes `bytes` so that `rel` either does not exist or holds all of them: a temp name in
     /// the same directory, fsync, then rename over `rel`.
     pub async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
-        match self {
-            Store::Local(l) => l.put_atomic(rel, bytes).await,
-            Store::Hdfs(h) => h.put_atomic(rel, bytes).await,
-            Store::S3(s) => s.put_atomic(rel, bytes).await,
-        }
+        self.0.put_atomic(rel, bytes).await
     }
 
     /// Does the slow half of [`Store::put_atomic`] now, so that it can run side by side with
@@ -366,23 +339,20 @@ impl Store {
     /// keeps the bytes (a local write or an S3 PUT is quick, and an S3 PUT is visible at once).
     /// [`Store::commit`] makes the file appear under `rel`; [`Store::discard`] drops it.
     pub async fn prepare_put(&self, rel: &str, bytes: Vec<u8>) -> Result<Prepared> {
-        let temp = match self {
-            Store::Hdfs(h) => Some(h.write_temp(rel, bytes::Bytes::from(bytes.clone())).await?),
-            _ => None,
-        };
+        let temp = self.0.write_temp(rel, bytes::Bytes::from(bytes.clone())).await?;
         Ok(Prepared { rel: rel.to_string(), bytes, temp })
     }
 
     /// Makes a prepared write appear under its name, replacing what is there.
     pub async fn commit(&self, p: Prepared) -> Result<()> {
-        match (self, p.temp) {
-            (Store::Hdfs(h), Some(tmp)) => match h.commit_temp(&tmp, &p.rel).await {
+        match p.temp {
+            Some(tmp) => match self.0.rename_over(&tmp, &p.rel).await {
                 Ok(()) => Ok(()),
                 // The rename failed and its temp file is gone: the whole write once more.
-                Err(e) if e.is_transient() => h.put_atomic(&p.rel, p.bytes).await,
+                Err(e) if e.is_transient() => self.0.put_atomic(&p.rel, p.bytes).await,
                 Err(e) => Err(e),
             },
-            _ => self.put_atomic(&p.rel, p.bytes).await,
+            None => self.0.put_atomic(&p.rel, p.bytes).await,
         }
     }
 
@@ -397,29 +367,17 @@ impl Store {
 
     /// [`Store::put_atomic`] for callers already on a blocking thread.
     pub fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
-        match self {
-            Store::Local(l) => l.put_atomic_blocking(rel, bytes),
-            Store::Hdfs(h) => h.put_atomic_blocking(rel, bytes),
-            Store::S3(s) => s.put_atomic_blocking(rel, bytes),
-        }
+        self.0.put_atomic_blocking(rel, bytes)
     }
 
     /// Renames `from` to `to` unless `to` exists. Returns false (and changes nothing) if it does.
     pub async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
-        match self {
-            Store::Local(l) => l.rename_noreplace(from, to).await,
-            Store::Hdfs(h) => h.rename_noreplace(from, to).await,
-            Store::S3(s) => s.rename_noreplace(from, to).await,
-        }
+        self.0.rename_noreplace(from, to).await
     }
 
     /// Removes a file; a missing file is not an error.
     pub async fn delete(&self, rel: &str) -> Result<()> {
-        match self {
-            Store::Local(l) => l.delete(rel).await,
-            Store::Hdfs(h) => h.delete(rel).await,
-            Store::S3(s) => s.delete(rel).await,
-        }
+        self.0.delete(rel).await
     }
 
     /// Streams a local file to `rel`, hashing what it sends. `progress` is bumped after each
@@ -432,11 +390,7 @@ impl Store {
     /// metadata up front and hashes while sending (one pass instead of two), and never completes
     /// an upload whose bytes differ (the returned hash tells the caller). Others ignore it.
     pub async fn upload_checked(&self, local: &Path, rel: &str, expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
-        match self {
-            Store::Local(l) => l.upload(local, rel, progress).await,
-            Store::Hdfs(h) => h.upload(local, rel, progress).await,
-            Store::S3(s) => s.upload(local, rel, expected, progress).await,
-        }
+        self.0.upload(local, rel, expected, progress).await
     }
 
     /// Streams local file `local` to `rel`, replacing what is there, so that `rel` holds either
@@ -451,30 +405,29 @@ impl Store {
             Some((dir, name)) => format!("{dir}/{}", paths::atomic_temp(name, seq)),
             None => paths::atomic_temp(rel, seq),
         };
-        let sent = match self {
-            Store::S3(s) => return s.upload(local, rel, None, progress).await,
-            Store::Local(l) => match l.upload(local, &tmp, progress).await {
-                Ok(sent) => l.rename_over(&tmp, rel).await.map(|()| sent),
-                Err(e) => Err(e),
-            },
-            Store::Hdfs(h) => match h.upload(local, &tmp, progress).await {
-                // Settles an ambiguous rename itself, and removes the temp file when it fails.
-                Ok(sent) => return h.commit_temp(&tmp, rel).await.map(|()| sent),
-                Err(e) => Err(e),
-            },
+        if self.uploads_in_place() {
+            return self.0.upload(local, rel, None, progress).await;
+        }
+        // The rename settles an ambiguous failure itself (HDFS); a temp file either leaves is
+        // removed here.
+        let sent = match self.0.upload(local, &tmp, None, progress).await {
+            Ok(sent) => self.0.rename_over(&tmp, rel).await.map(|()| sent),
+            Err(e) => Err(e),
         };
         if sent.is_err() {
-            let _ = self.delete(&tmp).await;
+            let _ = self.0.delete(&tmp).await;
         }
         sent
     }
 
+    /// A local directory store, for callers that write its files on this machine directly.
+    pub fn as_local(&self) -> Option<&LocalStore> {
+        self.0.as_local()
+    }
+
     /// Where `rel` is on this machine's file system, for a local directory store.
     pub fn local_path(&self, rel: &str) -> Option<PathBuf> {
-        match self {
-            Store::Local(l) => Some(l.path(rel)),
-            _ => None,
-        }
+        self.0.as_local().map(|l| l.path(rel))
     }
 
     /// Removes temp files (`.<name>.tmp`, left by a writer that crashed) below `dir` whose
@@ -519,11 +472,7 @@ impl Store {
 
     /// Hashes a stored file (to check a landed or published file after an ambiguous failure).
     pub async fn hash(&self, rel: &str) -> Result<(u64, String)> {
-        match self {
-            Store::Local(l) => l.hash(rel).await,
-            Store::Hdfs(h) => h.hash(rel).await,
-            Store::S3(s) => s.hash(rel).await,
-        }
+        self.0.hash(rel).await
     }
 }
 

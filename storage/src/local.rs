@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use ferry_common::paths;
 
+use crate::backend::{Backend, Capabilities};
 use crate::error::{Error, Result};
 use crate::{Entry, Progress};
 
@@ -32,21 +33,37 @@ impl LocalStore {
         self.abs(rel)
     }
 
-    pub(crate) fn url(&self, rel: &str) -> String {
+    /// [`Backend::put_atomic_blocking`] up to its fsync: see [`Unsynced`].
+    pub fn write_unsynced_blocking(&self, rel: &str, bytes: &[u8]) -> Result<Unsynced> {
+        Unsynced::write(&self.abs(rel), bytes)
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for LocalStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    fn as_local(&self) -> Option<&LocalStore> {
+        Some(self)
+    }
+
+    fn url(&self, rel: &str) -> String {
         format!("file://{}", self.abs(rel).display())
     }
 
-    pub(crate) fn rel_of(&self, url: &str) -> Option<String> {
+    fn rel_of(&self, url: &str) -> Option<String> {
         let p = url.strip_prefix("file://").unwrap_or(url);
         Path::new(p).strip_prefix(&self.root).ok().map(|r| r.to_string_lossy().into_owned())
     }
 
-    pub(crate) async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+    async fn list(&self, dir: &str) -> Result<Vec<Entry>> {
         Ok(self.list_source(dir).await?.entries)
     }
 
-    /// [`LocalStore::list`], with the entries it could not take (see `walk`) and why.
-    pub(crate) async fn list_source(&self, dir: &str) -> Result<crate::Listing> {
+    /// [`Backend::list`], with the entries it could not take (see `walk`) and why.
+    async fn list_source(&self, dir: &str) -> Result<crate::Listing> {
         let (root, start) = (self.root.clone(), self.abs(dir));
         blocking(self.call_timeout * 4, "list", move || {
             let mut out = crate::Listing::default();
@@ -59,7 +76,7 @@ impl LocalStore {
         .await
     }
 
-    pub(crate) async fn children(&self, dir: &str) -> Result<Vec<String>> {
+    async fn children(&self, dir: &str) -> Result<Vec<String>> {
         let p = self.abs(dir);
         blocking(self.call_timeout, "list", move || {
             let rd = match std::fs::read_dir(&p) {
@@ -72,7 +89,7 @@ impl LocalStore {
         .await
     }
 
-    pub(crate) async fn head(&self, rel: &str) -> Result<Option<Entry>> {
+    async fn head(&self, rel: &str) -> Result<Option<Entry>> {
         let p = self.abs(rel);
         let rel = rel.to_string();
         blocking(self.call_timeout, "stat", move || match std::fs::metadata(&p) {
@@ -83,32 +100,27 @@ impl LocalStore {
         .await
     }
 
-    pub(crate) async fn read(&self, rel: &str) -> Result<Vec<u8>> {
+    async fn read(&self, rel: &str) -> Result<Vec<u8>> {
         let p = self.abs(rel);
         blocking(self.call_timeout * 4, "read", move || std::fs::read(&p).map_err(|e| Error::io(p.display(), e))).await
     }
 
-    pub(crate) fn open_blocking(&self, rel: &str) -> Result<Box<dyn Read + Send>> {
+    fn open_blocking(&self, rel: &str) -> Result<Box<dyn Read + Send>> {
         let p = self.abs(rel);
         let f = std::fs::File::open(&p).map_err(|e| Error::io(p.display(), e))?;
         Ok(Box::new(f))
     }
 
-    pub(crate) async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+    async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
         let p = self.abs(rel);
         blocking(self.call_timeout * 4, "write", move || write_atomic(&p, &bytes)).await
     }
 
-    pub(crate) fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
+    fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
         write_atomic(&self.abs(rel), bytes)
     }
 
-    /// [`LocalStore::put_atomic_blocking`] up to its fsync: see [`Unsynced`].
-    pub fn write_unsynced_blocking(&self, rel: &str, bytes: &[u8]) -> Result<Unsynced> {
-        Unsynced::write(&self.abs(rel), bytes)
-    }
-
-    pub(crate) async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
+    async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
         let (a, b) = (self.abs(from), self.abs(to));
         blocking(self.call_timeout, "rename", move || {
             if let Some(dir) = b.parent() {
@@ -129,7 +141,7 @@ impl LocalStore {
     }
 
     /// Renames `from` over `to` (replacing it) and makes the rename durable.
-    pub(crate) async fn rename_over(&self, from: &str, to: &str) -> Result<()> {
+    async fn rename_over(&self, from: &str, to: &str) -> Result<()> {
         let (a, b) = (self.abs(from), self.abs(to));
         blocking(self.call_timeout, "rename", move || {
             std::fs::rename(&a, &b).map_err(|e| Error::io(format!("{} -> {}", a.display(), b.display()), e))?;
@@ -139,7 +151,7 @@ impl LocalStore {
         .await
     }
 
-    pub(crate) async fn delete(&self, rel: &str) -> Result<()> {
+    async fn delete(&self, rel: &str) -> Result<()> {
         let p = self.abs(rel);
         blocking(self.call_timeout, "delete", move || match std::fs::remove_file(&p) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(p.display(), e)),
@@ -148,7 +160,7 @@ impl LocalStore {
         .await
     }
 
-    pub(crate) async fn upload(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
+    async fn upload(&self, local: &Path, rel: &str, _expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
         let (src, dst) = (local.to_path_buf(), self.abs(rel));
         // Bounded by the caller's deadline and watchdog (it moves `progress`).
         blocking(Duration::MAX, "upload", move || {
@@ -179,7 +191,7 @@ impl LocalStore {
         .await
     }
 
-    pub(crate) async fn hash(&self, rel: &str) -> Result<(u64, String)> {
+    async fn hash(&self, rel: &str) -> Result<(u64, String)> {
         let p = self.abs(rel);
         blocking(self.call_timeout * 4, "hash", move || hash_file(&p)).await
     }

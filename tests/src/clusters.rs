@@ -6,7 +6,12 @@
 //! - [`S3Server`]: the S3-compatible server the test command starts behind TLS with a CA it
 //!   generates (`scripts/s3.sh`); tests read its address from `FERRY_TEST_S3_*`.
 //!
-//! Neither is optional: a missing server is a failed test, never a skipped one.
+//! - [`GcsServer`] and [`AzureServer`]: the Google Cloud Storage and Azure Blob Storage
+//!   emulators the test command starts behind TLS (`scripts/emulators/gcs.sh`, ferry-gcs;
+//!   `scripts/emulators/azurite.sh`, Azurite); tests read them from `FERRY_TEST_GCS_*` and
+//!   `FERRY_TEST_AZURE_*`.
+//!
+//! None is optional: a missing server is a failed test, never a skipped one.
 
 use std::io::BufRead;
 use std::net::SocketAddr;
@@ -286,5 +291,86 @@ impl S3Server {
             self.access_key,
             self.secret_key
         )
+    }
+}
+
+fn test_env(k: &str, how: &str) -> String {
+    std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: start the server first ({how}; scripts/test.sh does)"))
+}
+
+fn loopback_addr(var: &str, endpoint: &str) -> SocketAddr {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let hostport = rest.split('/').next().unwrap_or_default();
+    hostport.parse().unwrap_or_else(|_| panic!("{var} {endpoint}: want https://127.0.0.1:port[/path]"))
+}
+
+/// The GCS emulator (ferry-gcs) the test command starts.
+pub struct GcsServer {
+    /// `https://127.0.0.1:<port>`
+    pub endpoint: String,
+    pub addr: SocketAddr,
+    pub bucket: String,
+    pub ca: PathBuf,
+    /// A service account key file without keys (`disable_oauth`): requests carry no token.
+    pub service_account: PathBuf,
+}
+
+impl GcsServer {
+    pub fn from_env() -> GcsServer {
+        let how = "`. scripts/emulators/gcs.sh && ferry_start_gcs`";
+        let endpoint = test_env("FERRY_TEST_GCS_ENDPOINT", how);
+        GcsServer {
+            addr: loopback_addr("FERRY_TEST_GCS_ENDPOINT", &endpoint),
+            endpoint,
+            bucket: test_env("FERRY_TEST_GCS_BUCKET", how),
+            ca: PathBuf::from(test_env("FERRY_TEST_GCS_CA", how)),
+            service_account: PathBuf::from(test_env("FERRY_TEST_GCS_SERVICE_ACCOUNT", how)),
+        }
+    }
+
+    /// Store options for this server at `endpoint` (the server itself, or a proxy in front).
+    pub fn store_options(&self, endpoint: &str) -> ferry_common::config::StoreOptions {
+        let mut o = ferry_common::config::StoreOptions::default();
+        o.gcs.endpoint = Some(endpoint.to_string());
+        o.gcs.service_account = Some(self.service_account.clone());
+        o.gcs.ca_bundle = Some(self.ca.clone());
+        o
+    }
+}
+
+/// The Azure Blob Storage emulator (Azurite) the test command starts.
+pub struct AzureServer {
+    /// `https://127.0.0.1:<port>/<account>`: the account's blob endpoint.
+    pub endpoint: String,
+    pub addr: SocketAddr,
+    pub account: String,
+    pub key: String,
+    pub container: String,
+    pub ca: PathBuf,
+}
+
+impl AzureServer {
+    pub fn from_env() -> AzureServer {
+        let how = "`. scripts/emulators/azurite.sh && ferry_start_azurite`";
+        let endpoint = test_env("FERRY_TEST_AZURE_ENDPOINT", how);
+        AzureServer {
+            addr: loopback_addr("FERRY_TEST_AZURE_ENDPOINT", &endpoint),
+            endpoint,
+            account: test_env("FERRY_TEST_AZURE_ACCOUNT", how),
+            key: test_env("FERRY_TEST_AZURE_KEY", how),
+            container: test_env("FERRY_TEST_AZURE_CONTAINER", how),
+            ca: PathBuf::from(test_env("FERRY_TEST_AZURE_CA", how)),
+        }
+    }
+
+    /// Store options for this server, reached at `host_port` (the server itself, or a proxy
+    /// in front): the account path stays.
+    pub fn store_options(&self, host_port: &str) -> ferry_common::config::StoreOptions {
+        let mut o = ferry_common::config::StoreOptions::default();
+        o.azure.endpoint = Some(format!("https://{host_port}/{}", self.account));
+        o.azure.account = Some(self.account.clone());
+        o.azure.access_key = Some(self.key.clone());
+        o.azure.ca_bundle = Some(self.ca.clone());
+        o
     }
 }

@@ -227,9 +227,9 @@ max_bad_records = 5
         last
     }
 
-    /// One value from the ledger, through the sqlite3 command line (an independent reader).
-    pub fn sql(&self, q: &str) -> String {
-        let out = Command::new("python3")
+    /// `q` on the ledger through Python's sqlite3 (an independent reader): its first value.
+    fn query(&self, q: &str) -> std::process::Output {
+        Command::new("python3")
             .args([
                 "-c",
                 "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(sys.argv[2]).fetchone(); print('' if r is None else r[0])",
@@ -237,9 +237,33 @@ max_bad_records = 5
             .arg(self.path("ledger.db"))
             .arg(q)
             .output()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// One value from the ledger, through the sqlite3 command line (an independent reader).
+    pub fn sql(&self, q: &str) -> String {
+        let out = self.query(q);
         assert!(out.status.success(), "{q}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// A count from the ledger, or None while it cannot be read yet (no stage has made its
+    /// tables: services just started under load).
+    pub fn try_count(&self, q: &str) -> Option<i64> {
+        let out = self.query(q);
+        if !out.status.success() {
+            return None;
+        }
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    }
+
+    /// Every one of `files` source files taken in, every chunk through load, nothing waiting
+    /// (false while the ledger has no tables yet).
+    pub fn drained(&self, files: i64) -> bool {
+        let n = |q: &str| self.try_count(q);
+        n("SELECT COUNT(*) FROM source_files WHERE state <> 'registered'") == Some(files)
+            && n("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == Some(0)
+            && n("SELECT COUNT(*) FROM tasks WHERE stage = 'load'").is_some_and(|l| Some(l) == n("SELECT COUNT(*) FROM chunks"))
     }
 
     /// A count (or any integer) from the ledger.
@@ -297,12 +321,21 @@ pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
 }
 
 /// Polls `f` every half second until it holds; fails the test naming `what` after `limit`.
-pub fn wait_until(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, limit: std::time::Duration, f: impl FnMut() -> bool) {
+    assert!(held_within(limit, f), "{what}: not within {limit:?}");
+}
+
+/// Polls `f` every half second until it holds (true) or `limit` has passed (false): for a test
+/// that has more to say than [`wait_until`] when it fails.
+pub fn held_within(limit: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
     let t0 = std::time::Instant::now();
     while !f() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        if t0.elapsed() >= limit {
+            return false;
+        }
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
+    true
 }
 
 /// A stage running under `--watch` (see [`Pipeline::watch`]).

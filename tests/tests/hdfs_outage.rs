@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use ferry_tests::clusters::MiniDfs;
-use ferry_tests::{Pipeline, STAGES, input_digest, table_digest, wait_until};
+use ferry_tests::{Pipeline, STAGES, held_within, input_digest, table_digest, wait_until};
 
 fn outage() -> Duration {
     Duration::from_secs(std::env::var("FERRY_TEST_OUTAGE_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(180))
@@ -33,11 +33,10 @@ fn short_budget(p: &Pipeline) {
     std::fs::write(&p.config, cfg).unwrap();
 }
 
-/// Every file registered, every chunk through load, nothing waiting.
-fn drained(p: &Pipeline, files: i64) -> bool {
-    p.count("SELECT COUNT(*) FROM source_files WHERE state <> 'registered'") == files
-        && p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == 0
-        && p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load'") == p.count("SELECT COUNT(*) FROM chunks")
+/// The last `n` lines of a service's log, without the retry chatter.
+fn last_lines(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.contains("ferry_storage::retry")).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn outage_rows(p: &Pipeline) -> String {
@@ -69,7 +68,7 @@ fn namenode_stopped_under_four_watch_services(role: &str, store_label: &str, sta
     short_budget(&p);
     p.add_jsonl_batch("a", 2, 1000, 51);
     let mut services: Vec<_> = STAGES.iter().map(|s| p.watch(s, &[])).collect();
-    wait_until("the first batch published", Duration::from_secs(180), || drained(&p, 2));
+    wait_until("the first batch published", Duration::from_secs(180), || p.drained(2));
     let mut files = 2;
     if role == "staging" {
         // Extract cannot stage anything while staging is down (it waits the pass out), so give
@@ -119,7 +118,25 @@ fn namenode_stopped_under_four_watch_services(role: &str, store_label: &str, sta
     let back = Instant::now();
     nn.start_namenode();
     eprintln!("the {role} NameNode was down {:.0}s and took {:.1}s to start", t0.elapsed().as_secs_f64(), back.elapsed().as_secs_f64());
-    wait_until("everything published after the NameNode came back", Duration::from_secs(300), || drained(&p, files));
+    if !held_within(Duration::from_secs(300), || p.drained(files)) {
+        let state = p.sql(
+            "SELECT group_concat(x, '; ') FROM (SELECT stage || ' ' || state || ' ' || COUNT(*) AS x FROM tasks GROUP BY stage, state \
+             UNION ALL SELECT 'file ' || state || ' ' || COUNT(*) FROM source_files GROUP BY state)",
+        );
+        let failed = p.sql("SELECT group_concat(stage || ' ' || outcome || ': ' || COALESCE(error, ''), '\n') FROM (SELECT * FROM attempts WHERE outcome <> 'done' ORDER BY id DESC LIMIT 20)");
+        let tails: Vec<String> = services
+            .drain(..)
+            .map(|s| {
+                let name = s.name.clone();
+                format!("--- {name}\n{}", last_lines(&s.stop().2, 80))
+            })
+            .collect();
+        panic!(
+            "not drained 300s after the {role} NameNode came back: {state}\noutages {}\nlast failed attempts:\n{failed}\n{}",
+            outage_rows(&p),
+            tails.join("\n")
+        );
+    }
     eprintln!("drained {:.1}s after the NameNode came back", back.elapsed().as_secs_f64());
     for s in services.drain(..) {
         let name = s.name.clone();
@@ -178,7 +195,7 @@ fn an_ha_failover_of_the_destination_while_copy_and_load_are_busy() {
         assert!(copy.running() && load.running(), "a failover ended a service");
         std::thread::sleep(Duration::from_secs(3));
     }
-    wait_until("everything published", Duration::from_secs(300), || drained(&p, 8));
+    wait_until("everything published", Duration::from_secs(300), || p.drained(8));
     let busy = failovers.iter().filter(|(_, done)| *done < chunks).count();
     assert!(busy >= 1, "no failover happened while chunks were left: {failovers:?} of {chunks}");
     for s in [copy, load] {

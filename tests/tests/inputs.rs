@@ -544,3 +544,28 @@ fn a_new_file_is_read_once_and_its_staged_chunks_are_all_accounted_for() {
     }
     assert_eq!(p.table_digest()["rows"], 600);
 }
+
+/// A bug met by one file (a panic while splitting it; debug builds stand one in when the file's
+/// name holds FERRY_TEST_PANIC_SPLITTING) quarantines that file with the panic's text, under its
+/// real hash: the files beside it are published, and later passes leave it alone.
+#[test]
+fn a_panic_while_splitting_one_file_quarantines_it_and_the_others_flow_on() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.add_jsonl_batch("good", 3, 400, 21);
+    p.add_jsonl_batch("boom", 1, 400, 22);
+    p.stage_env("ferry-extract", "FERRY_TEST_PANIC_SPLITTING", "boom-");
+    let out = p.stage("ferry-extract");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "one file quarantined, the pass went on: {log}");
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'"), 3, "{log}");
+    let reason = p.sql("SELECT error FROM source_files WHERE state = 'quarantined'");
+    assert!(reason.contains("boom-") && reason.contains("Ferry failed while splitting this file"), "{reason}");
+    let hash = p.sql("SELECT content_hash FROM source_files WHERE state = 'quarantined'");
+    assert!(hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()), "recorded under the file's own hash: {hash}");
+    // Later passes skip it: no second row, no second reason.
+    let again = p.stage("ferry-extract");
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files"), 4, "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'quarantined'"), 1);
+    p.stages_ok(&["ferry-transform", "ferry-copy", "ferry-load"]);
+    assert_eq!(p.table_digest()["rows"], 1200, "the other files are published whole");
+}

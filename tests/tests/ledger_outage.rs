@@ -94,7 +94,8 @@ fn a_stage_paused_past_its_lease_answers_sigterm_within_its_grace() {
     let chunks = pg.count("SELECT COUNT(*) FROM chunks");
     assert!(chunks >= 40, "{chunks} chunks");
     for round in 0..4 {
-        let copy = p.watch("ferry-copy", &["--grace", "3s", "--concurrency", "2"]);
+        // Past its start checks first: the freeze is meant to catch it at work.
+        let copy = p.watch_started("ferry-copy", &["--grace", "3s", "--concurrency", "2"]);
         std::thread::sleep(Duration::from_millis(150 + 100 * round));
         let pid = copy.child.id().to_string();
         // A VM freeze: stopped well past the lease, so its chunks are taken over...

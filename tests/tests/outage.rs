@@ -99,13 +99,6 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
     assert_eq!(got["rows"], 4500);
 }
 
-/// Every file registered, every chunk through load, nothing waiting.
-fn drained(p: &Pipeline, files: i64) -> bool {
-    p.count("SELECT COUNT(*) FROM source_files WHERE state <> 'registered'") == files
-        && p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == 0
-        && p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load'") == p.count("SELECT COUNT(*) FROM chunks")
-}
-
 /// `[<section>]` on the S3 test server behind `proxy`, with short deadlines.
 fn s3_section(section: &str, s3: &S3Server, proxy: &FaultProxy, prefix: &str) -> String {
     format!(
@@ -138,7 +131,7 @@ fn a_ten_minute_destination_outage_under_four_watch_services() {
     short_budget(&p);
     p.add_jsonl_batch("a", 2, 1000, 51);
     let mut services: Vec<_> = ferry_tests::STAGES.iter().map(|s| p.watch(s, &[])).collect();
-    wait_until("the first batch published", Duration::from_secs(120), || drained(&p, 2));
+    wait_until("the first batch published", Duration::from_secs(120), || p.drained(2));
 
     let t0 = Instant::now();
     proxy.set(Faults { reset: 1.0, reset_within: 1, ..Faults::default() });
@@ -171,7 +164,7 @@ fn a_ten_minute_destination_outage_under_four_watch_services() {
     }
     let healed = Instant::now();
     proxy.clear();
-    wait_until("everything published after the outage", Duration::from_secs(300), || drained(&p, files));
+    wait_until("everything published after the outage", Duration::from_secs(300), || p.drained(files));
     eprintln!("drained {:.1}s after the destination came back ({})", healed.elapsed().as_secs_f64(), proxy.summary());
     for s in services.drain(..) {
         let name = s.name.clone();
@@ -236,7 +229,7 @@ fn staging_unreachable_heals_by_itself() {
     assert!(String::from_utf8_lossy(&once.stderr).contains("no progress"), "{}", String::from_utf8_lossy(&once.stderr));
 
     proxy.clear();
-    wait_until("everything published after staging came back", Duration::from_secs(240), || drained(&p, 5));
+    wait_until("everything published after staging came back", Duration::from_secs(240), || p.drained(5));
     for s in services.drain(..) {
         let name = s.name.clone();
         let (code, _, log) = s.stop();

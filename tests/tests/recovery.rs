@@ -257,7 +257,13 @@ fn gc_removes_a_landed_copy_of_a_published_chunk() {
     std::fs::create_dir_all(pending.parent().unwrap()).unwrap();
     std::fs::write(&pending, b"x").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    let out = ok(&ferry(&p, &["gc", "--older-than", "1s"]), "gc");
+    // Sweeps run by name: another one leaves it, an unknown name is refused with the names.
+    let out = ok(&ferry(&p, &["gc", "--older-than", "1s", "--sweep", "spent-spool", "--sweep", "staging-temps"]), "gc");
+    assert!(stray.exists(), "only the named sweeps ran: {out}");
+    let out = ferry(&p, &["gc", "--sweep", "everything"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("stray-landed"), "an unknown sweep is refused, naming the sweeps: {said}");
+    let out = ok(&ferry(&p, &["gc", "--older-than", "1s", "--sweep", "stray-landed"]), "gc");
     assert!(!stray.exists(), "the zombie's landed copy is gone: {out}");
     assert!(pending.exists(), "a landed file waiting for load stays");
     assert!(p.path(&format!("wh/{path}")).exists(), "the published file stays");

@@ -43,8 +43,9 @@ fn extract_does_not_list_the_staged_table_every_pass() {
 #[test]
 fn a_file_longer_to_split_than_the_health_window_keeps_the_stage_healthy() {
     use std::io::{Read, Write};
-    let p = Pipeline::new("1MiB", "30s", "0s");
-    // ~1.2 GiB of JSON lines: seconds to read, hash and split (3-4 s here), in chunks of 1 MiB.
+    let p = Pipeline::new("256KiB", "30s", "0s");
+    // ~1.2 GiB of JSON lines in ~4,800 chunks of 256 KiB, each written and synced: several
+    // seconds to read, hash and split, even on an idle machine.
     let mut w = std::io::BufWriter::new(std::fs::File::create(p.path("in/big.jsonl")).unwrap());
     let payload = "p".repeat(300);
     for i in 0..3_300_000u64 {
@@ -56,7 +57,9 @@ fn a_file_longer_to_split_than_the_health_window_keeps_the_stage_healthy() {
     }
     w.into_inner().unwrap().sync_all().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let svc = p.watch("ferry-extract", &["--metrics-addr", &format!("127.0.0.1:{port}"), "--health-window", "1s"]);
+    // The window is 2 s, not less: the quiet it measures is one step at a time (a chunk's write
+    // and sync, one ledger commit), and on a busy 2-core machine a single sync can take a second.
+    let svc = p.watch("ferry-extract", &["--metrics-addr", &format!("127.0.0.1:{port}"), "--health-window", "2s"]);
     let healthz = || -> Option<u16> {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(10))).ok()?;
@@ -69,10 +72,7 @@ fn a_file_longer_to_split_than_the_health_window_keeps_the_stage_healthy() {
     let (mut checks, mut unhealthy) = (0, Vec::new());
     loop {
         // Before extract has made the ledger's tables, the query fails: not chunked yet.
-        let chunked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            p.count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'") == 1
-        }))
-        .unwrap_or(false);
+        let chunked = p.try_count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'") == Some(1);
         if let Some(code) = healthz() {
             checks += 1;
             if code != 200 {
@@ -88,7 +88,8 @@ fn a_file_longer_to_split_than_the_health_window_keeps_the_stage_healthy() {
     let took = t0.elapsed();
     let (code, _, log) = svc.stop();
     assert_eq!(code, Some(0), "{log}");
-    assert!(took > std::time::Duration::from_secs(2), "the split must outlast the 1 s window twice to show anything: {took:?}");
+    eprintln!("split in {took:?}, /healthz asked {checks} times");
+    assert!(took > std::time::Duration::from_secs(3), "the split must outlast the 2 s window to show anything: {took:?}");
     assert!(unhealthy.is_empty(), "/healthz failed while the file was being split ({took:?}): {unhealthy:?}");
     assert!(checks > 5, "/healthz was asked during the split: {checks}");
 }

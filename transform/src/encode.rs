@@ -88,12 +88,12 @@ impl Codec {
     fn compress(&mut self, data: &[u8]) -> Result<Vec<u8>> {
         match self {
             Codec::None => {
-                let mut out = crate::pool::take(data.len());
+                let mut out = ferry_formats::pool::take(data.len());
                 out.extend_from_slice(data);
                 Ok(out)
             }
             Codec::Zstd(c) => {
-                let mut out = crate::pool::take(zstd::zstd_safe::compress_bound(data.len()));
+                let mut out = ferry_formats::pool::take(zstd::zstd_safe::compress_bound(data.len()));
                 c.compress_to_buffer(data, &mut out)?;
                 Ok(out)
             }
@@ -266,7 +266,7 @@ impl Column {
             nullable,
             use_dict,
             page: {
-                let mut page = crate::pool::take(PAGE_BYTES + GAP + (64 << 10));
+                let mut page = ferry_formats::pool::take(PAGE_BYTES + GAP + (64 << 10));
                 page.resize(GAP, 0);
                 page
             },
@@ -456,14 +456,14 @@ impl Column {
             *pos += (header.len() + body.len()) as u64;
             self.uncompressed += (header.len() + raw.len()) as i64;
             self.compressed += (header.len() + body.len()) as i64;
-            crate::pool::give(body);
+            ferry_formats::pool::give(body);
         }
         let data_page_offset = *pos as i64;
         for (header, body) in self.pages.drain(..) {
             out.write_all(&header)?;
             out.write_all(&body)?;
             *pos += (header.len() + body.len()) as u64;
-            crate::pool::give(body);
+            ferry_formats::pool::give(body);
         }
         let mut encodings = Vec::new();
         if self.plain_pages {
@@ -492,9 +492,9 @@ impl Column {
 
 impl Drop for Column {
     fn drop(&mut self) {
-        crate::pool::give(std::mem::take(&mut self.page));
+        ferry_formats::pool::give(std::mem::take(&mut self.page));
         for (_, body) in self.pages.drain(..) {
-            crate::pool::give(body);
+            ferry_formats::pool::give(body);
         }
     }
 }

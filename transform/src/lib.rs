@@ -7,91 +7,80 @@
 //! reason, in the ledger's `rejects` table and a rejects file; more than that, or a chunk that
 //! cannot be decoded at all, quarantines the chunk. Other chunks never wait for it.
 
-pub mod avro;
-pub mod decode;
 pub mod encode;
 pub mod exact;
 pub mod ops;
-mod pool;
 pub mod schema;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, new_null_array};
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use ferry_common::config::{self, Config, Format};
-use ferry_common::error::{Classified, ConfigError, ErrorClass};
+use ferry_common::error::ErrorClass;
 use ferry_common::paths;
+use ferry_formats::decode;
 use ferry_ledger::{Chunk, Lease, Ledger, Part, Reject, Work};
+use ferry_runtime::sweeps::{Places, Sweep};
+use ferry_runtime::{Failure, StageError};
 use ferry_storage::Store;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
-/// The transform stage's one error type; [`Classified::class`] decides retry-or-not.
+/// The transform stage's error: the kinds every stage shares ([`StageError`], with the one
+/// rule for retry-or-not) and transform's own.
+pub type TransformError = StageError<TransformFailure>;
+
+/// What only transform meets.
 #[derive(Debug, thiserror::Error)]
-pub enum TransformError {
+pub enum TransformFailure {
     /// The input cannot be turned into table rows; retrying will not help.
     #[error("bad input: {0}")]
     BadInput(String),
     /// The configuration does not fit the data (a missing column, an unknown function).
     #[error("configuration: {0}")]
     Config(String),
-    #[error(transparent)]
-    ConfigFile(#[from] ConfigError),
-    #[error(transparent)]
-    Ledger(#[from] ferry_ledger::Error),
-    #[error(transparent)]
-    Storage(#[from] ferry_storage::Error),
-    /// Reading the staged chunk or writing the spool (a full disk, a vanished directory).
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("internal: {0}")]
-    Internal(String),
+    /// Another chunk moved the table to a new schema version while this one was written in
+    /// it: redone in the new one.
+    #[error("schema moved: {0}")]
+    SchemaMoved(String),
 }
 
-impl TransformError {
-    pub fn internal(e: impl std::fmt::Display) -> Self {
-        TransformError::Internal(e.to_string())
-    }
-
-    pub fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
-        TransformError::Io { path: path.to_string(), source }
-    }
-}
-
-impl Classified for TransformError {
+impl Failure for TransformFailure {
+    const STORE: &'static str = "staging";
     fn class(&self) -> ErrorClass {
         match self {
-            TransformError::BadInput(_) | TransformError::Config(_) => ErrorClass::Permanent,
-            TransformError::ConfigFile(e) => e.class(),
-            TransformError::Ledger(e) => e.class(),
-            TransformError::Storage(e) => e.class(),
-            TransformError::Io { source, .. } => ferry_common::error::io_error_class(source),
-            // Arrow and Parquet errors here are mostly I/O on the spool (a full disk).
-            TransformError::Internal(_) => ErrorClass::Transient,
-        }
-    }
-    fn store(&self) -> Option<&'static str> {
-        match self {
-            TransformError::Storage(_) => Some("staging"),
-            TransformError::Ledger(e) if e.is_transient() => Some("ledger"),
-            _ => None,
+            TransformFailure::BadInput(_) | TransformFailure::Config(_) => ErrorClass::Permanent,
+            TransformFailure::SchemaMoved(_) => ErrorClass::Transient,
         }
     }
     fn is_config(&self) -> bool {
-        match self {
-            TransformError::Config(_) | TransformError::ConfigFile(_) => true,
-            TransformError::Ledger(e) => e.is_config(),
-            TransformError::Storage(e) => e.is_config(),
-            _ => false,
-        }
+        matches!(self, TransformFailure::Config(_))
+    }
+}
+
+/// Input that cannot become table rows: the chunk is quarantined with this reason.
+pub(crate) fn bad_input(reason: impl Into<String>) -> TransformError {
+    TransformError::Stage(TransformFailure::BadInput(reason.into()))
+}
+
+/// The configuration does not fit the data.
+pub(crate) fn misconfigured(reason: impl Into<String>) -> TransformError {
+    TransformError::Stage(TransformFailure::Config(reason.into()))
+}
+
+/// An error of the Parquet writer on `path` in the spool: its I/O errors (a full disk) keep
+/// their class; anything else is a bug.
+fn spool_write(path: &Path, e: parquet::errors::ParquetError) -> TransformError {
+    match e {
+        parquet::errors::ParquetError::External(inner) => match inner.downcast::<std::io::Error>() {
+            Ok(io) => TransformError::io(path.display(), *io),
+            Err(other) => TransformError::Internal(format!("writing {}: {other}", path.display())),
+        },
+        other => TransformError::Internal(format!("writing {}: {other}", path.display())),
     }
 }
 
@@ -151,7 +140,7 @@ impl Workers {
             }
         });
         self.jobs.lock().unwrap_or_else(|e| e.into_inner()).send(job).map_err(TransformError::internal)?;
-        rx.await.map_err(|_| TransformError::Internal("a transform thread panicked".into()))
+        rx.await.map_err(|_| TransformError::Panicked("a transform thread panicked".into()))
     }
 }
 
@@ -166,15 +155,8 @@ impl Transformer {
         let plan = ops::Plan::new(&cfg.transform, &cfg.table.partition_by)?;
         let declared = (!cfg.table.columns.is_empty()).then(|| decode::table_schema(&cfg.table.columns));
         let t = &cfg.transform;
-        let level_err = |e: parquet::errors::ParquetError| TransformError::Config(format!("transform.compression_level: {e}"));
-        let compression = match t.compression {
-            config::Compression::Zstd => Compression::ZSTD(ZstdLevel::try_new(t.compression_level).map_err(level_err)?),
-            config::Compression::Gzip => Compression::GZIP(GzipLevel::try_new(t.compression_level as u32).map_err(level_err)?),
-            config::Compression::Snappy => Compression::SNAPPY,
-            config::Compression::Lz4 => Compression::LZ4_RAW,
-            config::Compression::None => Compression::UNCOMPRESSED,
-        };
-        let props = WriterProperties::builder().set_compression(compression).set_max_row_group_row_count(Some(t.row_group_size)).build();
+        let props =
+            WriterProperties::builder().set_compression(parquet_codec(t)?).set_max_row_group_row_count(Some(t.row_group_size)).build();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cpu = Workers::new(cores.min(cfg.transform.concurrency).max(1));
         Ok(Transformer { cfg, ledger, staging, plan, declared, props, cpu })
@@ -183,7 +165,8 @@ impl Transformer {
     /// Removes spool temp files left by a transform that crashed.
     pub async fn gc(&self) -> Result<(), TransformError> {
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
-        spool.remove_stale_temps(&self.cfg.table.name, self.cfg.temp_cutoff_ms(self.ledger.now_ms())).await?;
+        let at = Places { cfg: &self.cfg, ledger: &self.ledger, staging: None, destination: None, spool: Some(&spool) };
+        Sweep::SpoolTemps.run(&at, self.cfg.temp_cutoff_ms(self.ledger.now_ms())).await?;
         Ok(())
     }
 
@@ -203,20 +186,20 @@ impl Transformer {
         let rel = self
             .staging
             .rel_of(&chunk.location)
-            .ok_or_else(|| TransformError::Config(format!("chunk {} is staged at {}, outside staging.url", chunk.id, chunk.location)))?;
+            .ok_or_else(|| misconfigured(format!("chunk {} is staged at {}, outside staging.url", chunk.id, chunk.location)))?;
         let format = chunk.format;
         let this = self.clone();
         let c = chunk.clone();
         let table = self.cfg.table.name.clone();
         let latest = self.ledger.table_schemas(&table).await?.pop();
         let out = self.cpu.run(move || this.transform_blocking(&c, &rel, format, latest.as_ref())).await?.map_err(|e| match e {
-            TransformError::BadInput(m) => TransformError::BadInput(format!("{}: {m}", chunk.file_uri)),
+            TransformError::Stage(TransformFailure::BadInput(m)) => bad_input(format!("{}: {m}", chunk.file_uri)),
             other => other,
         })?;
         let Transformed { written, rejects, notes, fit } = out;
         let parts = tokio::task::spawn_blocking(move || written.into_iter().map(Written::persist).collect::<Result<Vec<_>, _>>())
             .await
-            .map_err(TransformError::internal)??;
+            .map_err(TransformError::joined)??;
         let rejects: Vec<Reject> =
             rejects.into_iter().map(|r| Reject { position: r.position, reason: format!("{}: {}", chunk.file_uri, r.reason) }).collect();
         if !rejects.is_empty() {
@@ -235,9 +218,9 @@ impl Transformer {
                 && self.ledger.table_schemas(&table).await?.into_iter().find(|v| v.version == *version).map(|v| v.columns)
                     != Some(cols.clone())
             {
-                return Err(TransformError::Internal(format!(
+                return Err(TransformError::Stage(TransformFailure::SchemaMoved(format!(
                     "table {table} got schema version {version} from another chunk while this one was written; redone in it"
-                )));
+                ))));
             }
             tracing::info!(chunk = %lease.chunk_id, table = %table, version, change = %change, "table schema recorded");
         }
@@ -258,7 +241,7 @@ impl Transformer {
         let verify = |h: &std::sync::Arc<std::sync::Mutex<blake3::Hasher>>| -> Result<(), TransformError> {
             let got = h.lock().unwrap_or_else(|e| e.into_inner()).finalize().to_hex().to_string();
             if got != chunk.content_hash {
-                return Err(TransformError::BadInput(format!(
+                return Err(bad_input(format!(
                     "staged chunk {} ({}) does not match the hash recorded at extract",
                     chunk.id, chunk.location
                 )));
@@ -266,19 +249,10 @@ impl Transformer {
             Ok(())
         };
         let t = &self.cfg.transform;
-        let need_specs = || {
-            Some(self.cfg.table.columns.as_slice())
-                .filter(|c| !c.is_empty())
-                .ok_or_else(|| TransformError::Config(format!("table.columns must be declared for {} input", format.as_str())))
-        };
-        let read_all = || -> Result<Vec<u8>, TransformError> {
-            let mut v = Vec::with_capacity(chunk.bytes as usize);
-            std::io::Read::read_to_end(&mut self.staging.open_blocking(rel)?, &mut v)
-                .map_err(|e| TransformError::io(&chunk.location, e))?;
-            hasher.lock().unwrap_or_else(|e| e.into_inner()).update(&v);
-            verify(&hasher)?;
-            Ok(v)
-        };
+        let decoder = decode::decoder(format);
+        if !decoder.self_describing() && self.cfg.table.columns.is_empty() {
+            return Err(misconfigured(format!("table.columns must be declared for {} input", format.as_str())));
+        }
         let names = if self.cfg.table.case_insensitive { decode::Names::AnyCase } else { decode::Names::Exact };
         let mut out = PartWriters::new(self, &chunk.id);
         // Records left out after decoding, because a value could not be kept exactly: the
@@ -293,8 +267,8 @@ impl Transformer {
             let mut sink = |b: RecordBatch, unfit: Vec<(usize, String)>| -> Result<(), TransformError> {
                 let first = decoded;
                 decoded += b.num_rows() as i64;
-                let (b, mut bad) = match (&self.declared, format) {
-                    (Some(s), Format::Avro) => conform(&b, s, names, unfit, &mut notes.borrow_mut())?,
+                let (b, mut bad) = match &self.declared {
+                    Some(s) if decoder.self_describing() => conform(&b, s, names, unfit, &mut notes.borrow_mut())?,
                     _ if unfit.is_empty() => (b, unfit),
                     _ => (exact::without_rows(&b, &unfit.iter().map(|(r, _)| *r).collect::<Vec<_>>())?, unfit),
                 };
@@ -311,61 +285,55 @@ impl Transformer {
                 }
                 if late.len() as u64 > max_bad {
                     let f = &late[0];
-                    return Err(TransformError::BadInput(format!(
+                    return Err(bad_input(format!(
                         "more than max_bad_records = {max_bad} bad records; first at {}: {}",
                         f.position, f.reason
                     )));
                 }
                 // Every batch of a chunk has one schema: its fit to the table's is decided once.
                 if fit.is_none() {
-                    fit = Some(schema::Fit::new(latest, &b.schema()).map_err(TransformError::BadInput)?);
+                    fit = Some(schema::Fit::new(latest, &b.schema()).map_err(bad_input)?);
                 }
                 out.write(&fit.as_ref().expect("set above").apply(b)?)
             };
-            match format {
-                Format::Jsonl => {
-                    // Hashed as it is read; nothing is recorded before the hash is checked.
-                    let input = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
-                    let mut input = std::io::BufReader::with_capacity(256 << 10, input);
-                    let specs = need_specs()?;
-                    let res =
-                        decode::jsonl(&mut input, &chunk.location, specs, names, chunk.range_start, t.batch_size, max_bad, &mut |b| {
-                            sink(b, Vec::new())
-                        });
-                    let (r, n) = checked(res, &mut input, || verify(&hasher))?;
-                    notes.borrow_mut().extend(n);
-                    r
-                }
-                Format::Csv => decode::csv(
-                    &read_all()?,
-                    need_specs()?,
-                    names,
-                    &self.cfg.source.csv,
-                    chunk.range_start,
-                    t.batch_size,
-                    t.max_bad_records,
-                    &mut |b| sink(b, Vec::new()),
-                )
-                .map(|(r, n)| {
-                    notes.borrow_mut().extend(n);
-                    r
-                })?,
-                Format::Avro => {
-                    // Reads to the end, so the hash covers bytes the decoder did not need.
-                    let mut r = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
-                    let res = avro::decode(&mut r, t.batch_size, self.cfg.extract.max_record_size.0 as usize, &mut sink);
-                    checked(res, &mut r, || verify(&hasher))?;
-                    vec![]
-                }
-            }
+            // Hashed as it is read; nothing is recorded before the hash is checked.
+            let input = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
+            let mut input = std::io::BufReader::with_capacity(256 << 10, input);
+            let how = decode::Decoding {
+                path: &chunk.location,
+                columns: &self.cfg.table.columns,
+                names,
+                csv: &self.cfg.source.csv,
+                first_record: chunk.range_start,
+                batch_size: t.batch_size,
+                max_bad,
+                max_record_size: self.cfg.extract.max_record_size.0 as usize,
+                size_hint: chunk.bytes.max(0) as usize,
+            };
+            // The sink's own error (a spool write, too many bad records) is kept here, and the
+            // decode told to stop.
+            let mut stopped = None;
+            let res = decoder.decode(&mut input, &how, &mut |b, unfit| {
+                sink(b, unfit).map_err(|e| {
+                    stopped = Some(e);
+                    decode::Stopped
+                })
+            });
+            let res = res.map_err(|e| match e {
+                decode::Error::BadInput(m) => bad_input(m),
+                decode::Error::Io(path, source) => TransformError::io(path, source),
+                decode::Error::Internal(m) => TransformError::Internal(m),
+                decode::Error::Stopped => stopped.take().unwrap_or_else(|| TransformError::internal("a decode stopped without its reason")),
+            });
+            // Read to the end, so the hash covers bytes the decoder did not need.
+            let decoded = checked(res, &mut input, || verify(&hasher))?;
+            notes.borrow_mut().extend(decoded.notes);
+            decoded.rejects.into_iter().map(|r| Reject { position: r.position, reason: r.reason }).collect::<Vec<_>>()
         };
         rejects.append(&mut late);
         if rejects.len() as u64 > max_bad {
             let f = &rejects[0];
-            return Err(TransformError::BadInput(format!(
-                "more than max_bad_records = {max_bad} bad records; first at {}: {}",
-                f.position, f.reason
-            )));
+            return Err(bad_input(format!("more than max_bad_records = {max_bad} bad records; first at {}: {}", f.position, f.reason)));
         }
         Ok(Transformed { written: out.finish()?, rejects, notes: notes.into_inner(), fit })
     }
@@ -389,6 +357,18 @@ struct Transformed {
     rejects: Vec<Reject>,
     notes: Vec<String>,
     fit: Option<schema::Fit>,
+}
+
+/// The Parquet codec `transform.compression` names, at `transform.compression_level`.
+fn parquet_codec(t: &config::TransformSection) -> Result<Compression, TransformError> {
+    let level_err = |e: parquet::errors::ParquetError| misconfigured(format!("transform.compression_level: {e}"));
+    Ok(match t.compression {
+        config::Compression::Zstd => Compression::ZSTD(ZstdLevel::try_new(t.compression_level).map_err(level_err)?),
+        config::Compression::Gzip => Compression::GZIP(GzipLevel::try_new(t.compression_level as u32).map_err(level_err)?),
+        config::Compression::Snappy => Compression::SNAPPY,
+        config::Compression::Lz4 => Compression::LZ4_RAW,
+        config::Compression::None => Compression::UNCOMPRESSED,
+    })
 }
 
 /// A streamed decode's outcome once the staged bytes' hash is checked. A chunk whose bytes are
@@ -455,25 +435,34 @@ enum FileWriter {
 }
 
 impl FileWriter {
-    fn new(f: HashingWriter, schema: SchemaRef, props: WriterProperties, row_group_size: usize) -> Result<Self, TransformError> {
+    /// Writing to the spool file at `path` (for what an error names).
+    fn new(
+        f: HashingWriter,
+        schema: SchemaRef,
+        props: WriterProperties,
+        row_group_size: usize,
+        path: &Path,
+    ) -> Result<Self, TransformError> {
         Ok(if encode::FlatWriter::<HashingWriter>::supports(&schema, &props) {
-            FileWriter::Flat(encode::FlatWriter::try_new(f, schema, &props, row_group_size).map_err(TransformError::internal)?)
+            FileWriter::Flat(
+                encode::FlatWriter::try_new(f, schema, &props, row_group_size).map_err(|e| TransformError::io(path.display(), e))?,
+            )
         } else {
-            FileWriter::Arrow(ArrowWriter::try_new(f, schema, Some(props)).map_err(TransformError::internal)?)
+            FileWriter::Arrow(ArrowWriter::try_new(f, schema, Some(props)).map_err(|e| spool_write(path, e))?)
         })
     }
 
-    fn write(&mut self, b: &RecordBatch) -> Result<(), TransformError> {
+    fn write(&mut self, b: &RecordBatch, path: &Path) -> Result<(), TransformError> {
         match self {
-            FileWriter::Flat(w) => w.write(b).map_err(TransformError::internal),
-            FileWriter::Arrow(w) => w.write(b).map_err(TransformError::internal),
+            FileWriter::Flat(w) => w.write(b).map_err(|e| TransformError::io(path.display(), e)),
+            FileWriter::Arrow(w) => w.write(b).map_err(|e| spool_write(path, e)),
         }
     }
 
-    fn into_inner(self) -> Result<HashingWriter, TransformError> {
+    fn into_inner(self, path: &Path) -> Result<HashingWriter, TransformError> {
         match self {
-            FileWriter::Flat(w) => w.into_inner().map_err(TransformError::internal),
-            FileWriter::Arrow(w) => w.into_inner().map_err(TransformError::internal),
+            FileWriter::Flat(w) => w.into_inner().map_err(|e| TransformError::io(path.display(), e)),
+            FileWriter::Arrow(w) => w.into_inner().map_err(|e| spool_write(path, e)),
         }
     }
 }
@@ -500,11 +489,11 @@ impl<'a> PartWriters<'a> {
                 // A small buffer: it only gathers page headers and the footer; pages (hundreds of
                 // KiB) are bigger and go straight to the file instead of being copied into it.
                 let f = HashingWriter { inner: std::io::BufWriter::with_capacity(64 << 10, f), hasher: blake3::Hasher::new(), bytes: 0 };
-                let w = FileWriter::new(f, rows.schema(), props, self.t.cfg.transform.row_group_size)?;
+                let w = FileWriter::new(f, rows.schema(), props, self.t.cfg.transform.row_group_size, &tmp)?;
                 self.open.insert(partition.clone(), (tmp, w, 0));
             }
-            let (_, w, n) = self.open.get_mut(&partition).expect("inserted");
-            w.write(&rows)?;
+            let (tmp, w, n) = self.open.get_mut(&partition).expect("inserted");
+            w.write(&rows, tmp)?;
             *n += rows.num_rows() as i64;
         }
         Ok(())
@@ -515,7 +504,7 @@ impl<'a> PartWriters<'a> {
         let name = paths::part_name(&self.chunk);
         let mut parts = Vec::with_capacity(self.open.len());
         for (partition, (tmp, w, records)) in self.open {
-            let hw = w.into_inner()?;
+            let hw = w.into_inner(&tmp)?;
             let (bytes, content_hash) = (hw.bytes, hw.hasher.finalize().to_hex().to_string());
             let f = hw.inner.into_inner().map_err(|e| TransformError::io(tmp.display(), e.into_error()))?;
             let part = Part { chunk_id: self.chunk.clone(), partition, name: name.clone(), records, bytes: bytes as i64, content_hash };
@@ -625,7 +614,7 @@ fn conform(
                 cols.push(new_null_array(f.data_type(), b.num_rows()))
             }
             Err(_) => {
-                return Err(TransformError::BadInput(format!("the Avro schema has no required column {:?}", f.name())));
+                return Err(bad_input(format!("the Avro schema has no required column {:?}", f.name())));
             }
         }
     }
@@ -633,9 +622,52 @@ fn conform(
     bad.dedup_by_key(|(r, _)| *r);
     // Built without the nullability check first: the rows that break it are the ones dropped.
     let loose = Arc::new(Schema::new(schema.fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect::<Vec<_>>()));
-    let all = RecordBatch::try_new(loose, cols).map_err(|e| TransformError::BadInput(e.to_string()))?;
+    let all = RecordBatch::try_new(loose, cols).map_err(|e| bad_input(e.to_string()))?;
     let rows: Vec<usize> = bad.iter().map(|(r, _)| *r).collect();
     let kept = exact::without_rows(&all, &rows)?;
-    let kept = RecordBatch::try_new(schema.clone(), kept.columns().to_vec()).map_err(|e| TransformError::BadInput(e.to_string()))?;
+    let kept = RecordBatch::try_new(schema.clone(), kept.columns().to_vec()).map_err(|e| bad_input(e.to_string()))?;
     Ok((kept, bad))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every codec the configuration accepts writes Parquet that reads back: the parquet crate
+    /// refuses at write time a codec it was built without, so a config that names one would
+    /// fail every chunk.
+    #[test]
+    fn every_codec_the_configuration_accepts_writes_parquet() {
+        use arrow::array::Int64Array;
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let all = [
+            config::Compression::Zstd,
+            config::Compression::Snappy,
+            config::Compression::Gzip,
+            config::Compression::Lz4,
+            config::Compression::None,
+        ];
+        // A codec added to the configuration must be added above.
+        for c in all {
+            match c {
+                config::Compression::Zstd
+                | config::Compression::Snappy
+                | config::Compression::Gzip
+                | config::Compression::Lz4
+                | config::Compression::None => {}
+            }
+        }
+        let batch = RecordBatch::try_from_iter([("v", Arc::new(Int64Array::from_iter_values(0..1000)) as ArrayRef)]).unwrap();
+        for c in all {
+            let t = config::TransformSection { compression: c, ..Default::default() };
+            let props = WriterProperties::builder().set_compression(parquet_codec(&t).unwrap()).build();
+            let mut out = Vec::new();
+            let mut w = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
+            w.write(&batch).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            w.close().unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            let back: Vec<RecordBatch> =
+                ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(out)).unwrap().build().unwrap().map(|b| b.unwrap()).collect();
+            assert_eq!(back, vec![batch.clone()], "{c:?}");
+        }
+    }
 }

@@ -11,8 +11,8 @@ use arrow::record_batch::RecordBatch;
 use ferry_common::config::TransformSection;
 use ferry_common::paths;
 
-use crate::TransformError;
-use crate::decode::arrow_type;
+use crate::{TransformError, bad_input, misconfigured};
+use ferry_formats::decode::arrow_type;
 
 #[derive(Debug, Clone)]
 enum Filter {
@@ -38,7 +38,7 @@ pub struct Plan {
 }
 
 fn config_err(key: &str, msg: String) -> TransformError {
-    TransformError::Config(format!("transform.{key}: {msg}"))
+    misconfigured(format!("transform.{key}: {msg}"))
 }
 
 impl Plan {
@@ -116,7 +116,7 @@ impl Plan {
                 ("hour", _) => arrow::compute::kernels::temporal::date_part(src, arrow::compute::kernels::temporal::DatePart::Hour),
                 _ => Ok(src.clone()),
             }
-            .map_err(|e| TransformError::BadInput(format!("derive {name} = {func}({arg}): {e}")))?;
+            .map_err(|e| bad_input(format!("derive {name} = {func}({arg}): {e}")))?;
             fields.push(Field::new(name, col.data_type().clone(), true));
             cols.push(col);
         }
@@ -173,7 +173,7 @@ impl Plan {
             }
             let idx = keep
                 .iter()
-                .map(|c| batch.schema().index_of(c).map_err(|_| TransformError::Config(format!("transform.select: no column {c:?}"))))
+                .map(|c| batch.schema().index_of(c).map_err(|_| misconfigured(format!("transform.select: no column {c:?}"))))
                 .collect::<Result<Vec<_>, _>>()?;
             batch = batch.project(&idx).map_err(TransformError::internal)?;
         }
@@ -189,7 +189,7 @@ impl Plan {
         let schema = batch.schema();
         let mut keys: Vec<ArrayRef> = Vec::new();
         for p in &self.partition_by {
-            let i = schema.index_of(p).map_err(|_| TransformError::Config(format!("table.partition_by: no column {p:?} (derive it?)")))?;
+            let i = schema.index_of(p).map_err(|_| misconfigured(format!("table.partition_by: no column {p:?} (derive it?)")))?;
             keys.push(batch.column(i).clone());
         }
         // Group rows on the partition columns' raw values (a date is 4 bytes, not a formatted
@@ -345,7 +345,7 @@ fn eval(batch: &RecordBatch, f: &Filter) -> Result<BooleanArray, TransformError>
             .schema()
             .index_of(name)
             .map(|i| batch.column(i).clone())
-            .map_err(|_| TransformError::Config(format!("transform.filter: no column {name:?}")))
+            .map_err(|_| misconfigured(format!("transform.filter: no column {name:?}")))
     };
     match f {
         Filter::IsNull(c, true) => arrow::compute::is_null(&col(c)?).map_err(TransformError::internal),

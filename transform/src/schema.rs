@@ -24,7 +24,7 @@ use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use ferry_ledger::{SchemaColumn, TableSchema};
 
-use crate::TransformError;
+use crate::{TransformError, bad_input};
 
 /// The Hive type and Ferry's exact type text of an Arrow type.
 pub fn describe(dt: &DataType) -> (String, String) {
@@ -236,7 +236,7 @@ impl Fit {
                 None => Ok::<ArrayRef, TransformError>(new_null_array(f.data_type(), b.num_rows())),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        RecordBatch::try_new(target.clone(), cols).map_err(|e| TransformError::BadInput(format!("table schema: {e}")))
+        RecordBatch::try_new(target.clone(), cols).map_err(|e| bad_input(format!("table schema: {e}")))
     }
 }
 

@@ -1,6 +1,6 @@
 //! A bounded-time mutation fuzzer for everything that reads input bytes: extract's splitters
-//! (Avro blocks, JSON lines, CSV records) and transform's decoders (the flat Avro decoder,
-//! the arrow-avro path, JSON lines, CSV).
+//! (Avro blocks, JSON lines, CSV records) and the decoders transform runs (the flat Avro
+//! decoder, the arrow-avro path, JSON lines, CSV).
 //!
 //! Seeds are valid files of every format and Avro codec (flat and nested schemas); each round
 //! mutates one (bit flips, boundary bytes, huge varints, cut, duplicated and spliced ranges)
@@ -130,7 +130,7 @@ fn run_all(data: &[u8]) {
         });
         if format == Format::Avro {
             for p in pieces.iter().chain([&data.to_vec()]) {
-                let _ = ferry_transform::avro::decode(&p[..], 16, LIMIT, &mut |_, _| Ok(()));
+                let _ = ferry_formats::avro::decode::decode(&p[..], 16, LIMIT, &mut |_, _| Ok(()));
             }
         }
     }
@@ -138,9 +138,20 @@ fn run_all(data: &[u8]) {
         .into_iter()
         .map(|(name, ty)| ColumnSpec { name: name.into(), ty, nullable: true, epoch: None })
         .collect();
-    let names = ferry_transform::decode::Names::Exact;
-    let _ = ferry_transform::decode::jsonl(data, "fuzz", &specs, names, 0, 16, u64::MAX, &mut |_| Ok(()));
-    let _ = ferry_transform::decode::csv(data, &specs, names, &dialect, 0, 16, u64::MAX, &mut |_| Ok(()));
+    for format in [Format::Jsonl, Format::Csv] {
+        let how = ferry_formats::decode::Decoding {
+            path: "fuzz",
+            columns: &specs,
+            names: ferry_formats::decode::Names::Exact,
+            csv: &dialect,
+            first_record: 0,
+            batch_size: 16,
+            max_bad: u64::MAX,
+            max_record_size: LIMIT,
+            size_hint: 0,
+        };
+        let _ = ferry_formats::decode::decoder(format).decode(&mut &data[..], &how, &mut |_, _| Ok(()));
+    }
 }
 
 fn regressions() -> PathBuf {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use ferry_ledger::clock::{Clock, ManualClock};
-use ferry_ledger::{Ledger, LedgerOptions, NewChunk, NewSourceFile, RangeKind, Stage, chunk_id};
+use ferry_ledger::{Ledger, LedgerOptions};
 use sqlx::Connection;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,36 +79,8 @@ impl TestDb {
     }
 }
 
-/// The tests' clock starts here (2027-01-15).
-pub const T0: i64 = 1_800_000_000_000;
+#[allow(unused_imports)]
+pub use ferry_ledger::testing::T0;
 
-/// Registers one file with `n` chunks, each with a `transform` task.
-pub async fn seed(ledger: &Ledger, name: &str, n: i64) -> Vec<String> {
-    let hash = blake3::hash(name.as_bytes()).to_hex().to_string();
-    let f = ledger
-        .register_file(&NewSourceFile {
-            uri: format!("file:///src/{name}"),
-            size: n * 100,
-            mtime_ms: T0,
-            content_hash: hash.clone(),
-            format: Some(ferry_common::config::Format::Jsonl),
-            change_token: None,
-        })
-        .await
-        .unwrap();
-    let chunks: Vec<NewChunk> = (0..n)
-        .map(|seq| NewChunk {
-            id: chunk_id("default", &hash, seq),
-            seq,
-            range_kind: RangeKind::Bytes,
-            range_start: seq * 100,
-            range_end: seq * 100 + 100,
-            records: Some(10),
-            bytes: 100,
-            content_hash: format!("h{seq}"),
-            location: format!("file:///staging/{name}.{seq}"),
-        })
-        .collect();
-    ledger.record_chunks(f.id, &chunks, Stage::Transform).await.unwrap();
-    chunks.into_iter().map(|c| c.id).collect()
-}
+#[allow(unused_imports)]
+pub use ferry_ledger::testing::seed;

@@ -17,8 +17,8 @@ use ferry_common::cli::StageArgs;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::state::FileState;
-use crate::{Error, Ledger, Result};
+use ferry_ledger::FileState;
+use ferry_ledger::{Error, Ledger, Result};
 
 /// How often the ledger's gauges are read again.
 pub const LEDGER_REFRESH: Duration = Duration::from_secs(15);
@@ -27,53 +27,122 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(300);
 /// How often a `--watch` stage hands the memory it freed back to the system.
 pub const TRIM_EVERY: Duration = Duration::from_secs(60);
 
-/// Every metric Ferry exports. Labels: `stage` (extract, transform, copy, load), `outcome`,
-/// `state` (a task state).
-pub mod names {
+/// Declares every metric once: its constant in [`names`], its kind, unit, labels and the help
+/// text the scrape shows, and its one emitter in [`emit`], which takes the labels as typed
+/// arguments (`emit::chunks(Stage::Copy, "done").increment(1)`). A metric added here is
+/// described by `install`; one not declared here has no emitter to call.
+macro_rules! catalog {
+    ($( $(#[$doc:meta])* $kind:ident $(($unit:ident))? $name:ident $emit:ident ( $($label:ident),* ) = $metric:literal, $help:literal; )*) => {
+        /// Every metric Ferry exports. Labels: `stage` (extract, transform, copy, load),
+        /// `outcome`, `state` (a task state), `store`.
+        pub mod names {
+            $( $(#[$doc])* pub const $name: &str = $metric; )*
+        }
+
+        /// Every metric's emitter: the metric with its labels set, to count, set or record.
+        pub mod emit {
+            #[allow(unused_imports)]
+            use super::Label;
+            $(
+                $(#[$doc])*
+                pub fn $emit($($label: impl Label),*) -> catalog!(@handle $kind) {
+                    metrics::$kind!(super::names::$name $(, stringify!($label) => $label.value())*)
+                }
+            )*
+        }
+
+        /// Every metric's name, kind ("counter", "gauge", "histogram") and label names.
+        pub const CATALOG: &[(&str, &str, &[&str])] = &[ $( ($metric, stringify!($kind), &[$(stringify!($label)),*]) ),* ];
+
+        fn describe_all() {
+            $( catalog!(@describe $kind $(($unit))? $metric, $help); )*
+        }
+    };
+    (@handle counter) => { metrics::Counter };
+    (@handle gauge) => { metrics::Gauge };
+    (@handle histogram) => { metrics::Histogram };
+    (@describe counter $metric:literal, $help:literal) => { metrics::describe_counter!($metric, $help) };
+    (@describe gauge $metric:literal, $help:literal) => { metrics::describe_gauge!($metric, $help) };
+    (@describe gauge ($unit:ident) $metric:literal, $help:literal) => { metrics::describe_gauge!($metric, metrics::Unit::$unit, $help) };
+    (@describe histogram ($unit:ident) $metric:literal, $help:literal) => {
+        metrics::describe_histogram!($metric, metrics::Unit::$unit, $help)
+    };
+}
+
+/// A label's value: a stage, a task state, or text.
+pub trait Label {
+    fn value(self) -> metrics::SharedString;
+}
+
+impl Label for ferry_ledger::Stage {
+    fn value(self) -> metrics::SharedString {
+        self.as_str().into()
+    }
+}
+
+impl Label for ferry_ledger::TaskState {
+    fn value(self) -> metrics::SharedString {
+        self.as_str().into()
+    }
+}
+
+impl Label for &'static str {
+    fn value(self) -> metrics::SharedString {
+        self.into()
+    }
+}
+
+impl Label for String {
+    fn value(self) -> metrics::SharedString {
+        self.into()
+    }
+}
+
+catalog! {
     /// Chunks that ended an attempt in this process, by `stage` and `outcome` (done, retried,
     /// quarantined, lost, released).
-    pub const CHUNKS: &str = "ferry_chunks_total";
+    counter CHUNKS chunks(stage, outcome) = "ferry_chunks_total", "Chunks that ended an attempt in this process, by stage and outcome.";
     /// Records and bytes of the chunks this process finished, by `stage`.
-    pub const RECORDS: &str = "ferry_records_total";
-    pub const BYTES: &str = "ferry_bytes_total";
+    counter RECORDS records(stage) = "ferry_records_total", "Records of the chunks this process finished.";
+    counter BYTES bytes(stage) = "ferry_bytes_total", "Bytes of the chunks this process finished.";
     /// How long attempts took, by `stage` and `outcome`.
-    pub const ATTEMPT_SECONDS: &str = "ferry_attempt_duration_seconds";
+    histogram(Seconds) ATTEMPT_SECONDS attempt_seconds(stage, outcome) = "ferry_attempt_duration_seconds", "How long attempts took, by stage and outcome.";
     /// Source files extract looked at, by `outcome` (chunked, quarantined, unfinished, skipped).
-    pub const FILES: &str = "ferry_files_total";
-    /// Bytes sent again (counter, by stage): retried requests, lost hedges, failed attempts.
-    pub const BYTES_REDONE: &str = "ferry_bytes_redone_total";
+    counter FILES files(outcome) = "ferry_files_total", "Source files extract looked at, by outcome.";
+    /// Bytes sent again (by stage): retried requests, lost hedges, failed attempts.
+    counter BYTES_REDONE bytes_redone(stage) = "ferry_bytes_redone_total", "Bytes this process sent again: retried requests, lost hedges, failed attempts.";
     /// Requests (a part's upload) sent again inside an attempt on a new connection.
-    pub const REQUEST_RETRIES: &str = "ferry_request_retries_total";
+    counter REQUEST_RETRIES request_retries(stage) = "ferry_request_retries_total", "Parts copy sent again inside an attempt, on a new connection.";
     /// Hedged uploads started and won by copy.
-    pub const HEDGES_STARTED: &str = "ferry_hedges_started_total";
-    pub const HEDGES_WON: &str = "ferry_hedges_won_total";
+    counter HEDGES_STARTED hedges_started() = "ferry_hedges_started_total", "Hedged uploads started by copy.";
+    counter HEDGES_WON hedges_won() = "ferry_hedges_won_total", "Hedged uploads that landed first.";
     /// From the ledger: tasks and bytes to move per `stage` and `state`.
-    pub const BACKLOG_CHUNKS: &str = "ferry_backlog_chunks";
-    pub const BACKLOG_BYTES: &str = "ferry_backlog_bytes";
+    gauge BACKLOG_CHUNKS backlog_chunks(stage, state) = "ferry_backlog_chunks", "Tasks per stage and state, from the ledger.";
+    gauge BACKLOG_BYTES backlog_bytes(stage, state) = "ferry_backlog_bytes", "Bytes still to move per stage and state, from the ledger.";
     /// From the ledger: how long the oldest due task of a `stage` has waited (0 when none).
-    pub const OLDEST_DUE: &str = "ferry_oldest_due_seconds";
+    gauge(Seconds) OLDEST_DUE oldest_due(stage) = "ferry_oldest_due_seconds", "How long the oldest due task of a stage has waited.";
     /// From the ledger: when an attempt of a `stage` last finished its task.
-    pub const LAST_SUCCESS: &str = "ferry_last_success_timestamp_seconds";
+    gauge(Seconds) LAST_SUCCESS last_success(stage) = "ferry_last_success_timestamp_seconds", "When an attempt of a stage last finished its task (Unix time).";
     /// From the ledger: running tasks of a `stage` whose lease has expired.
-    pub const STUCK_LEASES: &str = "ferry_stuck_leases";
+    gauge STUCK_LEASES stuck_leases(stage) = "ferry_stuck_leases", "Running tasks whose lease has expired.";
     /// From the ledger: attempts that did not finish their task, and the bytes they moved.
-    pub const REDONE_ATTEMPTS: &str = "ferry_redone_attempts";
-    pub const REDONE_BYTES: &str = "ferry_redone_bytes";
+    gauge REDONE_ATTEMPTS redone_attempts(stage) = "ferry_redone_attempts", "Attempts that did not finish their task, from the ledger.";
+    gauge REDONE_BYTES redone_bytes(stage) = "ferry_redone_bytes", "Bytes moved by attempts that did not finish their task, from the ledger.";
     /// From the ledger: source files set aside.
-    pub const QUARANTINED_FILES: &str = "ferry_quarantined_files";
+    gauge QUARANTINED_FILES quarantined_files() = "ferry_quarantined_files", "Source files set aside, from the ledger.";
     /// 1 while this process makes progress or has nothing due; 0 when /healthz fails.
-    pub const HEALTHY: &str = "ferry_healthy";
+    gauge HEALTHY healthy(stage) = "ferry_healthy", "1 while the stage makes progress or has nothing due.";
     /// Outages of a `store` this process found (it stopped claiming, then probed), and whether
     /// the store is down now, by `stage` and `store` (staging, destination, ledger).
-    pub const STORE_OUTAGES: &str = "ferry_store_outages_total";
-    pub const STORE_DOWN: &str = "ferry_store_down";
+    counter STORE_OUTAGES store_outages(stage, store) = "ferry_store_outages_total", "Outages of a store this process found, by stage and store.";
+    gauge STORE_DOWN store_down(stage, store) = "ferry_store_down", "1 while this process finds the store down.";
     /// From the ledger: outages not over yet, by `stage`.
-    pub const OPEN_OUTAGES: &str = "ferry_open_outages";
+    gauge OPEN_OUTAGES open_outages(stage) = "ferry_open_outages", "Outages not over yet, from the ledger, by stage.";
     /// Textfile (--once) only: when the run ended, and its exit code.
-    pub const LAST_RUN: &str = "ferry_last_run_timestamp_seconds";
-    pub const LAST_EXIT: &str = "ferry_last_run_exit_code";
+    gauge(Seconds) LAST_RUN last_run(stage) = "ferry_last_run_timestamp_seconds", "When this --once run ended (Unix time).";
+    gauge LAST_EXIT last_exit(stage) = "ferry_last_run_exit_code", "The exit code of this --once run.";
     /// Always 1, labelled with the `version` and the ledger `schema` this binary needs.
-    pub const BUILD_INFO: &str = "ferry_build_info";
+    gauge BUILD_INFO build_info(version, schema) = "ferry_build_info", "Always 1: the version and the ledger schema of this binary.";
 }
 
 /// Whether the stage is alive in the sense that matters: it finishes work when work is due.
@@ -167,7 +236,6 @@ impl Observer {
             });
         }
         if args.watch {
-            limit_arenas();
             tokio::spawn(async {
                 loop {
                     tokio::time::sleep(TRIM_EVERY).await;
@@ -188,8 +256,8 @@ impl Observer {
         sd_notify("STOPPING=1");
         let (Some(dir), Some(h)) = (&self.textfile, &self.handle) else { return };
         refresh(ledger, self.stage, &self.health).await;
-        metrics::gauge!(names::LAST_RUN, "stage" => self.stage).set(now_ms() as f64 / 1000.0);
-        metrics::gauge!(names::LAST_EXIT, "stage" => self.stage).set(exit_code as f64);
+        emit::last_run(self.stage).set(now_ms() as f64 / 1000.0);
+        emit::last_exit(self.stage).set(exit_code as f64);
         h.run_upkeep();
         if let Err(e) = write_textfile(dir, self.stage, &h.render()) {
             tracing::error!(dir = %dir.display(), error = %e, "cannot write the metrics textfile");
@@ -208,38 +276,15 @@ fn install(pipeline: &str) -> Result<PrometheusHandle> {
         .set_buckets_for_metric(Matcher::Full(names::ATTEMPT_SECONDS.into()), &buckets)
         .and_then(|b| b.install_recorder())
         .map_err(|e| Error::Internal(format!("cannot set up metrics: {e}")))?;
-    metrics::describe_counter!(names::CHUNKS, "Chunks that ended an attempt in this process, by stage and outcome.");
-    metrics::describe_counter!(names::RECORDS, "Records of the chunks this process finished.");
-    metrics::describe_counter!(names::BYTES, "Bytes of the chunks this process finished.");
-    metrics::describe_histogram!(names::ATTEMPT_SECONDS, metrics::Unit::Seconds, "How long attempts took, by stage and outcome.");
-    metrics::describe_counter!(names::FILES, "Source files extract looked at, by outcome.");
-    metrics::describe_counter!(names::HEDGES_STARTED, "Hedged uploads started by copy.");
-    metrics::describe_counter!(names::HEDGES_WON, "Hedged uploads that landed first.");
-    metrics::describe_counter!(names::BYTES_REDONE, "Bytes this process sent again: retried requests, lost hedges, failed attempts.");
-    metrics::describe_counter!(names::REQUEST_RETRIES, "Parts copy sent again inside an attempt, on a new connection.");
-    metrics::describe_gauge!(names::BACKLOG_CHUNKS, "Tasks per stage and state, from the ledger.");
-    metrics::describe_gauge!(names::BACKLOG_BYTES, "Bytes still to move per stage and state, from the ledger.");
-    metrics::describe_gauge!(names::OLDEST_DUE, metrics::Unit::Seconds, "How long the oldest due task of a stage has waited.");
-    metrics::describe_gauge!(names::LAST_SUCCESS, metrics::Unit::Seconds, "When an attempt of a stage last finished its task (Unix time).");
-    metrics::describe_gauge!(names::STUCK_LEASES, "Running tasks whose lease has expired.");
-    metrics::describe_gauge!(names::REDONE_ATTEMPTS, "Attempts that did not finish their task, from the ledger.");
-    metrics::describe_gauge!(names::REDONE_BYTES, "Bytes moved by attempts that did not finish their task, from the ledger.");
-    metrics::describe_gauge!(names::QUARANTINED_FILES, "Source files set aside, from the ledger.");
-    metrics::describe_counter!(names::STORE_OUTAGES, "Outages of a store this process found, by stage and store.");
-    metrics::describe_gauge!(names::STORE_DOWN, "1 while this process finds the store down.");
-    metrics::describe_gauge!(names::OPEN_OUTAGES, "Outages not over yet, from the ledger, by stage.");
-    metrics::describe_gauge!(names::HEALTHY, "1 while the stage makes progress or has nothing due.");
-    metrics::describe_gauge!(names::LAST_RUN, metrics::Unit::Seconds, "When this --once run ended (Unix time).");
-    metrics::describe_gauge!(names::LAST_EXIT, "The exit code of this --once run.");
-    metrics::describe_gauge!(names::BUILD_INFO, "Always 1: the version and the ledger schema of this binary.");
-    metrics::gauge!(names::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "schema" => crate::SCHEMA_VERSION.to_string()).set(1.0);
+    describe_all();
+    emit::build_info(env!("CARGO_PKG_VERSION"), ferry_ledger::SCHEMA_VERSION.to_string()).set(1.0);
     Ok(handle)
 }
 
 /// Reads the ledger's view into gauges. A ledger that cannot be read leaves the last values
 /// (and is logged): the scrape still answers.
 async fn refresh(ledger: &Ledger, stage: &'static str, health: &Health) {
-    metrics::gauge!(names::HEALTHY, "stage" => stage).set(if health.check().is_ok() { 1.0 } else { 0.0 });
+    emit::healthy(stage).set(if health.check().is_ok() { 1.0 } else { 0.0 });
     let o = match ledger.overview(RATE_WINDOW).await {
         Ok(o) => o,
         Err(e) => {
@@ -251,21 +296,21 @@ async fn refresh(ledger: &Ledger, stage: &'static str, health: &Health) {
         let st = s.stage.as_str();
         // Every state, zero included, so alerts and rates see no gaps.
         for (state, c) in &s.states {
-            metrics::gauge!(names::BACKLOG_CHUNKS, "stage" => st, "state" => state.as_str()).set(c.chunks as f64);
-            metrics::gauge!(names::BACKLOG_BYTES, "stage" => st, "state" => state.as_str()).set(c.bytes as f64);
+            emit::backlog_chunks(st, *state).set(c.chunks as f64);
+            emit::backlog_bytes(st, *state).set(c.bytes as f64);
         }
         let waited = s.oldest_due_ms.map_or(0, |t| (o.now_ms - t).max(0));
-        metrics::gauge!(names::OLDEST_DUE, "stage" => st).set(waited as f64 / 1000.0);
+        emit::oldest_due(st).set(waited as f64 / 1000.0);
         if let Some(t) = s.last_success_ms {
-            metrics::gauge!(names::LAST_SUCCESS, "stage" => st).set(t as f64 / 1000.0);
+            emit::last_success(st).set(t as f64 / 1000.0);
         }
-        metrics::gauge!(names::STUCK_LEASES, "stage" => st).set(s.stuck_leases as f64);
-        metrics::gauge!(names::REDONE_ATTEMPTS, "stage" => st).set(s.redone_attempts as f64);
-        metrics::gauge!(names::REDONE_BYTES, "stage" => st).set(s.redone_bytes as f64);
-        metrics::gauge!(names::OPEN_OUTAGES, "stage" => st).set(o.outages.iter().filter(|x| x.stage == s.stage).count() as f64);
+        emit::stuck_leases(st).set(s.stuck_leases as f64);
+        emit::redone_attempts(st).set(s.redone_attempts as f64);
+        emit::redone_bytes(st).set(s.redone_bytes as f64);
+        emit::open_outages(st).set(o.outages.iter().filter(|x| x.stage == s.stage).count() as f64);
     }
     let files = o.files.iter().find(|(s, _)| *s == FileState::Quarantined).map_or(0, |f| f.1);
-    metrics::gauge!(names::QUARANTINED_FILES).set(files as f64);
+    emit::quarantined_files().set(files as f64);
 }
 
 /// `DIR/ferry_<stage>.prom`, through a temp name in the same directory: node_exporter reads
@@ -301,7 +346,7 @@ async fn serve_http(listener: tokio::net::TcpListener, handle: PrometheusHandle,
             let path = line.split_whitespace().nth(1).unwrap_or("");
             let (status, ctype, body) = match (line.starts_with("GET "), path) {
                 (true, "/metrics") => {
-                    metrics::gauge!(names::HEALTHY, "stage" => stage).set(if health.check().is_ok() { 1.0 } else { 0.0 });
+                    emit::healthy(stage).set(if health.check().is_ok() { 1.0 } else { 0.0 });
                     handle.run_upkeep();
                     ("200 OK", "text/plain; version=0.0.4; charset=utf-8", handle.render())
                 }
@@ -323,20 +368,46 @@ async fn serve_http(listener: tokio::net::TcpListener, handle: PrometheusHandle,
     }
 }
 
+/// Runs a stage's `main` on a multi-thread runtime. A `--watch` service first caps glibc's
+/// arenas at one per core, before the runtime starts any thread.
+///
 /// glibc keeps what a thread frees in that thread's arena (up to eight arenas per core) for
 /// the thread to reuse, and returns it to the system only from the top of the main heap. A
 /// burst of blocking threads (a reset storm, a store outage, a backlog after a restart) leaves
 /// every arena at its high-water mark for good: in a week-long service that reads as a slow
 /// leak, and under a container's memory limit it ends in an OOM kill. The soak measured it: an
 /// extract with 4 MB in use held 20 MB in 12 arenas, and each new burst of threads added one.
-/// A service makes no new arena once it has one per core: glibc reads the limit whenever it
-/// would make one, so the arenas of the threads started before this call stay (the soak saw 6
-/// on 2 cores) and every thread after shares them (the per-thread caches keep the locks cold).
+/// glibc reads the cap whenever it would make an arena, so it must be set before the first
+/// threads exist: set later, the arenas those threads made stay (the soak saw 6 on 2 cores).
+/// Threads share the capped arenas; their per-thread caches keep the arenas' locks cold.
+/// A `--once` run is short and its memory goes back at exit: it keeps glibc's defaults.
+///
+/// SIGTERM and SIGINT are caught from the runtime's first moment (see
+/// [`crate::runner::shutdown_signal`]): a stage told to stop while it starts stops cleanly.
+pub fn block_on<F: std::future::Future>(watch: bool, main: F) -> F::Output {
+    if watch {
+        limit_arenas();
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            // Nothing ran yet: no ledger, no store. Out of threads or file descriptors.
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1)
+        }
+    };
+    rt.block_on(async {
+        // Before anything else: a stop signal during start-up is then a clean stop.
+        crate::runner::catch_stop_signals();
+        main.await
+    })
+}
+
 fn limit_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
-        // SAFETY: mallopt only sets a tunable read under the arenas' own lock.
+        // SAFETY: mallopt only sets a tunable; no thread but this one exists yet.
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, cores as libc::c_int);
         }
@@ -388,6 +459,27 @@ pub fn sd_notify(state: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Prometheus' conventions, and the shipped alert rules and dashboard use only metrics the
+    /// catalog declares (a renamed metric would leave an alert that can never fire).
+    #[test]
+    fn the_catalog_follows_the_conventions_and_covers_what_is_shipped() {
+        let mut seen = std::collections::HashSet::new();
+        for &(name, kind, _) in CATALOG {
+            assert!(seen.insert(name), "{name} declared twice");
+            assert!(name.starts_with("ferry_"), "{name}");
+            assert_eq!(kind == "counter", name.ends_with("_total"), "{name}: counters and only counters end in _total");
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for file in ["deploy/prometheus/alerts.yml", "deploy/grafana/ferry-dashboard.json"] {
+            let text = std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let used = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("ferry_"));
+            for w in used {
+                let base = ["_bucket", "_sum", "_count"].iter().fold(w, |w, s| w.strip_suffix(s).unwrap_or(w));
+                assert!(seen.contains(base) || seen.contains(w), "{file} uses {w}, which no stage exports");
+            }
+        }
+    }
 
     #[test]
     fn healthy_while_idle_or_progressing_unhealthy_when_work_is_due_and_nothing_finishes() {

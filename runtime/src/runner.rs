@@ -19,8 +19,8 @@ use futures::FutureExt;
 use tokio::task::JoinSet;
 
 use crate::breaker::{Breakers, Verdict, probe_schedule};
-use crate::observe::{self, Health, Observer, names};
-use crate::{Error, FailOutcome, Lease, Ledger, LedgerOptions, Result, Stage, TaskState, Work};
+use crate::observe::{self, Health, Observer, emit};
+use ferry_ledger::{Error, FailOutcome, Lease, Ledger, LedgerOptions, Result, Stage, TaskState, Work};
 
 /// What every stage binary does first: load the config (flags and env win), connect to the
 /// ledger and migrate it. Under `--watch` a ledger that cannot be reached (a host that boots
@@ -28,7 +28,13 @@ use crate::{Error, FailOutcome, Lease, Ledger, LedgerOptions, Result, Stage, Tas
 /// capped, jittered backoff up to `ledger.outage_probe_max`: a service heals by itself instead
 /// of exiting. Anything else (a bad URL, a refused login, a certificate that does not verify,
 /// an incompatible schema) ends it.
-pub async fn open_stage(common: &CommonArgs, args: &StageArgs) -> Result<(Config, Ledger)> {
+///
+/// Boxed here, as [`serve`] is: see [`Boxed`].
+pub fn open_stage<'a>(common: &'a CommonArgs, args: &'a StageArgs) -> Boxed<'a, Result<(Config, Ledger)>> {
+    Box::pin(open_stage_inner(common, args))
+}
+
+async fn open_stage_inner(common: &CommonArgs, args: &StageArgs) -> Result<(Config, Ledger)> {
     let mut cfg = Config::load(&args.config)?;
     if let Some(url) = &common.ledger {
         cfg.ledger.url = url.clone();
@@ -67,6 +73,9 @@ pub struct RunOptions {
     /// `--once`: exit when nothing is claimable and nothing is in flight. Otherwise poll.
     pub once: bool,
     pub poll: Duration,
+    /// Between polls, how often `--watch` asks the ledger whether a claim would find a task
+    /// (a read, see [`Ledger::due`]); zero: only every `poll`.
+    pub handoff: Duration,
     /// How long in-flight chunks may finish after SIGTERM before their leases are released.
     pub grace: Duration,
     pub worker: String,
@@ -208,6 +217,7 @@ impl RunOptions {
             concurrency,
             once,
             poll: Duration::from_secs(2),
+            handoff: Duration::from_millis(500),
             grace: Duration::from_secs(30),
             worker,
             progress_interval: Duration::from_secs(60),
@@ -291,6 +301,33 @@ impl Summary {
 
 pub type TaskFuture<E> = Pin<Box<dyn Future<Output = std::result::Result<Work, E>> + Send>>;
 
+/// What the loop keeps of a chunk's failure: the answers of [`Classified`], taken as the work
+/// ends. The loop itself then has no type parameter, so it is compiled once, in this crate,
+/// instead of once per stage binary (it was most of each binary's build).
+struct Failure {
+    class: ErrorClass,
+    message: String,
+    store: Option<&'static str>,
+    waits: Option<Duration>,
+}
+
+/// A stage's work per chunk, with its error type erased into a [`Failure`].
+type ChunkWork = Arc<dyn Fn(Lease) -> TaskFuture<Failure> + Send + Sync>;
+
+/// The only code generic over a stage's work and error: wraps them for the loop.
+fn erase<E, F>(work: F) -> ChunkWork
+where
+    E: Classified,
+    F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
+{
+    Arc::new(move |lease| {
+        let fut = work(lease);
+        Box::pin(
+            async move { fut.await.map_err(|e| Failure { class: e.class(), message: e.to_string(), store: e.store(), waits: e.waits() }) },
+        )
+    })
+}
+
 enum Ended {
     Done(Work),
     /// The outcome, the task, the error and the bytes redone.
@@ -327,6 +364,36 @@ where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
 {
+    serve_erased(ledger, args, stage, concurrency, stores, erase(work), after).await
+}
+
+/// A future boxed in the crate that defines it. An `async fn`'s state machine is compiled in
+/// every crate that awaits it, like a generic: awaited from each stage binary, the loop, the
+/// ledger and sqlx underneath were compiled five times over, and were most of each binary's
+/// build. Boxed here, they are compiled once, in this crate.
+pub type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+fn serve_erased<'a>(
+    ledger: &'a Ledger,
+    args: &'a StageArgs,
+    stage: Stage,
+    concurrency: usize,
+    stores: Stores,
+    work: ChunkWork,
+    after: AfterCommit,
+) -> Boxed<'a, Result<i32>> {
+    Box::pin(serve_inner(ledger, args, stage, concurrency, stores, work, after))
+}
+
+async fn serve_inner(
+    ledger: &Ledger,
+    args: &StageArgs,
+    stage: Stage,
+    concurrency: usize,
+    stores: Stores,
+    work: ChunkWork,
+    after: AfterCommit,
+) -> Result<i32> {
     if let Some(probe) = &stores.probe {
         let wait = (!args.once).then_some(args.start_wait);
         stores_answer_at_start(&stores.names, probe, wait, ledger.options().outage_probe_max).await?;
@@ -337,15 +404,16 @@ where
         concurrency: args.concurrency.unwrap_or(concurrency),
         once: args.once,
         poll: args.poll,
+        handoff: args.handoff,
         grace: args.grace,
-        worker: crate::worker_name(stage.as_str()),
+        worker: ferry_ledger::worker_name(stage.as_str()),
         progress_interval: args.progress_interval,
         health: observer.health(),
         stores: stores.names,
         outage_probe_max: ledger.options().outage_probe_max,
         probe: stores.probe,
     };
-    let code = run(ledger, &opts, work, after).await?.exit_code();
+    let code = run_inner(ledger, &opts, work, after).await?.exit_code();
     observer.finish(ledger, code).await;
     Ok(code)
 }
@@ -377,7 +445,7 @@ impl LedgerLink {
     fn failed(&mut self, stage: Stage, e: &Error) {
         let cap = self.cap;
         let backoff = self.backoff.get_or_insert_with(|| {
-            metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => "ledger").set(1.0);
+            emit::store_down(stage, "ledger").set(1.0);
             probe_schedule(Duration::from_secs(1), cap)
         });
         let wait = backoff.next().unwrap_or(Duration::from_secs(1));
@@ -391,7 +459,7 @@ impl LedgerLink {
         self.retry_at = None;
         self.last_error = None;
         if self.backoff.take().is_some() {
-            metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => "ledger").set(0.0);
+            emit::store_down(stage, "ledger").set(0.0);
         }
         for o in ledger.take_ledger_outages() {
             best_effort("record the ledger's outage", ledger.outage_recorded("ledger", stage, o.since_ms, o.failures, &o.last_error)).await;
@@ -410,7 +478,14 @@ where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
 {
-    let work = Arc::new(work);
+    run_erased(ledger, opts, erase(work), after).await
+}
+
+fn run_erased<'a>(ledger: &'a Ledger, opts: &'a RunOptions, work: ChunkWork, after: AfterCommit) -> Boxed<'a, Result<Summary>> {
+    Box::pin(run_inner(ledger, opts, work, after))
+}
+
+async fn run_inner(ledger: &Ledger, opts: &RunOptions, work: ChunkWork, after: AfterCommit) -> Result<Summary> {
     let started = Instant::now();
     let stage = opts.stage;
     let mode = if opts.once { "once" } else { "watch" };
@@ -440,6 +515,10 @@ where
     let mut failed_here = std::collections::HashSet::new();
     let mut claims_over = false;
     let mut last_error: Option<String> = None;
+    // When the last claim ran: between polls a claim runs only when the ledger says one would
+    // find a task, so an idle stage reads an index a few times a second and writes nothing.
+    let mut last_claim: Option<Instant> = None;
+    let handoff = !opts.once && !opts.handoff.is_zero();
     loop {
         let stopping = *stop.borrow();
         let mut claimed = 0;
@@ -451,7 +530,9 @@ where
         // While a store is down: no claims, then one probe at a time.
         let free =
             breakers.lock().unwrap_or_else(|e| e.into_inner()).claim_limit(set.len(), opts.concurrency - set.len().min(opts.concurrency));
-        if !stopping && !claims_over && free > 0 && link.ready() {
+        let poll_due = last_claim.is_none_or(|t| t.elapsed() >= opts.poll);
+        if !stopping && !claims_over && free > 0 && link.ready() && (!handoff || poll_due || ledger.due(stage).await.unwrap_or(true)) {
+            last_claim = Some(Instant::now());
             match ledger.claim(stage, &opts.worker, free as i64).await {
                 Ok(leases) => {
                     link.answered(ledger, stage).await;
@@ -511,7 +592,7 @@ where
                     progress.show(&summary);
                 }
             }
-            _ = tokio::time::sleep(opts.poll), if set.len() < opts.concurrency && !opts.once && wake.is_none() && (!down || set.is_empty()) => {}
+            _ = tokio::time::sleep(if handoff { opts.handoff.min(opts.poll) } else { opts.poll }), if set.len() < opts.concurrency && !opts.once && wake.is_none() && (!down || set.is_empty()) => {}
             _ = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() && !opts.once => {}
             _ = stop.changed(), if !stopping => {}
             _ = report.tick(), if !opts.once => progress.log(&summary, set.len()),
@@ -636,12 +717,12 @@ pub fn human_bytes(n: f64) -> String {
 }
 
 fn tally(s: &mut Summary, stage: Stage, ended: Ended, took: Duration) {
-    let (st, outcome) = (stage.as_str(), ended.outcome());
-    metrics::counter!(names::CHUNKS, "stage" => st, "outcome" => outcome).increment(1);
-    metrics::histogram!(names::ATTEMPT_SECONDS, "stage" => st, "outcome" => outcome).record(took.as_secs_f64());
+    let outcome = ended.outcome();
+    emit::chunks(stage, outcome).increment(1);
+    emit::attempt_seconds(stage, outcome).record(took.as_secs_f64());
     if let Ended::Done(w) = &ended {
-        metrics::counter!(names::RECORDS, "stage" => st).increment(w.records.max(0) as u64);
-        metrics::counter!(names::BYTES, "stage" => st).increment(w.bytes.max(0) as u64);
+        emit::records(stage).increment(w.records.max(0) as u64);
+        emit::bytes(stage).increment(w.bytes.max(0) as u64);
     }
     let redone = match &ended {
         Ended::Done(w) => w.redone_bytes,
@@ -649,7 +730,7 @@ fn tally(s: &mut Summary, stage: Stage, ended: Ended, took: Duration) {
         _ => 0,
     };
     if redone > 0 {
-        metrics::counter!(names::BYTES_REDONE, "stage" => st).increment(redone as u64);
+        emit::bytes_redone(stage).increment(redone as u64);
         s.redone_bytes += redone;
     }
     match ended {
@@ -670,19 +751,15 @@ fn tally(s: &mut Summary, stage: Stage, ended: Ended, took: Duration) {
 ///
 /// The heartbeat runs in a task of its own: it never waits on the work it guards (a pool
 /// connection the work holds, a paused process catching up), and the work never waits on it.
-async fn run_one<E, F>(
+async fn run_one(
     ledger: Ledger,
     lease: Lease,
-    work: Arc<F>,
+    work: ChunkWork,
     after: AfterCommit,
     mut stop: tokio::sync::watch::Receiver<bool>,
     opts: Arc<RunOptions>,
     breakers: Arc<std::sync::Mutex<Breakers>>,
-) -> Result<Ended>
-where
-    E: Classified,
-    F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
-{
+) -> Result<Ended> {
     let (lost_tx, mut lost) = tokio::sync::oneshot::channel::<Error>();
     let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat(ledger.clone(), lease.clone(), lost_tx)));
     // A panic in the chunk's work is this chunk's failure, not the stage's end.
@@ -720,12 +797,12 @@ where
         }
     };
     let waits = match &result {
-        Ok(Err(e)) => e.waits(),
+        Ok(Err(e)) => e.waits,
         _ => None,
     };
     let failed = match result {
         Ok(Ok(w)) => Ok(w),
-        Ok(Err(e)) => Err((e.class(), e.to_string(), e.store())),
+        Ok(Err(e)) => Err((e.class, e.message, e.store)),
         Err(panic) => {
             Err((ErrorClass::Transient, format!("{} of chunk {} panicked: {}", lease.stage, lease.chunk_id, panic_message(&panic)), None))
         }
@@ -772,8 +849,8 @@ where
                 Verdict::Tripped { refund, retry_at } => {
                     let label = opts.label(store);
                     tracing::error!(%stage, store = %label, error = %msg, "store is down: every chunk fails on it and none gets through; claims stop, probes follow, attempts are not counted");
-                    metrics::counter!(names::STORE_OUTAGES, "stage" => stage.as_str(), "store" => store).increment(1);
-                    metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => store).set(1.0);
+                    emit::store_outages(stage, store).increment(1);
+                    emit::store_down(stage, store).set(1.0);
                     best_effort("record the outage", ledger.outage_open(&label, stage, &msg)).await;
                     best_effort("give back the attempts spent on the outage", ledger.refund_attempts(&refund)).await;
                     record
@@ -850,7 +927,7 @@ async fn stores_back(ledger: &Ledger, opts: &RunOptions, back: Vec<(&'static str
     for (store, down_for) in back {
         let label = opts.label(store);
         tracing::info!(%stage, store = %label, down_for = ?down_for, "store is back; claiming again");
-        metrics::gauge!(names::STORE_DOWN, "stage" => stage.as_str(), "store" => store).set(0.0);
+        emit::store_down(stage, store).set(0.0);
         best_effort("close the outage record", ledger.outage_close(&label)).await;
         // Chunks that found it down wait for their next probe time: due now instead.
         best_effort("wake the chunks that waited for the store", ledger.wake_after_outage(stage)).await;
@@ -965,7 +1042,7 @@ impl Recorder<'_> {
 }
 
 /// The text a panic was raised with.
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+pub fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -973,25 +1050,69 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "a panic without a message".into())
 }
 
-/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
-/// future is first polled: until then either signal still kills the process, and a stage that
-/// polls it only between passes (extract, after a first pass held up by an outage) would die by
-/// the signal instead of stopping cleanly. Call it inside the runtime.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (term, int) = (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok());
-    async move {
-        let recv = |s: Option<tokio::signal::unix::Signal>| async move {
-            match s {
-                Some(mut s) => {
-                    s.recv().await;
+/// SIGTERM or SIGINT came: the flag, and the stage's waiters to wake.
+struct Shutdown {
+    requested: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+static SHUTDOWN: std::sync::OnceLock<Shutdown> = std::sync::OnceLock::new();
+
+/// Listens for SIGTERM and SIGINT from now on (the first call; later ones only return the
+/// state). A stage's runtime calls it before anything else (`observe::block_on`): from then on
+/// either signal is a request to stop, which the stage answers where it looks (at start, between
+/// passes, before a claim), never the default death half-way through start-up. Call it inside
+/// the runtime.
+fn listen_for_shutdown() -> &'static Shutdown {
+    let mut first = false;
+    let state = SHUTDOWN.get_or_init(|| {
+        first = true;
+        Shutdown { requested: std::sync::atomic::AtomicBool::new(false), notify: tokio::sync::Notify::new() }
+    });
+    if first {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Installed here, synchronously: a signal from now on is caught, even before the task
+        // below first runs.
+        let (term, int) = (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok());
+        tokio::spawn(async move {
+            let recv = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
                 }
-                None => std::future::pending::<()>().await,
+            };
+            tokio::select! {
+                _ = recv(term) => {}
+                _ = recv(int) => {}
             }
-        };
-        tokio::select! {
-            _ = recv(term) => {}
-            _ = recv(int) => {}
+            state.requested.store(true, std::sync::atomic::Ordering::SeqCst);
+            state.notify.notify_waiters();
+        });
+    }
+    state
+}
+
+/// Starts listening for the stop signals now (see [`shutdown_signal`]).
+pub(crate) fn catch_stop_signals() {
+    listen_for_shutdown();
+}
+
+/// Resolves once SIGTERM or SIGINT came, also when it came before this was called (a stage
+/// told to stop while it was starting stops at its first look). Call it inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    let state = listen_for_shutdown();
+    async move {
+        loop {
+            let notified = state.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is read: a signal between the two still wakes us.
+            notified.as_mut().enable();
+            if state.requested.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
         }
     }
 }

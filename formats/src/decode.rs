@@ -1,20 +1,115 @@
-//! Decoding a staged chunk into Arrow record batches in the table's column types.
+//! Decoding a staged chunk into Arrow record batches in the table's column types: what every
+//! format's decoder shares ([`Decode`], the one way transform calls them, and the record
+//! builder JSON lines and CSV fill), built with the `decode` feature only, so that extract and
+//! copy do not link Arrow.
 //!
-//! Avro goes through [`crate::avro`] straight into Arrow. JSON lines and CSV are parsed record by
-//! record; a record that does not fit the table (bad JSON, a wrong column count, a value of
-//! the wrong type, a missing required field) is set aside as a reject with its position and
-//! reason, and the rest of the chunk flows on.
+//! Avro goes through [`crate::avro::decode`] straight into Arrow. JSON lines and CSV are parsed
+//! record by record; a record that does not fit the table (bad JSON, a wrong column count, a
+//! value of the wrong type, a missing required field) is set aside as a reject with its
+//! position and reason, and the rest of the chunk flows on.
 
 use std::borrow::Cow;
+use std::io::BufRead;
 use std::sync::Arc;
 
+use crate::spec::{ColumnSpec, ColumnType, CsvOptions, EpochUnit, Format};
 use arrow::array::{ArrayRef, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
-use ferry_common::config::{ColumnSpec, ColumnType, CsvOptions, EpochUnit};
-use ferry_ledger::Reject;
 
-use crate::TransformError;
+/// How one chunk is decoded.
+#[derive(Debug, Clone, Copy)]
+pub struct Decoding<'a> {
+    /// The chunk, as messages name it.
+    pub path: &'a str,
+    /// The table's columns: JSON lines and CSV are decoded into them; Avro brings its own.
+    pub columns: &'a [ColumnSpec],
+    pub names: Names,
+    pub csv: &'a CsvOptions,
+    /// The chunk's first record in its file (0-based): a line for JSON lines, a data record
+    /// for CSV.
+    pub first_record: i64,
+    pub batch_size: usize,
+    /// More bad records than this fail the chunk.
+    pub max_bad: u64,
+    /// The most bytes one record (an Avro block) may take, compressed or decompressed.
+    pub max_record_size: usize,
+    /// The chunk's size as the ledger recorded it (at most `extract.chunk_size`, or one
+    /// record): room to reserve for a decoder that holds the chunk whole.
+    pub size_hint: usize,
+}
+
+/// What a decode set aside and has to say, beside the batches it gave the sink.
+#[derive(Debug, Default)]
+pub struct Decoded {
+    pub rejects: Vec<Reject>,
+    /// Said once per chunk (fields that match no column, columns the input lacks).
+    pub notes: Vec<String>,
+}
+
+/// A record left out, where it is (the chunk's own words: "line 7", "record 3") and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    pub position: String,
+    pub reason: String,
+}
+
+/// Why a decode ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The chunk is not what its format says, or does not fit the table: no retry helps.
+    #[error("{0}")]
+    BadInput(String),
+    /// The chunk could not be read (its path, and why).
+    #[error("reading {0}: {1}")]
+    Io(String, #[source] std::io::Error),
+    /// A bug in Ferry: Arrow refused what the decoder built.
+    #[error("internal: {0}")]
+    Internal(String),
+    /// The sink said [`Stopped`]; it knows why.
+    #[error("the receiver of the batches stopped the decode")]
+    Stopped,
+}
+
+impl Error {
+    pub(crate) fn internal(e: impl std::fmt::Display) -> Error {
+        Error::Internal(e.to_string())
+    }
+
+    pub(crate) fn io(path: impl std::fmt::Display, source: std::io::Error) -> Error {
+        Error::Io(path.to_string(), source)
+    }
+}
+
+/// A sink's answer that ends the decode ([`Error::Stopped`]); the sink keeps its own reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped;
+
+/// Where decoded batches go, one at a time (a chunk is never whole in memory as Arrow), each
+/// with the rows that must be left out and why (an Avro string that is not UTF-8). Those rows
+/// are still in the batch, their bad value a null, so a row's number stays its number in the
+/// chunk; the receiver leaves them out.
+pub type Sink<'a> = dyn FnMut(RecordBatch, Vec<(usize, String)>) -> Result<(), Stopped> + 'a;
+
+/// A source format's decoder: the one call transform makes, whatever the format.
+pub trait Decode: Sync {
+    /// Whether a chunk brings its own schema (Avro); the others are decoded into the table's
+    /// declared columns, which must then be there.
+    fn self_describing(&self) -> bool;
+
+    /// Decodes the chunk read from `input` into batches for `sink`, reading `input` to its end
+    /// when it succeeds (a hashing reader sees every byte).
+    fn decode(&self, input: &mut dyn BufRead, how: &Decoding<'_>, sink: &mut Sink<'_>) -> Result<Decoded, Error>;
+}
+
+/// The decoder of `format`.
+pub fn decoder(format: Format) -> &'static dyn Decode {
+    match format {
+        Format::Avro => &crate::avro::Avro,
+        Format::Jsonl => &crate::jsonl::Jsonl,
+        Format::Csv => &crate::csv::Csv,
+    }
+}
 
 /// The Arrow type of a table column type. Timestamps are UTC, written as the offset "+00:00"
 /// (arrow's default build has no time zone database).
@@ -40,7 +135,7 @@ pub fn table_schema(cols: &[ColumnSpec]) -> SchemaRef {
 
 /// A value as the input wrote it, before it is checked against its column.
 #[derive(Debug, Clone, PartialEq)]
-enum Cell<'a> {
+pub(crate) enum Cell<'a> {
     Null,
     /// Text (a JSON string, a CSV field).
     Str(Cow<'a, str>),
@@ -254,11 +349,8 @@ fn unit_name(per_second: i64) -> &'static str {
     }
 }
 
-/// Where decoded batches go, one at a time, so a chunk is never whole in memory as Arrow.
-pub type Sink<'a> = dyn FnMut(RecordBatch) -> Result<(), TransformError> + 'a;
-
 /// Builds batches of the table schema from parsed records, collecting rejects.
-struct Rows<'a> {
+pub(crate) struct Rows<'a> {
     schema: SchemaRef,
     cols: Vec<Col>,
     len: usize,
@@ -269,13 +361,13 @@ struct Rows<'a> {
 }
 
 impl<'a> Rows<'a> {
-    fn new(specs: &[ColumnSpec], batch_size: usize, max_bad: u64, sink: &'a mut Sink<'a>) -> Rows<'a> {
+    pub(crate) fn new(specs: &[ColumnSpec], batch_size: usize, max_bad: u64, sink: &'a mut Sink<'a>) -> Rows<'a> {
         let cols = specs.iter().map(Col::new).collect();
         Rows { schema: table_schema(specs), cols, len: 0, batch_size, sink, rejects: vec![], max_bad }
     }
 
     /// Adds a record whose cells are in schema order, or rejects it whole.
-    fn add(&mut self, cells: Vec<Cell<'_>>, position: impl Fn() -> String) -> Result<(), TransformError> {
+    pub(crate) fn add(&mut self, cells: Vec<Cell<'_>>, position: impl Fn() -> String) -> Result<(), Error> {
         let mut checked = Vec::with_capacity(cells.len());
         for ((cell, col), field) in cells.into_iter().zip(&self.cols).zip(self.schema.fields()) {
             match col.convert(cell) {
@@ -298,11 +390,11 @@ impl<'a> Rows<'a> {
         Ok(())
     }
 
-    fn reject(&mut self, position: String, reason: String) -> Result<(), TransformError> {
+    pub(crate) fn reject(&mut self, position: String, reason: String) -> Result<(), Error> {
         self.rejects.push(Reject { position, reason });
         if self.rejects.len() as u64 > self.max_bad {
             let first = &self.rejects[0];
-            return Err(TransformError::BadInput(format!(
+            return Err(Error::BadInput(format!(
                 "more than max_bad_records = {} bad records; first at {}: {}",
                 self.max_bad, first.position, first.reason
             )));
@@ -310,24 +402,24 @@ impl<'a> Rows<'a> {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), TransformError> {
+    fn flush(&mut self) -> Result<(), Error> {
         if self.len == 0 {
             return Ok(());
         }
         let arrays = self.cols.iter_mut().map(|c| c.finish()).collect();
-        let batch = RecordBatch::try_new(self.schema.clone(), arrays).map_err(TransformError::internal)?;
+        let batch = RecordBatch::try_new(self.schema.clone(), arrays).map_err(Error::internal)?;
         self.len = 0;
-        (self.sink)(batch)
+        (self.sink)(batch, Vec::new()).map_err(|Stopped| Error::Stopped)
     }
 
-    fn finish(mut self) -> Result<Vec<Reject>, TransformError> {
+    pub(crate) fn finish(mut self) -> Result<Vec<Reject>, Error> {
         self.flush()?;
         Ok(self.rejects)
     }
 }
 
 /// One JSON value as written: a string unescaped, anything else kept as its text.
-fn json_cell(v: Option<&serde_json::value::RawValue>) -> Result<Cell<'_>, String> {
+pub(crate) fn json_cell(v: Option<&serde_json::value::RawValue>) -> Result<Cell<'_>, String> {
     let Some(raw) = v else { return Ok(Cell::Null) };
     let text = raw.get();
     Ok(match text.as_bytes().first() {
@@ -342,17 +434,17 @@ fn json_cell(v: Option<&serde_json::value::RawValue>) -> Result<Cell<'_>, String
 
 /// Field names of a chunk's records that match no column, reported once per chunk.
 #[derive(Default)]
-struct Unmatched(std::collections::BTreeSet<String>);
+pub(crate) struct Unmatched(std::collections::BTreeSet<String>);
 
 impl Unmatched {
-    fn note(&mut self, name: &str) {
+    pub(crate) fn note(&mut self, name: &str) {
         if self.0.len() < 20 && !self.0.contains(name) {
             self.0.insert(name.to_string());
         }
     }
 
     /// The note for the ledger (and the log), if any field matched no column.
-    fn report(&self, what: &str) -> Option<String> {
+    pub(crate) fn report(&self, what: &str) -> Option<String> {
         if self.0.is_empty() {
             return None;
         }
@@ -361,7 +453,6 @@ impl Unmatched {
     }
 }
 
-/// JSON lines; `first_line` is the chunk's first line in the source file (0-based).
 /// How input field names find their columns (`table.case_insensitive`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Names {
@@ -379,167 +470,75 @@ impl Names {
     }
 }
 
-/// JSON lines read from `r` (the chunk at `path`) one line at a time: a chunk is never held
-/// whole, only its longest line. `first_line` is the chunk's first line in its file (0-based).
-#[allow(clippy::too_many_arguments)] // the chunk, its place, its limits, where it goes
-pub fn jsonl<'a>(
-    mut r: impl std::io::BufRead,
-    path: &str,
-    specs: &[ColumnSpec],
-    names_rule: Names,
-    first_line: i64,
-    batch_size: usize,
-    max_bad: u64,
-    sink: &'a mut Sink<'a>,
-) -> Result<(Vec<Reject>, Vec<String>), TransformError> {
-    let mut rows = Rows::new(specs, batch_size, max_bad, sink);
-    let names: std::collections::HashSet<String> =
-        specs.iter().map(|c| if names_rule == Names::AnyCase { c.name.to_ascii_lowercase() } else { c.name.clone() }).collect();
-    let mut unmatched = Unmatched::default();
-    let mut buf = Vec::new();
-    for i in 0.. {
-        buf.clear();
-        if r.read_until(b'\n', &mut buf).map_err(|e| TransformError::io(path, e))? == 0 {
-            break;
-        }
-        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        // A UTF-8 byte order mark is not part of the first record.
-        let line = if i == 0 && first_line == 0 { line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line) } else { line };
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let pos = || format!("line {}", first_line + i as i64 + 1);
-        type Obj<'r> = std::collections::HashMap<Cow<'r, str>, &'r serde_json::value::RawValue>;
-        match serde_json::from_slice::<Obj<'_>>(line) {
-            Ok(mut obj) => {
-                if names_rule == Names::AnyCase {
-                    obj = obj.into_iter().map(|(k, v)| (Cow::Owned(k.to_ascii_lowercase()), v)).collect();
-                }
-                for k in obj.keys() {
-                    if !names.contains(k.as_ref()) {
-                        unmatched.note(k);
-                    }
-                }
-                let cells: Result<Vec<Cell<'_>>, String> = specs
-                    .iter()
-                    .map(|c| {
-                        let v = if names_rule == Names::AnyCase {
-                            obj.get(c.name.to_ascii_lowercase().as_str())
-                        } else {
-                            obj.get(c.name.as_str())
-                        };
-                        json_cell(v.copied())
-                    })
-                    .collect();
-                match cells {
-                    Ok(cells) => rows.add(cells, pos)?,
-                    Err(why) => rows.reject(pos(), why)?,
-                }
-            }
-            Err(e) => rows.reject(pos(), format!("invalid JSON object: {e}"))?,
-        }
-    }
-    let note = unmatched.report("JSON");
-    Ok((rows.finish()?, note.into_iter().collect()))
-}
-
-/// CSV with a header row; `first_record` is the chunk's first data record (0-based).
-/// CSV in `dialect`; `first_record` is the chunk's first data record (0-based). With a
-/// header, columns are found by name; without one, fields fill the columns in order.
-#[allow(clippy::too_many_arguments)] // the chunk, its place, its dialect, its limits, where it goes
-pub fn csv<'a>(
-    data: &[u8],
-    specs: &[ColumnSpec],
-    names_rule: Names,
-    dialect: &CsvOptions,
-    first_record: i64,
-    batch_size: usize,
-    max_bad: u64,
-    sink: &'a mut Sink<'a>,
-) -> Result<(Vec<Reject>, Vec<String>), TransformError> {
-    let mut rows = Rows::new(specs, batch_size, max_bad, sink);
-    let mut notes = Vec::new();
-    let data = data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(data);
-    let mut r = csv::ReaderBuilder::new()
-        .flexible(true)
-        .delimiter(dialect.delimiter.0)
-        .quote(dialect.quote.0)
-        .has_headers(dialect.has_header)
-        .from_reader(data);
-    let (index, fields): (Vec<usize>, usize) = if dialect.has_header {
-        let header = r.headers().map_err(|e| TransformError::BadInput(format!("CSV header: {e}")))?.clone();
-        let mut index = Vec::with_capacity(specs.len());
-        for f in specs {
-            match header.iter().position(|h| names_rule.matches(h, &f.name)) {
-                Some(i) => index.push(i),
-                None if f.nullable => index.push(usize::MAX),
-                None => {
-                    return Err(TransformError::BadInput(format!("CSV header has no column {:?}", f.name)));
-                }
-            }
-        }
-        if !specs.is_empty() && index.iter().all(|&i| i == usize::MAX) {
-            let got: Vec<&str> = header.iter().take(10).collect();
-            return Err(TransformError::BadInput(format!(
-                "the CSV header matches none of the table's columns (it has {got:?}); is this the right file, and does it have a header? (source.csv.has_header)"
-            )));
-        }
-        let mut unmatched = Unmatched::default();
-        for h in header.iter().filter(|h| !specs.iter().any(|c| names_rule.matches(h, &c.name))) {
-            unmatched.note(h);
-        }
-        notes.extend(unmatched.report("CSV header"));
-        let absent: Vec<&str> = specs.iter().zip(&index).filter(|(_, i)| **i == usize::MAX).map(|(c, _)| c.name.as_str()).collect();
-        if !absent.is_empty() {
-            notes.push(format!("columns that are not in the CSV header are null: {absent:?}"));
-        }
-        (index, header.len())
-    } else {
-        ((0..specs.len()).collect(), specs.len())
-    };
-    let null = dialect.null_value.as_deref();
-    let mut rec = csv::StringRecord::new();
-    let mut n = first_record;
-    loop {
-        n += 1;
-        match r.read_record(&mut rec) {
-            Ok(false) => break,
-            Ok(true) if rec.len() != fields => {
-                let why = if dialect.has_header {
-                    format!("{} fields, the header has {fields}", rec.len())
-                } else {
-                    format!("{} fields, the table has {fields} columns", rec.len())
-                };
-                rows.reject(format!("record {n}"), why)?;
-            }
-            Ok(true) => {
-                let cells = index
-                    .iter()
-                    .zip(specs)
-                    .map(|(&i, f)| match (rec.get(i), null) {
-                        (Some(s), Some(null)) if s == null => Cell::Null,
-                        // Without a null_value, an empty field is a null, except in a string column.
-                        (Some(""), None) if f.ty != ColumnType::String => Cell::Null,
-                        (Some(s), _) => Cell::Str(Cow::Borrowed(s)),
-                        (None, _) => Cell::Null,
-                    })
-                    .collect();
-                let line = rec.position().map(|p| p.line()).unwrap_or(0);
-                rows.add(cells, || format!("record {n} (line {line} of the chunk)"))?;
-            }
-            Err(e) => rows.reject(format!("record {n}"), format!("invalid CSV: {e}"))?,
-        }
-    }
-    Ok((rows.finish()?, notes))
-}
-
 #[cfg(test)]
 mod tests {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{Int32Type, Int64Type, TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType};
 
     use super::*;
+
+    /// JSON lines through [`Decode`], with a sink of batches only; (rejects, notes).
+    #[allow(clippy::too_many_arguments)]
+    fn jsonl(
+        input: &[u8],
+        path: &str,
+        specs: &[ColumnSpec],
+        names: Names,
+        first: i64,
+        batch_size: usize,
+        max_bad: u64,
+        sink: &mut dyn FnMut(RecordBatch) -> Result<(), Error>,
+    ) -> Result<(Vec<Reject>, Vec<String>), Error> {
+        let dialect = CsvOptions::default();
+        let how = Decoding {
+            path,
+            columns: specs,
+            names,
+            csv: &dialect,
+            first_record: first,
+            batch_size,
+            max_bad,
+            max_record_size: 1 << 20,
+            size_hint: 0,
+        };
+        run(Format::Jsonl, input, &how, sink)
+    }
+
+    /// CSV through [`Decode`], as [`jsonl`].
+    #[allow(clippy::too_many_arguments)]
+    fn csv(
+        input: &[u8],
+        specs: &[ColumnSpec],
+        names: Names,
+        dialect: &CsvOptions,
+        first: i64,
+        batch_size: usize,
+        max_bad: u64,
+        sink: &mut dyn FnMut(RecordBatch) -> Result<(), Error>,
+    ) -> Result<(Vec<Reject>, Vec<String>), Error> {
+        let how = Decoding {
+            path: "test",
+            columns: specs,
+            names,
+            csv: dialect,
+            first_record: first,
+            batch_size,
+            max_bad,
+            max_record_size: 1 << 20,
+            size_hint: 0,
+        };
+        run(Format::Csv, input, &how, sink)
+    }
+
+    fn run(
+        format: Format,
+        mut input: &[u8],
+        how: &Decoding<'_>,
+        sink: &mut dyn FnMut(RecordBatch) -> Result<(), Error>,
+    ) -> Result<(Vec<Reject>, Vec<String>), Error> {
+        let d = decoder(format).decode(&mut input, how, &mut |b, _| sink(b).map_err(|_| Stopped))?;
+        Ok((d.rejects, d.notes))
+    }
 
     fn col(name: &str, ty: ColumnType) -> ColumnSpec {
         ColumnSpec { name: name.into(), ty, nullable: true, epoch: None }
@@ -550,7 +549,7 @@ mod tests {
     fn one(spec: ColumnSpec, input: &str) -> (Option<ArrayRef>, Vec<String>) {
         let mut got: Option<ArrayRef> = None;
         let rejects = {
-            let mut sink = |b: RecordBatch| -> Result<(), TransformError> {
+            let mut sink = |b: RecordBatch| -> Result<(), Error> {
                 got = Some(b.column(0).clone());
                 Ok(())
             };
@@ -635,11 +634,11 @@ mod tests {
 
     #[test]
     fn a_csv_dialect_without_header_and_with_its_own_null() {
-        use ferry_common::config::AsciiChar;
+        use crate::spec::AsciiChar;
         let specs = [col("a", ColumnType::String), col("b", ColumnType::Long)];
         let d = CsvOptions { delimiter: AsciiChar(b'|'), quote: AsciiChar(b'\''), has_header: false, null_value: Some("NULL".into()) };
         let mut got: Vec<(Option<String>, Option<i64>)> = Vec::new();
-        let mut sink = |b: RecordBatch| -> Result<(), TransformError> {
+        let mut sink = |b: RecordBatch| -> Result<(), Error> {
             let (a, n) = (b.column(0).as_string::<i32>(), b.column(1).as_primitive::<Int64Type>());
             got.extend((0..b.num_rows()).map(|i| ((!a.is_null(i)).then(|| a.value(i).to_string()), (!n.is_null(i)).then(|| n.value(i)))));
             Ok(())
@@ -657,7 +656,7 @@ mod tests {
     fn names_match_in_any_case_when_asked() {
         let specs = [col("userid", ColumnType::Long)];
         let mut got: Vec<i64> = Vec::new();
-        let mut sink = |b: RecordBatch| -> Result<(), TransformError> {
+        let mut sink = |b: RecordBatch| -> Result<(), Error> {
             got.extend(b.column(0).as_primitive::<Int64Type>().iter().map(|v| v.unwrap_or(-1)));
             Ok(())
         };
@@ -677,7 +676,7 @@ mod tests {
     fn csv_header_bom_and_column_matching() {
         // A header that matches no column is an error, not rows of nulls.
         let specs = [col("a", ColumnType::String), col("b", ColumnType::Long)];
-        let mut sink = |_b: RecordBatch| -> Result<(), TransformError> { Ok(()) };
+        let mut sink = |_b: RecordBatch| -> Result<(), Error> { Ok(()) };
         let e = csv(b"x,y\n1,2\n", &specs, Names::Exact, &CsvOptions::default(), 0, 10, 10, &mut sink).unwrap_err();
         assert!(e.to_string().contains("matches none of the table's columns"), "{e}");
         // A byte order mark is not part of the first column's name or the first record.
