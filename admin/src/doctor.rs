@@ -114,8 +114,9 @@ async fn ledger_steps(s: &mut Steps, url: &str, pipeline: &str) -> Result<(), ()
     if let LedgerUrl::Sqlite(path) = &parsed
         && !path.exists()
     {
-        return s
-            .fail("open", format!("{} does not exist (not created yet: `ferry migrate` creates it, so do the stages)", path.display()));
+        // The embedded default before its first run (as `deploy/install.sh` leaves it): every
+        // stage creates the file, so it is fine as long as its directory takes a new file.
+        return sqlite_to_be_created(s, path);
     }
     // A database client retries a refused or unresolvable server until its own timeout and
     // then says only that; a plain TCP connect first says which it was.
@@ -138,6 +139,31 @@ async fn ledger_steps(s: &mut Steps, url: &str, pipeline: &str) -> Result<(), ()
         None => return s.fail("schema", "the ledger has no schema: run `ferry migrate`".to_string()),
     }
     Ok(())
+}
+
+/// A SQLite ledger that does not exist yet: its directory must exist and take a new file (the
+/// check writes and removes one of its own there, never the ledger itself).
+fn sqlite_to_be_created(s: &mut Steps, path: &std::path::Path) -> Result<(), ()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return s.fail(
+            "open",
+            format!("{} does not exist, nor does its directory {} (the stages create the file, not the directory)", path.display(), dir.display()),
+        );
+    }
+    let probe = dir.join(format!(".doctor-{}-{}.tmp", ferry_common::config::host_name(), std::process::id()));
+    let created = std::fs::OpenOptions::new().write(true).create_new(true).open(&probe);
+    let _ = std::fs::remove_file(&probe);
+    match created {
+        Ok(_) => {
+            s.hop.steps.push(format!("{} not created yet: the first stage run creates it (or `ferry migrate`)", path.display()));
+            Ok(())
+        }
+        Err(e) => s.fail("open", format!("{} does not exist and {} takes no new file: {e}", path.display(), dir.display())),
+    }
 }
 
 /// `host:port` of a Postgres URL (`postgres://user:pw@host:port/db?..`); None for a URL that

@@ -52,14 +52,27 @@ fn failed_with(v: &serde_json::Value, name: &str, error_has: &str, fix_starts: &
 #[test]
 fn doctor_walks_every_hop_of_a_local_pipeline_and_leaves_nothing_behind() {
     let p = Pipeline::new("1MiB", "5s", "0s");
-    // Before the ledger exists: that hop fails and says how to create it; the stores pass.
+    // Before the ledger exists (a fresh install): the first stage run will create it, so the
+    // hop passes and says so; doctor itself creates nothing.
     let (code, v, _) = doctor(&p, &[]);
-    assert_eq!(code, Some(1), "{v}");
-    failed_with(&v, "ledger", "does not exist", "");
-    for name in ["source", "staging", "spool", "destination"] {
+    assert_eq!(code, Some(0), "{v}");
+    for name in ["ledger", "source", "staging", "spool", "destination"] {
         assert_eq!(hop(&v, name)["ok"], true, "{v}");
     }
+    assert!(hop(&v, "ledger")["steps"].to_string().contains("not created yet"), "{v}");
     assert!(!p.path("ledger.db").exists(), "doctor must not create the ledger");
+    let entries = |d: &std::path::Path| std::fs::read_dir(d).unwrap().count();
+    let before = entries(&p.path(""));
+    // A ledger whose directory is missing would never be created: that fails, naming it.
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    let ledger_url = format!("sqlite://{}", p.path("ledger.db").display());
+    assert!(cfg.contains(&ledger_url), "{cfg}");
+    std::fs::write(&p.config, cfg.replace(&ledger_url, &format!("sqlite://{}", p.path("no-such-dir/ledger.db").display()))).unwrap();
+    let (code, v, _) = doctor(&p, &[]);
+    assert_eq!(code, Some(1), "{v}");
+    failed_with(&v, "ledger", "no-such-dir", "");
+    std::fs::write(&p.config, &cfg).unwrap();
+    assert_eq!(entries(&p.path("")), before, "doctor left a file next to the ledger");
 
     assert!(p.command("ferry").arg("migrate").status().unwrap().success());
     let (code, v, _) = doctor(&p, &[]);
