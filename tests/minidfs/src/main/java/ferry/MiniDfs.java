@@ -373,10 +373,14 @@ public final class MiniDfs {
     kdc.createPrincipal(hdfsKeytab.toFile(), "hdfs/localhost", "HTTP/localhost");
     kdc.createPrincipal(confDir.resolve("ferry.keytab").toFile(), "ferry");
     // The clients' krb5.conf: MiniKdc's (deleted with its work dir), plus a ticket lifetime a
-    // test can make short, and no DNS games with "localhost".
+    // test can make short, and no DNS at all. MIT's library asks DNS for the realm's primary KDC
+    // after every ticket reply unless told not to (dns_lookup_kdc, dns_uri_lookup): on a machine
+    // whose resolver does not answer, each new NameNode connection then waited 5-15 s for SRV
+    // and URI queries, and a few of them in a row ran past a call's 30 s deadline.
     String krb5 = Files.readString(kdc.getKrb5conf().toPath(), StandardCharsets.UTF_8);
     krb5 = krb5.replaceFirst("\\[libdefaults\\]", "[libdefaults]\n    ticket_lifetime = " + ticketLifetime
-        + "\n    dns_canonicalize_hostname = false\n    rdns = false");
+        + "\n    dns_canonicalize_hostname = false\n    rdns = false"
+        + "\n    dns_lookup_kdc = false\n    dns_lookup_realm = false\n    dns_uri_lookup = false");
     Files.writeString(confDir.resolve("krb5.conf"), krb5, StandardCharsets.UTF_8);
     // A literal host in the principals: _HOST would become 127.0.0.1 for the DataNode
     // (dfs.datanode.hostname), which is not in the keytab.
