@@ -151,7 +151,11 @@ fn sqlite_to_be_created(s: &mut Steps, path: &std::path::Path) -> Result<(), ()>
     if !dir.is_dir() {
         return s.fail(
             "open",
-            format!("{} does not exist, nor does its directory {} (the stages create the file, not the directory)", path.display(), dir.display()),
+            format!(
+                "{} does not exist, nor does its directory {} (the stages create the file, not the directory)",
+                path.display(),
+                dir.display()
+            ),
         );
     }
     let probe = dir.join(format!(".doctor-{}-{}.tmp", ferry_common::config::host_name(), std::process::id()));
