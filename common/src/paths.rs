@@ -207,6 +207,25 @@ pub fn atomic_temp(name: &str, seq: u64) -> String {
     format!(".{name}.{}-{seq}.tmp", std::process::id())
 }
 
+/// Prefix of a source file moved aside for disposal (see [`aside`]).
+const ASIDE_PREFIX: &str = ".ferry-aside.";
+
+/// Where extract moves a source file `rel` before it archives or deletes it: beside it, hidden
+/// (listings and globs skip it), never a temp name (gc must not remove it), one per name.
+pub fn aside(rel: &str) -> String {
+    match rel.rsplit_once('/') {
+        Some((dir, base)) => format!("{dir}/{ASIDE_PREFIX}{base}"),
+        None => format!("{ASIDE_PREFIX}{rel}"),
+    }
+}
+
+/// The name a file [`aside`] was moved from.
+pub fn aside_of(rel: &str) -> Option<String> {
+    let (dir, base) = rel.rsplit_once('/').map_or(("", rel), |(d, b)| (d, b));
+    let orig = base.strip_prefix(ASIDE_PREFIX).filter(|b| !b.is_empty())?;
+    Some(if dir.is_empty() { orig.to_string() } else { format!("{dir}/{orig}") })
+}
+
 /// Whether a base name is one of Ferry's temp files (what gc may remove once old).
 pub fn is_temp(base: &str) -> bool {
     base.starts_with('.') && base.ends_with(".tmp")
@@ -230,6 +249,17 @@ mod tests {
     }
 
     const CHUNK: &str = "0123456789abcdef01234567";
+
+    #[test]
+    fn aside_names_come_back() {
+        for rel in ["a.jsonl", "d/e/a.jsonl", ".hidden"] {
+            let a = aside(rel);
+            assert!(a.rsplit('/').next().unwrap().starts_with('.') && !is_temp(&a), "{a}");
+            assert_eq!(aside_of(&a).as_deref(), Some(rel));
+        }
+        assert_eq!(aside_of("d/a.jsonl"), None);
+        assert_eq!(aside_of("d/.ferry-aside."), None);
+    }
 
     #[test]
     fn names_parse_back() {

@@ -177,6 +177,7 @@ impl Extractor {
         }
         let listing = self.source.list_source("").await?;
         let entries = listing.entries;
+        pass.failed += self.settle_asides(&entries).await;
         // Hidden and `_`-prefixed names are what Hadoop, Spark and Hive readers skip too:
         // `_SUCCESS`, `.part-0.crc`, `_temporary/` of a job still writing.
         let hidden = |rel: &str| rel.split('/').any(|c| c.starts_with('.') || c.starts_with('_'));
@@ -318,19 +319,28 @@ impl Extractor {
             // Never an undone correction: the old bytes put back changed the token, and a
             // revival cut short by a crash left the row older than its path's newest version.
             pass.skipped += 1;
-            return self.dispose(e, known.state).await;
+            return self.dispose(e, known.state, &known.content_hash).await;
         }
         let format = self.cfg.source.format.of(&e.rel);
         // A file under a name never seen is split while it is hashed: one read. One seen before
         // (kept in place and not provably unchanged, or rewritten) is hashed first, so bytes
         // already taken in are recognised without staging them again; so is a file of unknown
-        // format, which is only registered to be quarantined.
+        // format, which is only registered to be quarantined. New bytes are then split by a
+        // read that hashes too, and only what that read saw is registered: a producer may
+        // rewrite the file between the two reads (`hashed_first` tells it).
         let mut file = None;
+        let mut hashed_first = None;
         if format.is_none() || self.ledger.knows_uri(&uri).await? {
             let (size, hash) = self.hash(&e.rel).await?;
-            match self.register(e, &uri, format, size, hash, pass).await? {
-                Ok(f) => file = Some(f),
-                Err(_) => return Ok(()),
+            let known = self.ledger.state_of_bytes(&uri, &hash).await?.is_some_and(|s| s != FileState::Registered)
+                || (size > 0 && self.ledger.same_bytes_as(&hash, &uri).await?.is_some());
+            if format.is_some() && !known {
+                hashed_first = Some(hash);
+            } else {
+                match self.register(e, &uri, format, size, hash, pass).await? {
+                    Ok(f) => file = Some(f),
+                    Err(_) => return Ok(()),
+                }
             }
         }
         let Some(format) = format else {
@@ -367,6 +377,14 @@ impl Extractor {
             }
             r => r?,
         };
+        if let Some(first) = hashed_first
+            && first != split.hash
+        {
+            tracing::warn!(file = ?e.rel, "the file changed between two reads of it: nothing of it is recorded, it is read again next pass");
+            self.unstage(&split.staged).await;
+            pass.unfinished += 1;
+            return Ok(());
+        }
         if split.reused > 0 {
             tracing::info!(file = ?e.rel, chunks = split.reused, "resumed: chunks staged by an interrupted run are kept, not written again");
             pass.reused += split.reused;
@@ -438,7 +456,7 @@ impl Extractor {
                 pass.chunks += chunks.len() as u64;
                 pass.records += records;
                 pass.bytes += split.size;
-                self.dispose(e, FileState::Chunked).await
+                self.dispose(e, FileState::Chunked, &file.content_hash).await
             }
             Err(reason) => {
                 let reason = format!("{}: {reason}", e.rel);
@@ -500,7 +518,7 @@ impl Extractor {
         if file.state != FileState::Registered {
             pass.skipped += 1;
             self.revive_if_undone(e, uri, &file).await?;
-            self.dispose(e, file.state).await?;
+            self.dispose(e, file.state, &file.content_hash).await?;
             return Ok(Err(NotTaken::Known));
         }
         // The same bytes under another name (a file delivered twice): loading them again
@@ -558,6 +576,8 @@ impl Extractor {
             if std::env::var("FERRY_TEST_PANIC_SPLITTING").is_ok_and(|n| !n.is_empty() && rel.contains(&n)) {
                 panic!("FERRY_TEST_PANIC_SPLITTING matched {rel}");
             }
+            #[cfg(debug_assertions)]
+            test_gate("before");
             let mut buf = buffers.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
             let split = (|| -> Result<Split> {
             let read_err = |rel: &str, source| ExtractError::Io { path: rel.to_string(), source };
@@ -625,6 +645,8 @@ impl Extractor {
                 (None, Some(h)) => (hashing.bytes, h.finalize().to_hex().to_string()),
                 (None, None) => unreachable!("a hasher is made whenever no hash is known"),
             };
+            #[cfg(debug_assertions)]
+            test_gate("after");
             Ok(Split { size, hash, outcome, staged, reused: 0 })
             })();
             // One grown by a record far larger than a chunk is let go.
@@ -691,22 +713,73 @@ impl Extractor {
         }
     }
 
-    /// keep / archive / delete, only once the file's chunks are durable: staged (fsynced, or
-    /// acknowledged by a remote store) and the ledger rows naming them on stable storage.
-    async fn dispose(&self, e: &Entry, state: FileState) -> Result<()> {
+    /// keep / archive / delete, only once the file's chunks are durable (staged, fsynced or
+    /// acknowledged by a remote store, and the ledger rows naming them on stable storage), and
+    /// only the bytes that were taken in (`hash`): a producer may have renamed a new file over
+    /// the name since it was read. The file is first moved aside ([`paths::aside`]), in one
+    /// step that takes whatever is at the name at that instant; what was moved is then hashed,
+    /// and archived and removed only if it is what was taken in. Anything else goes back under
+    /// its name, to be taken in as the new file it is. A crash between the steps leaves the
+    /// file aside, where the next pass finds it ([`Extractor::settle_aside`]).
+    async fn dispose(&self, e: &Entry, state: FileState, hash: &str) -> Result<()> {
         if state != FileState::Chunked || self.cfg.source.disposition == Disposition::Keep {
             return Ok(());
         }
         // Durable before destructive: the commit of the chunks may still be in the page cache.
         self.ledger.make_durable().await?;
-        match self.cfg.source.disposition {
-            Disposition::Keep => Ok(()),
-            Disposition::Delete => Ok(self.source.delete(&e.rel).await?),
-            Disposition::Archive => {
-                self.archive(e).await?;
-                Ok(self.source.delete(&e.rel).await?)
+        let aside = paths::aside(&e.rel);
+        match self.source.rename_noreplace(&e.rel, &aside).await {
+            Ok(true) => self.settle_aside(&e.rel, &aside, Some(hash)).await,
+            // A disposal of this name cut short (or under way in another extract): the pass
+            // that finds the file aside settles it; this one stays for a later pass.
+            Ok(false) => Ok(()),
+            // Gone since the listing (another extract disposed of it, or the producer).
+            Err(err) if err.is_not_found() => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// A source file moved aside from `rel` for disposal: archived and removed if it holds the
+    /// bytes taken in under `rel` (`hash`, or when a crash lost it, whatever the ledger says
+    /// was taken in there), else put back under `rel`. Should a newer file hold the name by
+    /// then, this one stays aside, and each pass tries again.
+    async fn settle_aside(&self, rel: &str, aside: &str, hash: Option<&str>) -> Result<()> {
+        let (size, got) = self.source.hash(aside).await?;
+        let taken = match (self.cfg.source.disposition, hash) {
+            (Disposition::Keep, _) => false,
+            (_, Some(h)) => h == got,
+            (_, None) => {
+                self.ledger.state_of_bytes(&self.source.url(rel), &got).await? == Some(FileState::Chunked)
+                    && self.ledger.make_durable().await.is_ok()
+            }
+        };
+        if taken {
+            if self.cfg.source.disposition == Disposition::Archive {
+                self.archive(aside, rel, size).await?;
+            }
+            return Ok(self.source.delete(aside).await?);
+        }
+        if hash.is_some() {
+            tracing::warn!(file = ?rel, "another file was put under this name after it was read: it is put back and taken in as a new file, not removed");
+        }
+        if !self.source.rename_noreplace(aside, rel).await? {
+            tracing::warn!(file = ?rel, aside = ?aside, "a file moved aside cannot go back yet: a newer file holds its name; tried again next pass");
+        }
+        Ok(())
+    }
+
+    /// Settles the files a disposal left aside (see [`Extractor::dispose`]): a crash between
+    /// moving a file aside and removing it, or a name held by a newer file.
+    async fn settle_asides(&self, entries: &[Entry]) -> u64 {
+        let mut failed = 0;
+        for e in entries {
+            let Some(rel) = paths::aside_of(&e.rel) else { continue };
+            if let Err(err) = self.settle_aside(&rel, &e.rel, None).await {
+                tracing::warn!(file = ?rel, aside = ?e.rel, error = %err, "cannot settle a file moved aside for disposal; tried again next pass");
+                failed += 1;
             }
         }
+        failed
     }
 
     /// Streams a source file to `source.archive_url`: never held in memory (a file of a few
@@ -714,14 +787,15 @@ impl Extractor {
     /// a local directory, else through a temp file in the system's temp directory. As many at
     /// once as files are split. Bounded like any transfer: a deadline that grows with the
     /// size (a 1 MiB/s floor) and the no-progress watchdog of `source.store.read_stall`.
-    async fn archive(&self, e: &Entry) -> Result<()> {
+    /// `from` is where the file is now (moved aside), `rel` its name in the source and the archive.
+    async fn archive(&self, from: &str, rel: &str, size: u64) -> Result<()> {
         let _cpu = self.cpu.clone().acquire_owned().await.map_err(|e| ExtractError::Internal(e.to_string()))?;
         let archive = Store::open(self.cfg.source.archive_url.as_deref().unwrap_or_default(), &self.cfg.source.store)?;
         let mut _local_copy = None;
-        let local = match self.source.local_path(&e.rel) {
+        let local = match self.source.local_path(from) {
             Some(p) => p,
             None => {
-                let (source, rel) = (self.source.clone(), e.rel.clone());
+                let (source, rel) = (self.source.clone(), from.to_string());
                 let copy = tokio::task::spawn_blocking(move || -> Result<tempfile::NamedTempFile> {
                     let tmp_err = |e| ExtractError::Io { path: "a temp file for archiving".into(), source: e };
                     let mut tmp = tempfile::Builder::new().prefix(".ferry-archive-").tempfile().map_err(tmp_err)?;
@@ -737,11 +811,30 @@ impl Extractor {
             }
         };
         let o = &self.cfg.source.store;
-        let deadline = o.call_timeout.0 * 2 + Duration::from_secs(e.size >> 20);
+        let deadline = o.call_timeout.0 * 2 + Duration::from_secs(size >> 20);
         let progress = ferry_storage::Progress::default();
-        let what = format!("archiving {} to {}", self.source.url(&e.rel), archive.url(&e.rel));
-        ferry_storage::watched(&what, deadline, o.read_stall.0, progress.clone(), archive.put_file(&local, &e.rel, progress)).await?;
+        let what = format!("archiving {} to {}", self.source.url(rel), archive.url(rel));
+        ferry_storage::watched(&what, deadline, o.read_stall.0, progress.clone(), archive.put_file(&local, rel, progress)).await?;
         Ok(())
+    }
+}
+
+/// Tests hold a split at `point` (`before` the file is opened, `after` it was read) to change
+/// the file at that instant: with `FERRY_TEST_SPLIT_GATE=POINT:DIR`, the split creates
+/// `DIR/reached` and waits (two minutes at most) until the test creates `DIR/go`. Debug builds
+/// only.
+#[cfg(debug_assertions)]
+fn test_gate(point: &str) {
+    let Ok(v) = std::env::var("FERRY_TEST_SPLIT_GATE") else { return };
+    let Some((at, dir)) = v.split_once(':') else { return };
+    if at != point {
+        return;
+    }
+    let dir = std::path::Path::new(dir);
+    let _ = std::fs::write(dir.join("reached"), b"");
+    let t = std::time::Instant::now();
+    while !dir.join("go").exists() && t.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -178,6 +178,26 @@ impl Ledger {
         .await
     }
 
+    /// The state of these bytes (`content_hash`) at this uri, if they were registered there.
+    /// Reads only: extract asks before it splits a file under a known name (it registers only
+    /// what the split itself read), and before it finishes a disposal a crash interrupted.
+    pub async fn state_of_bytes(&self, uri: &str, content_hash: &str) -> Result<Option<FileState>> {
+        self.call("state_of_bytes", || async move {
+            on_backend!(self, |pool, begin| {
+                let state: Option<String> =
+                    sqlx::query_scalar("SELECT state FROM source_files WHERE uri = $1 AND content_hash = $2 AND pipeline = $3 LIMIT 1")
+                        .bind(uri)
+                        .bind(content_hash)
+                        .bind(self.pipeline())
+                        .fetch_optional(pool)
+                        .await
+                        .map_err(db("state_of_bytes"))?;
+                Ok(state.map(|s| s.parse::<FileState>()).transpose()?)
+            })
+        })
+        .await
+    }
+
     /// Registers a source file; idempotent on `(uri, content_hash)`. Returns the stored row,
     /// which may be an earlier registration of the same bytes.
     pub async fn register_file(&self, f: &NewSourceFile) -> Result<SourceFile> {

@@ -126,16 +126,11 @@ impl Backend for LocalStore {
             if let Some(dir) = b.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display(), e))?;
             }
-            // link(2) fails if the target exists, which makes this atomic and
-            // no-overwrite; then the source name goes.
-            match std::fs::hard_link(&a, &b) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
-                Err(e) => return Err(Error::io(format!("{} -> {}", a.display(), b.display()), e)),
+            let moved = rename_noreplace(&a, &b).map_err(|e| Error::io(format!("{} -> {}", a.display(), b.display()), e))?;
+            if moved {
+                sync_dir(&b);
             }
-            std::fs::remove_file(&a).map_err(|e| Error::io(a.display(), e))?;
-            sync_dir(&b);
-            Ok(true)
+            Ok(moved)
         })
         .await
     }
@@ -275,6 +270,37 @@ impl Unsynced {
         sync_dir(&self.dst);
         Ok(())
     }
+}
+
+/// Renames `a` to `b` unless `b` exists (false then, nothing changed). One step where the file
+/// system has `renameat2(RENAME_NOREPLACE)`: whatever is at `a` moves, even if a producer
+/// renamed a new file over `a` an instant before. Elsewhere link(2) (which fails if `b`
+/// exists) and then unlink(2) of `a`, which would remove a file renamed over `a` between the two.
+fn rename_noreplace(a: &Path, b: &Path) -> std::io::Result<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let (from, to) = (std::ffi::CString::new(a.as_os_str().as_bytes())?, std::ffi::CString::new(b.as_os_str().as_bytes())?);
+        // SAFETY: two NUL-terminated paths that live across the call.
+        let r = unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE) };
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EEXIST) => return Ok(false),
+            // The file system (or an old kernel) does not have it: the fallback below.
+            Some(libc::EINVAL | libc::ENOSYS) => {}
+            _ => return Err(e),
+        }
+    }
+    match std::fs::hard_link(a, b) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    std::fs::remove_file(a)?;
+    Ok(true)
 }
 
 /// Makes a rename durable; failures only weaken durability, so they are ignored.
