@@ -1,5 +1,6 @@
 //! Durable before destructive: extract deletes (or archives) a source file only once its
-//! chunks and the ledger rows naming them are on stable storage. The ledger commits without
+//! chunks and the ledger rows naming them are on stable storage. (The unlink is of the file
+//! moved aside for disposal, `.ferry-aside.<name>`: the move itself destroys nothing.) The ledger commits without
 //! waiting for the disk (SQLite in WAL mode, `synchronous = NORMAL`), so a power loss right
 //! after the unlink could take the commit with it and leave the file nowhere.
 //!
@@ -37,9 +38,10 @@ fn a_source_file_is_deleted_only_after_its_chunks_and_their_ledger_rows_are_sync
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let unsynced = unsynced_at_unlink(&std::fs::read_to_string(&trace).unwrap(), &p, &file.display().to_string());
+        let aside = file.with_file_name(format!(".ferry-aside.{}", g.file_name().unwrap().to_string_lossy()));
+        let unsynced = unsynced_at_unlink(&std::fs::read_to_string(&trace).unwrap(), &p, &aside.display().to_string());
         assert_eq!(unsynced, Some(BTreeSet::new()), "{} was unlinked while these were written and not synced", file.display());
-        assert!(!file.exists());
+        assert!(!file.exists() && !aside.exists());
     }
     assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'"), 3);
 }
