@@ -318,9 +318,15 @@ struct Link {
 pub struct LedgerOutage {
     pub since_ms: i64,
     pub since: std::time::Instant,
+    /// When a call next answered (epoch ms); the row is written later, when the runner can.
+    pub until_ms: Option<i64>,
     pub failures: i64,
     pub last_error: String,
 }
+
+/// Calls already in flight can still answer while the server goes down: a failure this soon
+/// after the last answer continues the outage that answer ended instead of opening another.
+const OUTAGE_REOPEN_WITHIN_MS: i64 = 1_000;
 
 /// Runs `$body` with `$pool` bound to the concrete pool of the backend and `$begin` to the
 /// statement that opens a write transaction there (SQLite takes the write lock up front).
@@ -550,21 +556,39 @@ impl Ledger {
                 d.last_error = e.to_string();
             }
             None => {
-                tracing::error!(op, error = %e, "ledger unreachable: its calls are retried until it answers");
-                link.down = Some(LedgerOutage {
-                    since_ms: self.now_ms(),
-                    since: std::time::Instant::now(),
-                    failures: 1,
-                    last_error: e.to_string(),
-                });
+                let now = self.now_ms();
+                let reopened = match link.over.last() {
+                    Some(o) if o.until_ms.is_some_and(|t| now - t < OUTAGE_REOPEN_WITHIN_MS) => link.over.pop(),
+                    _ => None,
+                };
+                match reopened {
+                    Some(mut o) => {
+                        tracing::warn!(op, error = %e, "ledger unreachable again: the same outage goes on");
+                        o.until_ms = None;
+                        o.failures += 1;
+                        o.last_error = e.to_string();
+                        link.down = Some(o);
+                    }
+                    None => {
+                        tracing::error!(op, error = %e, "ledger unreachable: its calls are retried until it answers");
+                        link.down = Some(LedgerOutage {
+                            since_ms: now,
+                            since: std::time::Instant::now(),
+                            until_ms: None,
+                            failures: 1,
+                            last_error: e.to_string(),
+                        });
+                    }
+                }
             }
         }
     }
 
     fn link_answered(&self) {
         let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = link.down.take() {
+        if let Some(mut d) = link.down.take() {
             tracing::info!(down_for = ?d.since.elapsed(), failures = d.failures, "ledger is back");
+            d.until_ms = Some(self.now_ms());
             link.over.push(d);
         }
     }
@@ -732,7 +756,10 @@ pub fn worker_name(stage: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::Tally;
+    use std::sync::Arc;
+
+    use super::{Error, Ledger, LedgerOptions, Tally};
+    use crate::testing::T0;
 
     /// Parts shipped side by side each see only their own bytes, and the attempt sees all.
     #[test]
@@ -747,5 +774,33 @@ mod tests {
         assert_eq!((a.moved_bytes(), a.redone_bytes()), (100, 0));
         assert_eq!((b.moved_bytes(), b.redone_bytes()), (80, 40));
         assert_eq!((attempt.moved_bytes(), attempt.redone_bytes()), (180, 40));
+    }
+
+    /// An outage spans from the first failed call to the next answer, not to when its row is
+    /// written; a failure just after an answer (calls in flight as the server went down)
+    /// continues it, and one well after opens the next.
+    #[tokio::test]
+    async fn a_ledger_outage_ends_when_a_call_answers_and_a_straggler_does_not_split_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = crate::clock::ManualClock::new(crate::testing::T0);
+        let url = format!("sqlite://{}/ledger.db", dir.path().display());
+        let ledger = Ledger::connect(&url, LedgerOptions::default()).await.unwrap().with_clock(Arc::new(clock.clone()));
+        let e = Error::Internal("down".into());
+        ledger.link_failed("a", &e);
+        clock.advance(std::time::Duration::from_millis(1));
+        ledger.link_answered();
+        clock.advance(std::time::Duration::from_millis(10));
+        ledger.link_failed("b", &e);
+        clock.advance(std::time::Duration::from_secs(60));
+        ledger.link_failed("c", &e);
+        ledger.link_answered();
+        clock.advance(std::time::Duration::from_secs(5));
+        ledger.link_failed("d", &e);
+        ledger.link_answered();
+        clock.advance(std::time::Duration::from_secs(30));
+        let spans: Vec<_> =
+            ledger.take_ledger_outages().iter().map(|o| (o.since_ms - T0, o.until_ms.map(|t| t - T0), o.failures)).collect();
+        assert_eq!(spans, vec![(0, Some(60_011), 3), (65_011, Some(65_011), 1)]);
+        assert!(ledger.take_ledger_outages().is_empty(), "each outage is handed over once");
     }
 }

@@ -92,8 +92,7 @@ impl Ledger {
 
     /// Records an outage that is already over: one the stage could not write while it lasted
     /// (the ledger's own).
-    pub async fn outage_recorded(&self, store: &str, stage: Stage, started_at: i64, probes: i64, error: &str) -> Result<()> {
-        let now = self.now_ms();
+    pub async fn outage_recorded(&self, store: &str, stage: Stage, started_at: i64, ended_at: i64, probes: i64, error: &str) -> Result<()> {
         self.call("outage_recorded", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query(
@@ -103,7 +102,7 @@ impl Ledger {
                 .bind(store)
                 .bind(stage.as_str())
                 .bind(started_at)
-                .bind(now)
+                .bind(ended_at)
                 .bind(probes)
                 .bind(crate::text(error))
                 .bind(self.pipeline())

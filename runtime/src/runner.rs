@@ -462,7 +462,9 @@ impl LedgerLink {
             emit::store_down(stage, "ledger").set(0.0);
         }
         for o in ledger.take_ledger_outages() {
-            best_effort("record the ledger's outage", ledger.outage_recorded("ledger", stage, o.since_ms, o.failures, &o.last_error)).await;
+            let until = o.until_ms.unwrap_or_else(|| ledger.now_ms());
+            let record = ledger.outage_recorded("ledger", stage, o.since_ms, until, o.failures, &o.last_error);
+            best_effort("record the ledger's outage", record).await;
         }
     }
 }
