@@ -133,6 +133,12 @@ pub fn text(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> String
     for (chunk, stage, reason) in &o.skipped {
         let _ = writeln!(out, "skipped chunk {chunk} at {stage}: {reason}");
     }
+    for (uri, times, _) in &o.arrived_again {
+        let _ = writeln!(
+            out,
+            "arrived again ({times}x): {uri} held bytes taken in before under that name; not taken in again (versions = keep)"
+        );
+    }
     out
 }
 
@@ -174,6 +180,7 @@ pub fn to_json(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> ser
         })).collect::<Vec<_>>(),
         "quarantined": o.quarantined.iter().map(|q| json!({"kind": q.kind, "what": q.what, "reason": q.reason})).collect::<Vec<_>>(),
         "skipped": o.skipped.iter().map(|(c, st, r)| json!({"chunk": c, "stage": st, "reason": r})).collect::<Vec<_>>(),
+        "arrived_again": o.arrived_again.iter().map(|(u, n, at)| json!({"uri": u, "times": n, "last_unix_ms": at})).collect::<Vec<_>>(),
         "published": partitions.iter().map(|p| json!({"table": p.table, "partition": p.partition, "files": p.files, "records": p.records})).collect::<Vec<_>>(),
     })
 }

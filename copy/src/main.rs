@@ -43,7 +43,7 @@ async fn run(args: Args) -> Result<i32, CopyError> {
         concurrency,
         Stores { names: stores, probe: Some(probe) },
         move |lease| Box::pin(work.clone().chunk(lease)),
-        Arc::new(move |lease| after.remove_spool(lease)),
+        Some(Arc::new(move |lease| after.remove_spool(lease))),
     )
     .await?;
     if c.hedges() > 0 {

@@ -60,6 +60,9 @@ pub struct Pass {
     /// Chunks a run that was stopped part-way through their file had staged already: found
     /// under their names, not written again.
     pub reused: u64,
+    /// Files that held bytes taken in before under the same name (`versions = "keep"`): not
+    /// taken in again, and counted in the ledger (`ferry status` shows them).
+    pub arrived_again: u64,
     /// The last such failure.
     pub last_error: Option<String>,
 }
@@ -75,6 +78,7 @@ impl Pass {
         self.skipped += o.skipped;
         self.failed += o.failed;
         self.reused += o.reused;
+        self.arrived_again += o.arrived_again;
         if o.last_error.is_some() {
             self.last_error.clone_from(&o.last_error);
         }
@@ -258,6 +262,7 @@ impl Extractor {
                 Ok(()) if p.chunked > 0 => "chunked",
                 Ok(()) if p.quarantined > 0 => "quarantined",
                 Ok(()) if p.unfinished > 0 => "unfinished",
+                Ok(()) if p.arrived_again > 0 => "arrived_again",
                 Ok(()) => "skipped",
             };
             emit::files(outcome).increment(1);
@@ -500,6 +505,19 @@ impl Extractor {
         if size != e.size {
             pass.unfinished += 1; // still growing after all
             return Ok(Err(NotTaken::Unfinished));
+        }
+        // With `versions = "keep"` a reused name is another file, but bytes taken in under it
+        // before would be loaded twice: they are not taken in again, and that is recorded and
+        // said, not passed over in silence. (With "replace" the same bytes are the same
+        // version, or an undone correction: see `revive_if_undone`.)
+        if self.cfg.source.versions == Versions::Keep
+            && let Some(times) = self.ledger.arrived_again(uri, &hash, e.change_token.as_deref(), e.mtime_ms).await?
+        {
+            tracing::warn!(
+                file = ?e.rel, times,
+                "the same bytes arrived again under this name: taken in before, so not taken in again (versions = keep); `ferry status` lists it"
+            );
+            pass.arrived_again += 1;
         }
         let file = self
             .ledger
@@ -1019,6 +1037,7 @@ pub async fn run(x: &Extractor, once: bool, poll: Duration, progress_interval: D
         total.skipped = p.skipped;
         total.failed += p.failed;
         total.reused += p.reused;
+        total.arrived_again += p.arrived_again;
         if p.last_error.is_some() {
             total.last_error = p.last_error;
         }

@@ -54,7 +54,7 @@ async fn run(args: Args) -> Result<i32, ExtractError> {
             target: "ferry::summary",
             stage = "extract", files = p.chunked, chunks = p.chunks, records = p.records, bytes = p.bytes, seconds = secs,
             quarantined = p.quarantined, quarantined_in_ledger = quarantined_total, unfinished = p.unfinished, skipped = p.skipped,
-            reused = p.reused, "summary"
+            reused = p.reused, arrived_again = p.arrived_again, "summary"
         );
     } else {
         eprintln!(
@@ -68,6 +68,12 @@ async fn run(args: Args) -> Result<i32, ExtractError> {
             p.skipped,
             if p.reused > 0 { format!("; {} chunks staged by an interrupted run kept", p.reused) } else { String::new() }
         );
+        if p.arrived_again > 0 {
+            eprintln!(
+                "extract: {} file(s) held bytes taken in before under the same name; not taken in again (versions = keep), listed by `ferry status`",
+                p.arrived_again
+            );
+        }
     }
     let code = if let Some(why) = p.stalled() {
         tracing::error!(stage = "extract", "no progress: {why}");

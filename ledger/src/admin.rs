@@ -333,7 +333,26 @@ impl Ledger {
                         .await
                         .map_err(db(op))?;
                         if visible > 0 {
-                            return Ok(None);
+                            return Ok(Err(Refused::InTable));
+                        }
+                        // A version with no rows counts as in the table once it is copied
+                        // (nothing of it is moved; its load only retracts the older version):
+                        // the older version's chunks are withdrawn from then on. Skipping that
+                        // load would leave what of the older version was published for good.
+                        let empty_replacing: i64 = sqlx::query_scalar(
+                            "SELECT COUNT(*) FROM chunks c JOIN source_files f ON f.id = c.file_id
+                             WHERE c.id = $1 AND $2 = 1
+                               AND NOT EXISTS (SELECT 1 FROM chunks s JOIN parts q ON q.chunk_id = s.id WHERE s.file_id = c.file_id)
+                               AND EXISTS (SELECT 1 FROM source_files o
+                                           WHERE o.pipeline = f.pipeline AND o.uri = f.uri AND o.version < f.version)",
+                        )
+                        .bind(chunk)
+                        .bind(replace as i64)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                        if empty_replacing > 0 {
+                            return Ok(Err(Refused::EmptyVersion));
                         }
                     }
                     let mut closed = 0;
@@ -376,19 +395,26 @@ impl Ledger {
                         }
                     }
                     tx.commit().await.map_err(db(op))?;
-                    Ok(Some(if dry_run { open.len() as u64 } else { closed }))
+                    Ok(Ok(if dry_run { open.len() as u64 } else { closed }))
                 })
             })
             .await?;
-        let Some(n) = n else {
-            let bad = ferry_common::error::ConfigError::new(
-                "--chunk",
-                format!(
-                    "chunk {chunk}'s parts are in the table already (moved there with its version, or by an attempt that could \
-                     not take them back); its load only records them, so it is not skipped: let load run (or `ferry requeue --stage load`)"
-                ),
-            );
-            return Err(crate::Error::Config(bad));
+        let n = match n {
+            Ok(n) => n,
+            Err(why) => {
+                let message = match why {
+                    Refused::InTable => format!(
+                        "chunk {chunk}'s parts are in the table already (moved there with its version, or by an attempt that could \
+                         not take them back); its load only records them, so it is not skipped: let load run (or `ferry requeue --stage load`)"
+                    ),
+                    Refused::EmptyVersion => format!(
+                        "chunk {chunk} is a corrected file's version with no rows, which replaced the version before it in the \
+                         table once it was copied; its load only removes that older version's rows, so it is not skipped: let \
+                         load run (or `ferry requeue --stage load`)"
+                    ),
+                };
+                return Err(crate::Error::Config(ferry_common::error::ConfigError::new("--chunk", message)));
+            }
         };
         if n == 0 {
             let bad = ferry_common::error::ConfigError::new(
@@ -669,6 +695,9 @@ pub struct Overview {
     pub outages: Vec<crate::Outage>,
     /// Chunks an operator skipped (`ferry skip`): (chunk, stage, reason).
     pub skipped: Vec<(String, String, String)>,
+    /// Files whose bytes, taken in before, arrived again under the same name and were not
+    /// taken in again (`versions = "keep"`): (uri, times, last at ms), latest first.
+    pub arrived_again: Vec<(String, i64, i64)>,
 }
 
 impl Ledger {
@@ -789,6 +818,21 @@ impl Ledger {
                 })
             })
             .await?;
+        let arrived_again = self
+            .call("arrived_again", || async move {
+                on_backend!(self, |pool, begin| {
+                    sqlx::query_as(
+                        "SELECT uri, arrived_again, arrived_again_at FROM source_files
+                         WHERE pipeline = $1 AND arrived_again > 0 AND arrived_again_at IS NOT NULL
+                         ORDER BY arrived_again_at DESC, uri LIMIT 50",
+                    )
+                    .bind(self.pipeline())
+                    .fetch_all(pool)
+                    .await
+                    .map_err(db("arrived_again"))
+                })
+            })
+            .await?;
         Ok(Overview {
             now_ms: now,
             window_ms,
@@ -799,6 +843,7 @@ impl Ledger {
             quarantined,
             outages,
             skipped,
+            arrived_again,
         })
     }
 }
@@ -921,4 +966,12 @@ impl Ledger {
             }
         }
     }
+}
+
+/// Why `skip` closed nothing: its load has work only it can finish.
+enum Refused {
+    /// Parts of the chunk are in the table, unrecorded, or its own rows are recorded.
+    InTable,
+    /// The chunk is a version with no rows that replaces an older one.
+    EmptyVersion,
 }

@@ -238,6 +238,38 @@ impl Ledger {
         .await
     }
 
+    /// Bytes taken in before at `uri` arrived there again as another file (its change token is
+    /// not the one recorded: a new inode, generation or ETag), which `versions = "keep"` does
+    /// not take in again: the decision is counted on the file's row for `ferry status`, and the
+    /// new token recorded, so the file sitting there is counted once. Returns the count, or
+    /// None when it is not a new arrival (the same file seen again, a store without change
+    /// tokens, or bytes not taken in at this uri).
+    pub async fn arrived_again(&self, uri: &str, content_hash: &str, change_token: Option<&str>, mtime_ms: i64) -> Result<Option<i64>> {
+        let Some(token) = change_token else { return Ok(None) };
+        let now = self.now_ms();
+        self.call("arrived_again", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_scalar(
+                    "UPDATE source_files SET arrived_again = arrived_again + 1, arrived_again_at = $4, change_token = $3, mtime_ms = $5
+                     WHERE pipeline = $6 AND uri = $1 AND content_hash = $2 AND state <> $7
+                       AND change_token IS NOT NULL AND change_token <> $3
+                     RETURNING arrived_again",
+                )
+                .bind(uri)
+                .bind(content_hash)
+                .bind(token)
+                .bind(now)
+                .bind(mtime_ms)
+                .bind(self.pipeline())
+                .bind(FileState::Registered.as_str())
+                .fetch_optional(pool)
+                .await
+                .map_err(db("arrived_again"))
+            })
+        })
+        .await
+    }
+
     /// When a file taken in before (`file_id`) is at its path again but is not the newest
     /// version there (a correction undone: the old bytes put back), its chunks as (id, seq,
     /// hash, whether it must run again: none of its tasks is unfinished and nothing of it is

@@ -33,8 +33,12 @@
 //!
 //! ## Durable before destructive
 //! Commits do not wait for the disk (SQLite: WAL, `synchronous = NORMAL`; Postgres: whatever
-//! `synchronous_commit` says). Anything destroyed on the strength of a commit (extract
-//! deleting or archiving a source file) waits for [`Ledger::make_durable`] first.
+//! `synchronous_commit` says). Anything destroyed on the strength of a commit waits for
+//! [`Ledger::make_durable`] first: extract deleting or archiving a source file, copy removing
+//! a chunk's spool files (the runner syncs before a stage's after-commit hook), load removing
+//! an older version's table files or a rerun chunk's earlier output, and the sweeps of spent
+//! spool, stray landed copies and old staged chunks. The commit may be another process's, so
+//! the sync is of everything committed so far, not of one transaction.
 //!
 //! `attempts` is append-only: one row per lease that ended (done, retryable, quarantined,
 //! lease_expired, released), with the worker, the times, the error class and the bytes moved.
@@ -99,9 +103,9 @@ pub use schemas::{SchemaColumn, TableSchema};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 /// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 11)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 12)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE, DUE};
@@ -300,6 +304,7 @@ pub const COMPAT: &[(i64, i64, &str)] = &[
     (9, 8, "additive: redone bytes per attempt"),
     (10, 10, "pipeline scope: schema versions and outages are keyed by pipeline (an older binary's upserts no longer match)"),
     (11, 10, "additive: an index on published.chunk_id"),
+    (12, 10, "additive: source_files.arrived_again"),
 ];
 
 /// The pipeline of a config without `pipeline`, and of every row from before pipelines.

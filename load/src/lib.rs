@@ -187,6 +187,9 @@ impl Loader {
         if old.is_empty() {
             return Ok(());
         }
+        // Durable before destructive: the record of the version that replaces these files
+        // must survive a power loss that their removal survives.
+        self.ledger.make_durable().await?;
         for (path, chunk) in &old {
             tracing::info!(file = %dest.url(path), old_chunk = %chunk, "removing an older version's rows from the table");
             dest.delete(path).await.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
@@ -210,6 +213,9 @@ impl Loader {
     /// names); its landed files go too. Should these bytes come back, they go through
     /// transform again. What it did record is the newer version's switch to remove.
     async fn withdraw(&self, dest: &Store, chunk: &str) -> Result<(), LoadError> {
+        // Durable before destructive: the newer version's record, which makes these files
+        // unnecessary, may be another process's commit still in the page cache.
+        self.ledger.make_durable().await?;
         for (_, target) in unrecorded_in_table(&self.ledger, &self.cfg.table.name, dest, chunk).await? {
             tracing::info!(chunk, file = %dest.url(&target), "removing an unrecorded part of a superseded version from the table");
             dest.delete(&target).await?;
@@ -391,6 +397,11 @@ impl Loader {
                 before.extend(self.ledger.published_of(&c.id).await?);
                 siblings.push(c.id.clone());
             }
+        }
+        if !before.is_empty() {
+            // Durable before destructive: the rerun that makes those files replaceable (an
+            // operator's commit) is on disk before any of them is removed.
+            self.ledger.make_durable().await?;
         }
         let started = std::time::Instant::now();
         // Every part goes to its one table path, so the manifest is known before any moves:

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_ledger::{Lease, Stage};
+use ferry_ledger::Stage;
 use ferry_load::{LoadError, Loader};
 use ferry_runtime::runner::{self, StoreProbe, Stores, open_stage};
 
@@ -43,16 +43,8 @@ async fn run(args: Args) -> Result<i32, LoadError> {
     let writer = tokio::spawn(s.clone().ddl_writer());
     let loader = s.clone();
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
-    let served = runner::serve(
-        &ledger,
-        &args.stage,
-        Stage::Load,
-        concurrency,
-        Stores { names: stores, probe: Some(probe) },
-        work,
-        Arc::new(|_: &Lease| {}),
-    )
-    .await;
+    let served =
+        runner::serve(&ledger, &args.stage, Stage::Load, concurrency, Stores { names: stores, probe: Some(probe) }, work, None).await;
     // The DDL as the ledger has it now, before the stage exits, however serving ended. Its
     // failure is the exit status only when serving went well (it is logged either way).
     let ddl = loader.finish_ddl(writer).await;

@@ -358,7 +358,7 @@ pub async fn serve<E, F>(
     concurrency: usize,
     stores: Stores,
     work: F,
-    after: AfterCommit,
+    after: Option<AfterCommit>,
 ) -> Result<i32>
 where
     E: Classified,
@@ -380,7 +380,7 @@ fn serve_erased<'a>(
     concurrency: usize,
     stores: Stores,
     work: ChunkWork,
-    after: AfterCommit,
+    after: Option<AfterCommit>,
 ) -> Boxed<'a, Result<i32>> {
     Box::pin(serve_inner(ledger, args, stage, concurrency, stores, work, after))
 }
@@ -392,7 +392,7 @@ async fn serve_inner(
     concurrency: usize,
     stores: Stores,
     work: ChunkWork,
-    after: AfterCommit,
+    after: Option<AfterCommit>,
 ) -> Result<i32> {
     if let Some(probe) = &stores.probe {
         let wait = (!args.once).then_some(args.start_wait);
@@ -418,8 +418,11 @@ async fn serve_inner(
     Ok(code)
 }
 
-/// Called after a chunk's completion is committed: the place to delete what only the
-/// finished stage needed (the spool file copy shipped), which must outlive the commit.
+/// Called after a chunk's completion is committed and made durable: the place to delete what
+/// only the finished stage needed (the spool files copy shipped). Durable first, because a
+/// commit may still sit in the page cache (or in a Postgres WAL buffer under
+/// `synchronous_commit = off`): after a power loss the chunk would be redone and find its
+/// input gone. A stage without such a hook passes `None` and pays for no sync.
 pub type AfterCommit = Arc<dyn Fn(&Lease) + Send + Sync>;
 
 /// The runner's claims while the ledger is down (a Postgres restart, a lost link): none until
@@ -475,7 +478,7 @@ impl LedgerLink {
 /// `--once` gives each chunk at most one attempt per run: a chunk that failed in this run and
 /// comes due again (its backoff shorter than an attempt) is left for the next run, so one
 /// run never spends a chunk's whole attempt budget.
-pub async fn run<E, F>(ledger: &Ledger, opts: &RunOptions, work: F, after: AfterCommit) -> Result<Summary>
+pub async fn run<E, F>(ledger: &Ledger, opts: &RunOptions, work: F, after: Option<AfterCommit>) -> Result<Summary>
 where
     E: Classified,
     F: Fn(Lease) -> TaskFuture<E> + Send + Sync + 'static,
@@ -483,11 +486,11 @@ where
     run_erased(ledger, opts, erase(work), after).await
 }
 
-fn run_erased<'a>(ledger: &'a Ledger, opts: &'a RunOptions, work: ChunkWork, after: AfterCommit) -> Boxed<'a, Result<Summary>> {
+fn run_erased<'a>(ledger: &'a Ledger, opts: &'a RunOptions, work: ChunkWork, after: Option<AfterCommit>) -> Boxed<'a, Result<Summary>> {
     Box::pin(run_inner(ledger, opts, work, after))
 }
 
-async fn run_inner(ledger: &Ledger, opts: &RunOptions, work: ChunkWork, after: AfterCommit) -> Result<Summary> {
+async fn run_inner(ledger: &Ledger, opts: &RunOptions, work: ChunkWork, after: Option<AfterCommit>) -> Result<Summary> {
     let started = Instant::now();
     let stage = opts.stage;
     let mode = if opts.once { "once" } else { "watch" };
@@ -757,7 +760,7 @@ async fn run_one(
     ledger: Ledger,
     lease: Lease,
     work: ChunkWork,
-    after: AfterCommit,
+    after: Option<AfterCommit>,
     mut stop: tokio::sync::watch::Receiver<bool>,
     opts: Arc<RunOptions>,
     breakers: Arc<std::sync::Mutex<Breakers>>,
@@ -828,10 +831,20 @@ async fn run_one(
             w.redone_bytes = w.redone_bytes.max(lease.tally.redone_bytes());
             let back = breakers.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
             stores_back(&ledger, &opts, back).await;
-            record.retrying("complete", || ledger.complete(&lease, w)).await.map(|()| {
-                after(&lease);
-                Ended::Done(w)
-            })
+            let done = record.retrying("complete", || ledger.complete(&lease, w)).await;
+            if done.is_ok()
+                && let Some(after) = &after
+            {
+                // Durable before destructive; if the sync fails, what the hook would delete
+                // stays for gc, whose sweeps sync first too.
+                match ledger.make_durable().await {
+                    Ok(()) => after(&lease),
+                    Err(e) => {
+                        tracing::warn!(chunk = %lease.chunk_id, error = %e, "cannot make the completion durable; its leftovers stay for gc")
+                    }
+                }
+            }
+            done.map(|()| Ended::Done(w))
         }
         Err((ErrorClass::Transient, msg, Some(store))) => {
             let task = (lease.task_id, lease.epoch);

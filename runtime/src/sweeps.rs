@@ -103,6 +103,9 @@ impl Sweep {
             Sweep::SpoolTemps => at.store(at.spool, "spool")?.remove_stale_temps(table, cutoff).await,
             Sweep::SpentSpool => {
                 let chunks = at.ledger.spool_spent().await.map_err(ledger_error)?;
+                if !chunks.is_empty() {
+                    durable(at.ledger).await?;
+                }
                 ferry_storage::remove_quiet_dirs(chunks.iter().map(|c| paths::spool_chunk_dir(&at.cfg.spool.dir, table, c)), cutoff)
             }
             Sweep::StrayLanded => stray_landed(at.ledger, at.store(at.destination, "destination")?, table, cutoff).await,
@@ -119,6 +122,14 @@ impl Places<'_> {
 
 fn ledger_error(e: ferry_ledger::Error) -> Error {
     Error::Incomplete { removed: 0, reason: format!("the ledger: {e}") }
+}
+
+/// Durable before destructive: the sweeps that remove what the ledger calls finished (spent
+/// spool, stray landed copies, old staged chunks) first make every commit so far durable. The
+/// state they read may be another process's commit still in the page cache; after a power
+/// loss the chunk would be redone and find its input gone.
+async fn durable(ledger: &Ledger) -> Result<()> {
+    ledger.make_durable().await.map_err(ledger_error)
 }
 
 /// Deletes `names` from `store`, one failure not keeping the others; the count, or what went
@@ -175,6 +186,9 @@ async fn stray_landed(ledger: &Ledger, dest: &Store, table: &str, cutoff: i64) -
             }
         }
     }
+    if !stray.is_empty() {
+        durable(ledger).await?;
+    }
     delete_each(dest, stray).await
 }
 
@@ -186,7 +200,10 @@ async fn old_staged(cfg: &Config, ledger: &Ledger, staging: &Store) -> Result<us
     // slash) still matches.
     let done: HashSet<String> =
         ledger.transformed_before(cutoff).await.map_err(ledger_error)?.iter().filter_map(|l| staging.rel_of(l)).collect();
-    let old = staging.list(&cfg.table.name).await?.into_iter().map(|e| e.rel).filter(|rel| done.contains(rel));
+    let old: Vec<String> = staging.list(&cfg.table.name).await?.into_iter().map(|e| e.rel).filter(|rel| done.contains(rel)).collect();
+    if !old.is_empty() {
+        durable(ledger).await?;
+    }
     delete_each(staging, old).await
 }
 

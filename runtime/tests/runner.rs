@@ -1,7 +1,6 @@
 //! The stage loop on a real ledger (SQLite in a temp dir): a chunk whose work panics fails that
 //! attempt with the panic's message, and the stage carries on with the others.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_common::ConfigError;
@@ -33,7 +32,7 @@ async fn a_panicking_chunk_fails_its_attempt_and_the_stage_goes_on() {
             Ok(Work::new(100, 10))
         })
     };
-    let summary = run(&ledger, &opts, work, Arc::new(|_: &Lease| {})).await.expect("the stage survives the panic");
+    let summary = run(&ledger, &opts, work, None).await.expect("the stage survives the panic");
     assert_eq!((summary.done, summary.retries, summary.quarantined), (2, 1, 0), "{summary:?}");
     let failed = scalar(
         &url,
@@ -71,7 +70,7 @@ async fn a_handed_on_chunk_is_claimed_between_polls() {
     };
     let copy = {
         let ledger = ledger.clone();
-        tokio::spawn(async move { run(&ledger, &opts, work, Arc::new(|_: &Lease| {})).await })
+        tokio::spawn(async move { run(&ledger, &opts, work, None).await })
     };
     // The copy stage's first claim, at its start, found nothing: no chunk was transformed yet.
     tokio::time::sleep(Duration::from_millis(300)).await;

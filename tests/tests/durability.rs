@@ -1,12 +1,19 @@
-//! Durable before destructive: extract deletes (or archives) a source file only once its
-//! chunks and the ledger rows naming them are on stable storage. (The unlink is of the file
-//! moved aside for disposal, `.ferry-aside.<name>`: the move itself destroys nothing.) The ledger commits without
-//! waiting for the disk (SQLite in WAL mode, `synchronous = NORMAL`), so a power loss right
-//! after the unlink could take the commit with it and leave the file nowhere.
+//! Durable before destructive, in every stage and in gc: nothing Ferry cannot make again is
+//! deleted on the strength of a commit that is not yet on stable storage. The ledger commits
+//! without waiting for the disk (SQLite in WAL mode, `synchronous = NORMAL`), so a power loss
+//! right after a delete could take the commit with it: the chunk is redone and finds its
+//! input gone, or a table file has no row that a later correction would retract.
+//! - extract deletes (or archives) a source file only once its chunks and the ledger rows
+//!   naming them are synced (the unlink is of the file moved aside for disposal,
+//!   `.ferry-aside.<name>`: the move itself destroys nothing);
+//! - copy removes a chunk's spool files only once its completion is synced;
+//! - load removes an older version's table files only once the newer version's record is;
+//! - gc's sweeps of spent spool and stray landed copies sync the ledger before they remove.
 //!
-//! The order is read from the system calls themselves (strace): every write to the ledger's
-//! WAL and every staged chunk must have been fsynced before the source file is unlinked. A
-//! power loss keeps exactly what was fsynced, so this is what one would leave.
+//! The order is read from the system calls themselves (strace): at each destructive unlink,
+//! every write of this process to the ledger's WAL (and, for extract, to staging) must have
+//! been fsynced, and the WAL fsynced at least once (a commit of another process, still in the
+//! page cache, is made durable only by that). A power loss keeps exactly what was fsynced.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -26,32 +33,27 @@ fn a_source_file_is_deleted_only_after_its_chunks_and_their_ledger_rows_are_sync
     for (i, g) in generated.iter().enumerate() {
         let file = p.path(&format!("in/{}", g.file_name().unwrap().to_string_lossy()));
         std::fs::rename(g, &file).unwrap();
-        let trace = p.path(&format!("strace-{i}.txt"));
-        let out = Command::new("strace")
-            .args(["-f", "-y", "-qq", "-e", "trace=write,pwrite64,writev,pwritev,fsync,fdatasync,unlink,unlinkat", "-o"])
-            .arg(&trace)
-            .arg(bin("ferry-extract"))
-            .arg("--config")
-            .arg(&p.config)
-            .arg("--once")
-            .env_remove("FERRY_LEDGER")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = traced(&p, &i.to_string(), "ferry-extract", &["--once"]);
         let aside = file.with_file_name(format!(".ferry-aside.{}", g.file_name().unwrap().to_string_lossy()));
-        let unsynced = unsynced_at_unlink(&std::fs::read_to_string(&trace).unwrap(), &p, &aside.display().to_string());
-        assert_eq!(unsynced, Some(BTreeSet::new()), "{} was unlinked while these were written and not synced", file.display());
+        let aside_path = aside.display().to_string();
+        let found = unsynced_at_unlinks(&text, &p, |f| f == aside_path);
+        assert_eq!(found.len(), 1, "{} unlinked once", aside.display());
+        all_synced(&found, 1, "extract");
         assert!(!file.exists() && !aside.exists());
     }
     assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'"), 3);
 }
 
-/// Reads an strace log: the paths (the ledger's WAL, staged chunks) written and not yet
-/// fsynced when `target` was unlinked, in the order the calls were made; None if it never was.
-fn unsynced_at_unlink(text: &str, p: &Pipeline, target: &str) -> Option<BTreeSet<String>> {
+/// Reads an strace log: for each unlink of a path `target` accepts (in call order), the paths
+/// (the ledger's WAL, staged chunks) written and not yet fsynced at that moment, with whether
+/// the WAL had been fsynced at all by then. An unlink relative to a directory descriptor
+/// (`unlinkat(fd</dir>, "name")`, as `remove_dir_all` does) is read as `/dir/name`.
+fn unsynced_at_unlinks(text: &str, p: &Pipeline, target: impl Fn(&str) -> bool) -> Vec<(String, BTreeSet<String>, bool)> {
     let wal = format!("{}-wal>", p.path("ledger.db").display());
     let staging = format!("{}/", p.path("staging").display());
     let mut dirty: BTreeSet<String> = BTreeSet::new();
+    let mut wal_synced = false;
+    let mut found = Vec::new();
     for line in text.lines() {
         // "PID syscall(fd</path>, ..." ; a call resumed later is counted where it started.
         let Some(call) = line.split_once(' ').map(|(_, rest)| rest.trim_start()) else { continue };
@@ -68,12 +70,118 @@ fn unsynced_at_unlink(text: &str, p: &Pipeline, target: &str) -> Option<BTreeSet
             }
             "fsync" | "fdatasync" => {
                 if let Some(path) = path {
+                    wal_synced |= path == wal;
                     dirty.remove(&path);
                 }
             }
-            "unlink" | "unlinkat" if call.split('"').nth(1) == Some(target) => return Some(dirty),
+            "unlink" | "unlinkat" => {
+                let Some(arg) = call.split('"').nth(1) else { continue };
+                let full = match (arg.starts_with('/'), name, call.split_once("(").map(|(_, r)| r)) {
+                    (false, "unlinkat", Some(rest)) if !rest.starts_with("AT_FDCWD") => {
+                        let dir = rest.split_once('<').and_then(|(_, r)| r.split_once('>')).map(|(d, _)| d).unwrap_or_default();
+                        format!("{dir}/{arg}")
+                    }
+                    _ => arg.to_string(),
+                };
+                if target(&full) {
+                    found.push((full, dirty.clone(), wal_synced));
+                }
+            }
             _ => {}
         }
     }
-    None
+    found
+}
+
+/// Runs `args` (a stage binary or `ferry` and its arguments) under strace with the test's
+/// config; the trace, once it succeeded.
+fn traced(p: &Pipeline, i: &str, bin_name: &str, args: &[&str]) -> String {
+    let trace = p.path(&format!("strace-{i}.txt"));
+    let out = Command::new("strace")
+        .args(["-f", "-y", "-qq", "-e", "trace=write,pwrite64,writev,pwritev,fsync,fdatasync,unlink,unlinkat", "-o"])
+        .arg(&trace)
+        .arg(bin(bin_name))
+        .arg("--config")
+        .arg(&p.config)
+        .args(args)
+        .env_remove("FERRY_LEDGER")
+        .output()
+        .unwrap();
+    assert!(out.status.code().is_some_and(|c| c == 0 || c == 3), "{bin_name}: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::read_to_string(&trace).unwrap()
+}
+
+/// Every unlink found was made with nothing of the ledger's (or staging's) unsynced, after a
+/// sync of the WAL; at least `min` of them.
+fn all_synced(found: &[(String, BTreeSet<String>, bool)], min: usize, what: &str) {
+    assert!(found.len() >= min, "{what}: {} unlinks traced, {min} expected at least", found.len());
+    for (path, dirty, wal_synced) in found {
+        assert!(
+            dirty.is_empty() && *wal_synced,
+            "{what}: {path} was unlinked with {dirty:?} written and not synced (WAL synced before: {wal_synced})"
+        );
+    }
+}
+
+/// Copy ships a chunk and commits; the spool files go only once that commit is synced. One
+/// chunk at a time, so no other chunk's commit can come between.
+#[test]
+fn copy_removes_a_chunks_spool_files_only_after_its_completion_is_synced() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 2, 300, 22);
+    p.stages_ok(&["ferry-extract", "ferry-transform"]);
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
+    assert!(chunks >= 3, "{chunks} chunks");
+    let spool = format!("{}/", p.path("spool").display());
+    let text = traced(&p, "copy", "ferry-copy", &["--once", "--concurrency", "1"]);
+    let found = unsynced_at_unlinks(&text, &p, |f| f.starts_with(&spool) && f.ends_with(".parquet"));
+    all_synced(&found, chunks as usize, "copy");
+    assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'copy' AND state = 'done'"), chunks);
+}
+
+/// A corrected source file: load records the new version, and only once that record is
+/// synced does it remove the older version's files from the table.
+#[test]
+fn load_removes_an_older_versions_table_files_only_after_the_newer_versions_record_is_synced() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    p.generate("v1", "jsonl", "null", 1, 300, 23);
+    p.generate("v2", "jsonl", "null", 1, 250, 24);
+    let first = |d: &str| std::fs::read_dir(p.path(d)).unwrap().next().unwrap().unwrap().path();
+    std::fs::copy(first("v1"), p.path("in/data.jsonl")).unwrap();
+    p.stages_ok(&["ferry-extract", "ferry-transform", "ferry-copy", "ferry-load"]);
+    let old: Vec<String> =
+        p.sql("SELECT path FROM published").lines().map(|l| format!("{}", p.path(&format!("wh/{l}")).display())).collect();
+    assert!(!old.is_empty());
+    std::fs::write(p.path("in/data.jsonl"), std::fs::read(first("v2")).unwrap()).unwrap();
+    p.stages_ok(&["ferry-extract", "ferry-transform", "ferry-copy"]);
+    let text = traced(&p, "load", "ferry-load", &["--once", "--concurrency", "1"]);
+    let found = unsynced_at_unlinks(&text, &p, |f| old.iter().any(|o| o == f));
+    all_synced(&found, old.len(), "load");
+    assert!(old.iter().all(|o| !std::path::Path::new(o).exists()), "the older version's files are gone");
+    assert_eq!(p.table_digest()["rows"], 250);
+}
+
+/// gc removes spool files of copied chunks and landed copies of published ones, left by a
+/// crash and a zombie: each sweep syncs the ledger that calls them finished first (the state it
+/// read may be another process's unsynced commit).
+#[test]
+fn gc_syncs_the_ledger_before_it_removes_spent_spool_and_stray_landed_copies() {
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 1, 300, 25);
+    p.stages_ok(&["ferry-extract", "ferry-transform", "ferry-copy", "ferry-load"]);
+    let path = p.sql("SELECT path FROM published ORDER BY path LIMIT 1");
+    let chunk = p.sql(&format!("SELECT chunk_id FROM published WHERE path = '{path}'"));
+    let part_rel = path.strip_prefix("events/").unwrap().to_string();
+    let spent = p.path(&format!("spool/events/{chunk}/{part_rel}"));
+    let stray = p.path(&format!("wh/_ferry/landed/events/{chunk}/{part_rel}"));
+    for f in [&spent, &stray] {
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::copy(p.path(&format!("wh/{path}")), f).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let text = traced(&p, "gc", "ferry", &["gc", "--older-than", "1s", "--sweep", "spent-spool", "--sweep", "stray-landed"]);
+    let (spent, stray) = (spent.display().to_string(), stray.display().to_string());
+    let found = unsynced_at_unlinks(&text, &p, |f| f == spent || f == stray);
+    all_synced(&found, 2, "gc");
+    assert!(!std::path::Path::new(&spent).exists() && !std::path::Path::new(&stray).exists());
 }

@@ -354,13 +354,7 @@ fn a_correction_to_an_empty_file_removes_the_rows() {
 /// chunk went back in beside the empty version.
 #[test]
 fn a_rerun_of_a_chunk_replaced_by_a_version_with_no_rows_stays_out() {
-    let p = Pipeline::new("16KiB", "30s", "0s");
-    let v1 = events("v1", 300, 0..0);
-    let other = events("other", 30, 0..0);
-    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
-    std::fs::write(p.path("in/other.jsonl"), &other).unwrap();
-    run_all(&p);
-    table_is(&p, &[("data.jsonl", &v1), ("other.jsonl", &other)]);
+    let (p, _, other) = data_and_other_published(300);
     let first = p.sql(
         "SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri LIKE '%/data.jsonl' AND f.version = 1 AND c.seq = 0",
     );
@@ -511,6 +505,44 @@ fn a_skip_of_a_load_that_recorded_its_parts_is_refused() {
     all_done_and_verified(&p);
 }
 
+/// A pipeline whose table holds `data.jsonl` (`n` records) and `other.jsonl` (30), and both
+/// files' texts.
+fn data_and_other_published(n: usize) -> (Pipeline, String, String) {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", n, 0..0);
+    let other = events("other", 30, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    std::fs::write(p.path("in/other.jsonl"), &other).unwrap();
+    run_all(&p);
+    table_is(&p, &[("data.jsonl", &v1), ("other.jsonl", &other)]);
+    (p, v1, other)
+}
+
+/// A correction that empties a file is a version with no rows: it replaces the version before
+/// in the table once it is copied (the older version's chunks are withdrawn from then on), and
+/// its load only removes the older rows. Skipping that load would leave them for good (before,
+/// the skip went through and the older version's rows stayed visible beside the newer, empty,
+/// version): it is refused, and load then empties the file's rows.
+#[test]
+fn a_skip_of_the_load_of_a_version_with_no_rows_is_refused() {
+    let (p, _, other) = data_and_other_published(300);
+    std::fs::write(p.path("in/data.jsonl"), "").unwrap();
+    for s in ["ferry-extract", "ferry-transform", "ferry-copy"] {
+        stage_ok(&p, s);
+    }
+    let empty =
+        p.sql("SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri LIKE '%/data.jsonl' AND f.version = 2");
+    assert_eq!(p.count(&format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{empty}' AND stage = 'load' AND state = 'available'")), 1);
+    let out = p.command("ferry").args(["skip", "--chunk", &empty, "--reason", "test"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "the load of a version with no rows is not skipped: {said}");
+    assert!(said.contains(&empty) && said.contains("no rows"), "{said}");
+    assert_eq!(p.count("SELECT COUNT(*) FROM skips"), 0);
+    stage_ok(&p, "ferry-load");
+    table_is(&p, &[("other.jsonl", &other)]);
+    all_done_and_verified(&p);
+}
+
 /// A transform killed after it wrote a chunk's Parquet to the spool and before it recorded
 /// it, then the chunk skipped: a skipped transform hands nothing on (no copy task), so gc must
 /// find the spool files by the transform alone (before, it looked for a finished copy, and the
@@ -572,4 +604,44 @@ fn with_versions_kept_a_chunk_of_a_reused_name_can_be_skipped() {
     let skipped = p.count(&format!("SELECT records FROM chunks WHERE id = '{chunk}'"));
     assert_eq!(p.table_digest()["rows"], serde_json::json!(600 - skipped), "both files, without the skipped chunk");
     all_done_and_verified(&p);
+}
+
+/// With `versions = "keep"` a reused name is another file, but bytes taken in under that name
+/// arriving there again are a redelivery: not loaded twice, and not passed over in silence
+/// either (before, the second copy was deleted with nothing said or recorded). The decision is
+/// logged, counted on the file's row and listed by `ferry status`; the copy sitting there under
+/// `keep` is counted once, not on every pass.
+#[test]
+fn with_versions_kept_the_same_bytes_arriving_again_under_the_same_name_are_recorded_and_shown() {
+    for disposition in ["delete", "keep"] {
+        let p = Pipeline::new("16KiB", "30s", "0s");
+        let cfg = std::fs::read_to_string(&p.config).unwrap();
+        let setting = format!("[source]\nversions = \"keep\"\ndisposition = \"{disposition}\"\n");
+        std::fs::write(&p.config, cfg.replacen("[source]\n", &setting, 1)).unwrap();
+        let v1 = events("v1", 300, 0..0);
+        std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+        settle(&p);
+        table_is(&p, &[("data.jsonl", &v1)]);
+        // The same bytes delivered again: a new file (a new inode) under the same name.
+        let tmp = p.path("in/.data.jsonl.tmp");
+        std::fs::write(&tmp, &v1).unwrap();
+        std::fs::rename(&tmp, p.path("in/data.jsonl")).unwrap();
+        let out = p.command("ferry-extract").arg("--once").env("RUST_LOG", "warn").output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{disposition}: {said}");
+        assert!(said.contains("arrived again") && said.contains("data.jsonl"), "{disposition}: said: {said}");
+        assert_eq!(p.count("SELECT arrived_again FROM source_files WHERE uri LIKE '%/data.jsonl'"), 1, "{disposition}");
+        settle(&p);
+        assert_eq!(p.count("SELECT arrived_again FROM source_files WHERE uri LIKE '%/data.jsonl'"), 1, "{disposition}: counted once");
+        assert_eq!(p.count("SELECT COUNT(*) FROM source_files"), 1, "{disposition}");
+        table_is(&p, &[("data.jsonl", &v1)]);
+        assert_eq!(p.path("in/data.jsonl").exists(), disposition == "keep", "{disposition}: disposed of as configured");
+        let status = p.command("ferry").arg("status").output().unwrap();
+        let text = String::from_utf8_lossy(&status.stdout);
+        assert!(text.contains("arrived again (1x)") && text.contains("data.jsonl"), "{disposition}: status: {text}");
+        let json = p.command("ferry").args(["status", "--json"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        assert_eq!(v["arrived_again"][0]["times"], 1, "{disposition}: {v}");
+        all_done_and_verified(&p);
+    }
 }

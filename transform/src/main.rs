@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ferry_common::cli::{self, CommonArgs, StageArgs};
-use ferry_ledger::{Lease, Stage};
+use ferry_ledger::Stage;
 use ferry_runtime::runner::{self, StoreProbe, Stores, open_stage};
 use ferry_transform::{TransformError, Transformer};
 
@@ -36,14 +36,5 @@ async fn run(args: Args) -> Result<i32, TransformError> {
     let probe = StoreProbe(Arc::new(s.staging().clone().prober("staging")));
     runner::cleanup(s.gc()).await;
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
-    Ok(runner::serve(
-        &ledger,
-        &args.stage,
-        Stage::Transform,
-        concurrency,
-        Stores { names: stores, probe: Some(probe) },
-        work,
-        Arc::new(|_: &Lease| {}),
-    )
-    .await?)
+    Ok(runner::serve(&ledger, &args.stage, Stage::Transform, concurrency, Stores { names: stores, probe: Some(probe) }, work, None).await?)
 }
