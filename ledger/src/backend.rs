@@ -45,7 +45,7 @@ const MIGRATION_FILES: (Embedded, Embedded) = embed_migrations!(
     "0009_redone_bytes.sql",
     "0010_pipeline_scope.sql",
     "0011_published_chunk.sql",
-    "0012_arrived_again.sql",
+    "0012_keep_and_switches.sql",
 );
 
 static SQLITE_MIGRATIONS: LazyLock<Migrator> = LazyLock::new(|| migrator(MIGRATION_FILES.0));

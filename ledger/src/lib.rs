@@ -304,7 +304,7 @@ pub const COMPAT: &[(i64, i64, &str)] = &[
     (9, 8, "additive: redone bytes per attempt"),
     (10, 10, "pipeline scope: schema versions and outages are keyed by pipeline (an older binary's upserts no longer match)"),
     (11, 10, "additive: an index on published.chunk_id"),
-    (12, 10, "additive: source_files.arrived_again"),
+    (12, 10, "additive: source_files.arrived_again, switches"),
 ];
 
 /// The pipeline of a config without `pipeline`, and of every row from before pipelines.

@@ -284,6 +284,71 @@ impl Ledger {
         .await
     }
 
+    /// Takes the switch of `version` of `uri` into the table for this load lease: one switch
+    /// of a version at a time, whatever host it runs on (see the `switches` table). Free when
+    /// no row holds it or its holder's lease is not running any more (finished, failed, or
+    /// expired: a crashed holder frees it by its lease, nobody has to clean up). None: taken
+    /// (or held already by this lease); Some(chunk): held by the live lease of that chunk's load.
+    pub async fn take_switch(&self, lease: &Lease, uri: &str, version: i64) -> Result<Option<String>> {
+        let now = self.now_ms();
+        self.call("take_switch", || async move {
+            on_backend!(self, |pool, begin| {
+                let op = "take_switch";
+                let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                sqlx::query(
+                    "INSERT INTO switches (pipeline, uri, version, task_id, epoch, taken_at) VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (pipeline, uri, version) DO UPDATE SET
+                        task_id = excluded.task_id, epoch = excluded.epoch, taken_at = excluded.taken_at
+                     WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = switches.task_id AND t.epoch = switches.epoch
+                                         AND t.state = $7 AND t.lease_expires_at > $6)",
+                )
+                .bind(self.pipeline())
+                .bind(uri)
+                .bind(version)
+                .bind(lease.task_id)
+                .bind(lease.epoch)
+                .bind(now)
+                .bind(TaskState::Running.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(db(op))?;
+                let (task_id, epoch, chunk): (i64, i64, Option<String>) = sqlx::query_as(
+                    "SELECT s.task_id, s.epoch, t.chunk_id FROM switches s LEFT JOIN tasks t ON t.id = s.task_id
+                     WHERE s.pipeline = $1 AND s.uri = $2 AND s.version = $3",
+                )
+                .bind(self.pipeline())
+                .bind(uri)
+                .bind(version)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db(op))?;
+                tx.commit().await.map_err(db(op))?;
+                Ok(if (task_id, epoch) == (lease.task_id, lease.epoch) { None } else { Some(chunk.unwrap_or_default()) })
+            })
+        })
+        .await
+    }
+
+    /// Gives the switch of `version` of `uri` back, if this lease holds it (its end would free it
+    /// too; this frees it as soon as the switch is over).
+    pub async fn release_switch(&self, lease: &Lease, uri: &str, version: i64) -> Result<()> {
+        self.call("release_switch", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query("DELETE FROM switches WHERE pipeline = $1 AND uri = $2 AND version = $3 AND task_id = $4 AND epoch = $5")
+                    .bind(self.pipeline())
+                    .bind(uri)
+                    .bind(version)
+                    .bind(lease.task_id)
+                    .bind(lease.epoch)
+                    .execute(pool)
+                    .await
+                    .map_err(db("release_switch"))?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
     /// Makes these chunks' `stage` tasks that wait (retryable) due now: what they waited
     /// for has happened.
     pub async fn wake(&self, chunks: &[String], stage: crate::Stage) -> Result<()> {

@@ -37,7 +37,10 @@
 //!   its chunks' loads wait (not counted as attempts) until every chunk of N is copied; the
 //!   first to find them all copied moves all of N's parts in one all-or-nothing step, records
 //!   its own, then removes the older versions' files and `published` rows; the others find
-//!   their parts in place and record them. A chunk of N quarantined anywhere keeps N waiting
+//!   their parts in place and record them. Each of them does so holding N's switch, which the
+//!   ledger gives one load lease at a time across hosts (`switches`, freed when the lease
+//!   ends): a switch that fails part-way takes back what it moved, and must not find that
+//!   another load, beside it, recorded some of it meanwhile. A chunk of N quarantined anywhere keeps N waiting
 //!   (with the reason) and the older version whole, until it is requeued or skipped. A chunk
 //!   skipped while the switch is under way (its parts moved, none recorded) is seen by every
 //!   record of the version, which takes its parts back out; a skip after a record is refused.
@@ -133,15 +136,28 @@ pub struct Loader {
     switches: Arc<std::sync::Mutex<std::collections::HashSet<(String, i64)>>>,
 }
 
-/// Holds a version's switch (see [`Loader::switching`]) until dropped.
+/// Holds a version's switch (see [`Loader::switching`]) until dropped: in this process, and
+/// in the ledger once taken there.
 struct Switching {
     key: (String, i64),
     switches: Arc<std::sync::Mutex<std::collections::HashSet<(String, i64)>>>,
+    /// The ledger's switch, given back when this is dropped (the lease's end frees it too).
+    held: Option<(Ledger, Lease)>,
 }
 
 impl Drop for Switching {
     fn drop(&mut self) {
         self.switches.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.key);
+        if let Some((ledger, lease)) = self.held.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let (uri, version) = self.key.clone();
+            rt.spawn(async move {
+                if let Err(e) = ledger.release_switch(&lease, &uri, version).await {
+                    tracing::debug!(uri, version, error = %e, "cannot give the switch back now; the lease's end frees it");
+                }
+            });
+        }
     }
 }
 
@@ -391,7 +407,7 @@ impl Loader {
             version_ready(v)?;
             // One switch of a version at a time in this process: the others wait for it and
             // then find their parts in place.
-            _switching = Some(self.switching(&v.uri, v.version)?);
+            _switching = Some(self.switching(&lease, &v.uri, v.version).await?);
             for c in v.chunks.iter().filter(|c| !c.skipped && c.id != lease.chunk_id) {
                 moving.extend(self.ledger.parts(&c.id).await?);
                 before.extend(self.ledger.published_of(&c.id).await?);
@@ -502,7 +518,11 @@ impl Loader {
         for (p, place) in parts.iter().zip(places) {
             let landed = paths::landed(table, &p.chunk_id, &p.rel_path());
             let target = self.table_path(p);
-            match self.publish_part(dest, chunk, p, (&landed, &target), place, before).await {
+            let published = match test_fault(moved.len()).await {
+                Some(e) => Err(e),
+                None => self.publish_part(dest, chunk, p, (&landed, &target), place, before).await,
+            };
+            match published {
                 Ok(true) => moved.push((target.clone(), landed)),
                 Ok(false) => {}
                 // Whatever failed (another writer, a store error, a timeout): take back what
@@ -530,16 +550,27 @@ impl Loader {
     }
 
     /// The switch of version `version` of `uri` for this task, or a short wait when another
-    /// task of this process is switching it now.
-    fn switching(&self, uri: &str, version: i64) -> Result<Switching, LoadError> {
+    /// task is switching it now: of this process (looked at first, without a ledger call), or
+    /// of any host (the ledger's `switches`). One switch at a time is what keeps a version
+    /// whole: a switch that fails part-way takes back what it moved, and another switch
+    /// going on beside it could have recorded some of those parts as published already.
+    async fn switching(&self, lease: &Lease, uri: &str, version: i64) -> Result<Switching, LoadError> {
         let key = (uri.to_string(), version);
-        if !self.switches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
-            return Err(LoadError::Stage(LoadFailure::Waiting {
-                reason: format!("version {version} of {uri} is being published by another chunk of it"),
+        let busy = |by: &str| {
+            LoadError::Stage(LoadFailure::Waiting {
+                reason: format!("version {version} of {uri} is being published by another chunk of it ({by})"),
                 after: WAIT_BRIEFLY,
-            }));
+            })
+        };
+        if !self.switches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
+            return Err(busy("in this process"));
         }
-        Ok(Switching { key, switches: self.switches.clone() })
+        let mut switching = Switching { key, switches: self.switches.clone(), held: None };
+        if let Some(holder) = self.ledger.take_switch(lease, uri, version).await? {
+            return Err(busy(&format!("the load of chunk {holder}, maybe on another host")));
+        }
+        switching.held = Some((self.ledger.clone(), lease.clone()));
+        Ok(switching)
     }
 
     /// Moves the parts this attempt published back to their landed names (or, where the
@@ -819,4 +850,29 @@ fn version_ready(v: &ferry_ledger::VersionState) -> Result<(), LoadError> {
         }));
     }
     Ok(())
+}
+
+/// Tests stand in for a switch that fails part-way (debug builds only): with
+/// `FERRY_TEST_SWITCH_GATE=DIR`, the first chunk of this process to have moved one part
+/// creates `DIR/reached` and waits (two minutes at most) for `DIR/go`; if `DIR/fail` exists
+/// then, its next part fails as a conflict would.
+#[cfg(debug_assertions)]
+async fn test_fault(moved: usize) -> Option<LoadError> {
+    static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let dir = std::env::var("FERRY_TEST_SWITCH_GATE").ok().filter(|d| !d.is_empty())?;
+    if moved != 1 || USED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return None;
+    }
+    let dir = std::path::Path::new(&dir);
+    let _ = std::fs::write(dir.join("reached"), b"");
+    let t = std::time::Instant::now();
+    while !dir.join("go").exists() && t.elapsed() < std::time::Duration::from_secs(120) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    dir.join("fail").exists().then(|| LoadError::Stage(LoadFailure::Conflict("a failure the test injected".into())))
+}
+
+#[cfg(not(debug_assertions))]
+async fn test_fault(_moved: usize) -> Option<LoadError> {
+    None
 }

@@ -645,3 +645,56 @@ fn with_versions_kept_the_same_bytes_arriving_again_under_the_same_name_are_reco
         all_done_and_verified(&p);
     }
 }
+
+/// Two loads (two hosts) on one corrected version: the first moves a part into the table and
+/// stops there; the second runs meanwhile; then the first's next part fails (a conflict), and
+/// it takes back what it moved. Before, the switch guard lived in each process, so the second
+/// load switched the version in beside the first, recorded its chunks and retracted the older
+/// version; the first then took its part back out, and the table showed the new version
+/// without it, the old one gone. The switch is now the ledger's, one load lease at a time: the
+/// second load waits, the version stays out whole while its chunk is quarantined, and goes in
+/// whole once the operator requeues it.
+#[test]
+fn two_loads_on_one_version_keep_it_whole_when_one_fails_part_way() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let v1 = events("v1", 300, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v1)]);
+    let v2 = events("v2", 400, 0..0);
+    std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
+    for s in ["ferry-extract", "ferry-transform", "ferry-copy"] {
+        stage_ok(&p, s);
+    }
+    let chunks = p.count("SELECT COUNT(*) FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.version = 2");
+    assert!(chunks >= 3, "{chunks} chunks");
+    let gate = p.path("gate");
+    std::fs::create_dir_all(&gate).unwrap();
+    let first = p
+        .command("ferry-load")
+        .args(["--once", "--concurrency", "1"])
+        .env("FERRY_TEST_SWITCH_GATE", &gate)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !gate.join("reached").exists() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "the first load never moved a part");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let second = p.command("ferry-load").args(["--once", "--concurrency", "1"]).output().unwrap();
+    let said = String::from_utf8_lossy(&second.stderr);
+    // Its chunks wait for the first load's switch (as a --once run, it says it made no progress).
+    assert!(second.status.code().is_some(), "the second load: {said}");
+    std::fs::write(gate.join("fail"), b"").unwrap();
+    std::fs::write(gate.join("go"), b"").unwrap();
+    let out = first.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "the first load's chunk is quarantined: {said}");
+    table_is(&p, &[("data.jsonl", &v1)]);
+    let chunk = p.sql("SELECT chunk_id FROM tasks WHERE stage = 'load' AND state = 'quarantined'");
+    ferry_ok(&p, &["requeue", "--chunk", &chunk]);
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v2)]);
+    all_done_and_verified(&p);
+}
