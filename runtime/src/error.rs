@@ -99,6 +99,10 @@ impl<F: Failure> StageError<F> {
     }
 }
 
+/// How soon a chunk that found its store unavailable (an HDFS NameNode in safe mode) is
+/// looked at again.
+pub const UNAVAILABLE_WAIT: Duration = Duration::from_secs(5);
+
 /// A stage's own failure is its error: `Err(LoadFailure::Conflict(..).into())`, or `?`.
 impl<F: Failure> From<F> for StageError<F> {
     fn from(f: F) -> Self {
@@ -131,6 +135,9 @@ impl<F: Failure> Classified for StageError<F> {
     fn waits(&self) -> Option<Duration> {
         match self {
             StageError::Stage(f) => f.waits(),
+            // Looked at again soon, its attempt not counted: three attempts in safe mode would
+            // quarantine a chunk that only had to wait for the NameNode.
+            StageError::Storage(e) if e.is_unavailable() => Some(UNAVAILABLE_WAIT),
             _ => None,
         }
     }

@@ -74,6 +74,20 @@ impl Error {
         self.class() == ErrorClass::Transient
     }
 
+    /// The store answers but serves nobody for now, and says so: an HDFS NameNode in safe
+    /// mode (after a restart, until enough DataNodes have reported their blocks). Not the
+    /// chunk's failure: the stages wait for it without counting attempts, however long it
+    /// lasts (a NameNode that stays in safe mode is an operator's matter, and the health
+    /// check shows work due and nothing finishing).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Hdfs { source: hdfs_native::HdfsError::RPCError(class, msg), .. } => {
+                class.ends_with("SafeModeException") || msg.contains("Name node is in safe mode")
+            }
+            _ => false,
+        }
+    }
+
     /// What a cleanup that failed part-way had removed already.
     pub fn removed(&self) -> usize {
         match self {
@@ -208,6 +222,21 @@ pub fn object_store_error_class(e: &object_store::Error) -> ErrorClass {
 mod tests {
     use super::*;
     use hdfs_native::HdfsError::RPCError;
+
+    /// The text a restarted MiniDFS NameNode gave a read before its DataNodes reported.
+    #[test]
+    fn a_namenode_in_safe_mode_is_unavailable_not_a_chunk_failure() {
+        let hdfs =
+            |class: &str, msg: &str| Error::Hdfs { op: "open", path: "/staging/x".into(), source: RPCError(class.into(), msg.into()) };
+        let safe = hdfs(
+            "org.apache.hadoop.hdfs.server.namenode.SafeModeException",
+            "Zero blocklocations for /staging/x. Name node is in safe mode.",
+        );
+        assert!(safe.is_unavailable() && safe.is_transient());
+        let wrapped = hdfs("org.apache.hadoop.ipc.RetriableException", "Cannot create file /x. Name node is in safe mode.");
+        assert!(wrapped.is_unavailable());
+        assert!(!hdfs("java.io.IOException", "File /x could only be written to 0 of the 1 minReplication nodes").is_unavailable());
+    }
 
     #[test]
     fn a_refused_datanode_replacement_retries_other_unsupported_operations_do_not() {
