@@ -304,7 +304,7 @@ pub const COMPAT: &[(i64, i64, &str)] = &[
     (9, 8, "additive: redone bytes per attempt"),
     (10, 10, "pipeline scope: schema versions and outages are keyed by pipeline (an older binary's upserts no longer match)"),
     (11, 10, "additive: an index on published.chunk_id"),
-    (12, 10, "additive: source_files.arrived_again, switches"),
+    (12, 10, "additive: source_files.arrived_again, switches, syncs"),
 ];
 
 /// The pipeline of a config without `pipeline`, and of every row from before pipelines.
@@ -616,41 +616,32 @@ impl Ledger {
     /// its WAL is flushed; after a power loss either can have lost the commit while the
     /// unlink survived.
     ///
-    /// SQLite: the WAL file is fsynced (a checkpoint since the commit has synced the database
-    /// file itself). Postgres: a transaction that commits with `synchronous_commit = on`
+    /// SQLite: one commit with `synchronous = FULL`, which fsyncs the WAL (a checkpoint since
+    /// an earlier commit has synced the database file itself). Postgres: a transaction that commits with `synchronous_commit = on`
     /// returns only once the WAL is flushed up to its own commit record, so up to every
     /// earlier commit too.
     pub async fn make_durable(&self) -> Result<()> {
         self.call("make_durable", || async move {
             match &self.backend {
                 Backend::Sqlite(pool) => {
-                    let db = pool.connect_options().get_filename().to_path_buf();
-                    let deadline = self.opts.call_timeout;
-                    let synced = tokio::time::timeout(
-                        deadline,
-                        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                            let mut wal = db.clone().into_os_string();
-                            wal.push("-wal");
-                            for path in [std::path::PathBuf::from(wal), db] {
-                                match std::fs::File::open(&path) {
-                                    Ok(f) => f.sync_all()?,
-                                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                                    Err(e) => return Err(e),
-                                }
-                            }
-                            Ok(())
-                        }),
-                    )
-                    .await;
-                    match synced {
-                        Ok(Ok(Ok(()))) => Ok(()),
-                        Ok(Ok(Err(e))) => Err(Error::io("the SQLite ledger's WAL", e)),
-                        Ok(Err(e)) => Err(Error::Internal(format!("syncing the ledger: {e}"))),
-                        Err(_) => Err(Error::io(
-                            "the SQLite ledger's WAL",
-                            std::io::Error::new(std::io::ErrorKind::TimedOut, format!("fsync not done within {deadline:?}")),
-                        )),
+                    // One commit that SQLite itself syncs: with `synchronous = FULL` a WAL
+                    // commit fsyncs the WAL, which holds every earlier commit's frames too.
+                    // (Not an fsync of our own: opening and closing the database file in this
+                    // process would drop SQLite's POSIX locks on it, and with them other
+                    // connections' commits.) The write bumps a counter: a commit that
+                    // changes no page writes no frame, and syncs nothing.
+                    let op = "make_durable";
+                    let _write = self.sqlite_writer.lock().await;
+                    let mut conn = pool.acquire().await.map_err(db(op))?;
+                    sqlx::query("PRAGMA synchronous = FULL").execute(&mut *conn).await.map_err(db(op))?;
+                    let synced = sqlx::query("UPDATE syncs SET n = n + 1 WHERE id = 1").execute(&mut *conn).await.map_err(db(op));
+                    let back = sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await.map_err(db(op));
+                    if back.is_err() {
+                        // Not back in the pool with every commit syncing.
+                        conn.detach();
                     }
+                    synced?;
+                    back.map(|_| ())
                 }
                 Backend::Postgres(pool, _) => {
                     let op = "make_durable";

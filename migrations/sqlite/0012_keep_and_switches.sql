@@ -19,6 +19,14 @@ CREATE TABLE IF NOT EXISTS switches (
     PRIMARY KEY (pipeline, uri, version)
 );
 
+-- What the SQLite ledger's durability barrier writes (`Ledger::make_durable`): one commit with
+-- `synchronous = FULL` fsyncs the WAL, but only a commit that changes a page writes anything.
+CREATE TABLE IF NOT EXISTS syncs (
+    id  INTEGER PRIMARY KEY CHECK (id = 1),
+    n   BIGINT  NOT NULL
+);
+INSERT INTO syncs (id, n) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
+
 INSERT INTO ledger_compat (version, oldest_binary, note) VALUES
-    (12, 10, 'additive: source_files.arrived_again, switches')
+    (12, 10, 'additive: source_files.arrived_again, switches, syncs')
 ON CONFLICT (version) DO NOTHING;
