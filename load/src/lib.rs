@@ -405,8 +405,8 @@ impl Loader {
         let mut _switching = None;
         if let Some(v) = version.as_ref().filter(|v| v.replaces) {
             version_ready(v)?;
-            // One switch of a version at a time in this process: the others wait for it and
-            // then find their parts in place.
+            // One switch of a version at a time (in this process, and across hosts through
+            // the ledger): the others wait for it and then find their parts in place.
             _switching = Some(self.switching(&lease, &v.uri, v.version).await?);
             for c in v.chunks.iter().filter(|c| !c.skipped && c.id != lease.chunk_id) {
                 moving.extend(self.ledger.parts(&c.id).await?);
