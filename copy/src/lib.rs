@@ -440,6 +440,11 @@ impl Copier {
                 Err(e) => {
                     // mkdirs or rename failed: the temp file must not outlive this try.
                     self.remove_temp(tmp).await;
+                    // The temp file vanished before its rename (a gc with a cut-off shorter than
+                    // this attempt, an operator): another attempt, not a quarantine.
+                    if e.is_not_found() {
+                        return Err(CopyError::Stage(CopyFailure::Verify(format!("{what}: the uploaded temp file vanished ({e})"))));
+                    }
                     return Err(e.into());
                 }
             };

@@ -359,7 +359,7 @@ impl Extractor {
             pass.quarantined += 1;
             return Ok(());
         };
-        let split = match self.split(e, &uri, format, file.as_ref().map(|f| f.content_hash.clone()), true).await {
+        let split = match self.split(e, &uri, format, file.as_ref().map(|f| f.content_hash.clone()), true, None).await {
             // A bug met by this file: it is quarantined under its real hash (read again, without
             // the splitter, if it was split while hashed), so the next pass skips it; the other
             // files go on. What it staged before the panic is left to gc with other temps.
@@ -534,8 +534,12 @@ impl Extractor {
         // measures is then one ledger commit, not the split's whole tail.
         self.health.progressed();
         if file.state != FileState::Registered {
+            if !self.revive_if_undone(e, uri, &file).await? {
+                // Neither disposed of nor remembered as seen: the next pass brings it back.
+                pass.unfinished += 1;
+                return Ok(Err(NotTaken::Unfinished));
+            }
             pass.skipped += 1;
-            self.revive_if_undone(e, uri, &file).await?;
             self.dispose(e, file.state, &file.content_hash).await?;
             return Ok(Err(NotTaken::Known));
         }
@@ -562,6 +566,10 @@ impl Extractor {
     /// not written again. Only the first chunk is looked for on every file (one stat or HEAD);
     /// the others only when it was there. Not for a revived version: its chunks' staged copies
     /// are ones gc may be removing.
+    ///
+    /// With a `revival` (a version brought back, see [`Extractor::revive_if_undone`]) the file
+    /// is cut where its chunks were first cut, and only the chunks it names are written, each
+    /// under a name of its own.
     async fn split(
         &self,
         e: &Entry,
@@ -569,6 +577,7 @@ impl Extractor {
         format: ferry_common::config::Format,
         known_hash: Option<String>,
         resume: bool,
+        revival: Option<Revival>,
     ) -> Result<Split> {
         let chunk_size = self.cfg.extract.chunk_size.0 as usize;
         let max_record = self.cfg.extract.max_record_size.0 as usize;
@@ -577,6 +586,7 @@ impl Extractor {
         let (source, staging, table, rel, uri) =
             (self.source.clone(), self.staging.clone(), self.cfg.table.name.clone(), e.rel.clone(), uri.to_string());
         let (listed_size, mtime_ms) = (e.size as i64, e.mtime_ms);
+        let revival = revival.map(Arc::new);
         let buffers = self.buffers.clone();
         // Progress is bytes moved, not files finished: a file that takes longer to split than
         // the health window (a large file, a slow link) must not get the stage killed and the
@@ -621,14 +631,22 @@ impl Extractor {
                         let emit = |p: Piece| -> ferry_storage::Result<()> {
                             let seq = pieces.len() as i64;
                             let hash = blake3::hash(p.bytes).to_hex().to_string();
-                            let name = match &known_hash {
-                                Some(file_hash) => chunk_id(&pipeline, file_hash, seq),
-                                None => ferry_ledger::staged_name(&pipeline, &uri, listed_size, mtime_ms, seq, &hash),
+                            let name = match (&known_hash, revival.as_deref()) {
+                                (Some(file_hash), Some(r)) => {
+                                    paths::revived_chunk(&table, &chunk_id(&pipeline, file_hash, seq), r.version, format)
+                                }
+                                (Some(file_hash), None) => paths::staged_chunk(&table, &chunk_id(&pipeline, file_hash, seq), format),
+                                (None, _) => paths::staged_chunk(
+                                    &table,
+                                    &ferry_ledger::staged_name(&pipeline, &uri, listed_size, mtime_ms, seq, &hash),
+                                    format,
+                                ),
                             };
-                            let name = paths::staged_chunk(&table, &name, format);
-                            writes.put(&name, p.bytes)?;
-                            health.progressed();
-                            staged.push(name.clone());
+                            if revival.as_deref().is_none_or(|r| r.stage.contains(&seq)) {
+                                writes.put(&name, p.bytes)?;
+                                health.progressed();
+                                staged.push(name.clone());
+                            }
                             pieces.push(NewChunk {
                                 id: String::new(),
                                 seq,
@@ -642,7 +660,11 @@ impl Extractor {
                             });
                             Ok(())
                         };
-                        match ferry_formats::split(format, &mut r, chunk_size, max_record, &dialect, &mut buf, emit) {
+                        let cut = match revival.as_deref() {
+                            Some(r) => ferry_formats::Cut::Before(&r.starts),
+                            None => ferry_formats::Cut::Size(chunk_size),
+                        };
+                        match ferry_formats::split(format, &mut r, cut, max_record, &dialect, &mut buf, emit) {
                             Ok(()) => Ok(pieces),
                             Err(SplitError::Corrupt(m)) => Err(m),
                             Err(SplitError::Io(source)) => return Err(read_err(&rel, source)),
@@ -689,36 +711,72 @@ impl Extractor {
 
     /// A file taken in before whose bytes are at its path again although a newer version
     /// came after them (a correction undone): with `versions = "replace"` these bytes are the
-    /// file's newest version again. It gets the next version number, and its chunks whose rows
-    /// the newer version replaced run again from transform, staged anew from the file at hand
-    /// (its staged copies may be gone); load then replaces the newer version's rows, whole.
-    async fn revive_if_undone(&self, e: &Entry, uri: &str, file: &ferry_ledger::SourceFile) -> Result<()> {
+    /// file's newest version again. It gets the next version number, and its chunks that must
+    /// run again (the newer version replaced their rows, or a load withdrew them) go through
+    /// transform again, staged anew from the file at hand (their staged copies may be gone):
+    /// cut where they were first cut, whatever the chunk size is now, and under names of their
+    /// own, so that nothing an older row names is overwritten and gc, which removes old
+    /// staged chunks by the locations the ledger records, never meets them unrecorded. Load
+    /// then replaces the newer version's rows, whole.
+    ///
+    /// False: not now (a load of the version is running, another version came meanwhile, or
+    /// the bytes read no longer cut into the recorded chunks); the file is left in place and
+    /// looked at again next pass.
+    async fn revive_if_undone(&self, e: &Entry, uri: &str, file: &ferry_ledger::SourceFile) -> Result<bool> {
         if file.state != FileState::Chunked || self.cfg.source.versions != Versions::Replace {
-            return Ok(());
+            return Ok(true);
         }
-        let Some(chunks) = self.ledger.undone_version(file.id).await? else { return Ok(()) };
-        let rerun: Vec<&(String, i64, String, bool)> = chunks.iter().filter(|c| c.3).collect();
-        let mut locations = Vec::new();
-        let mut staged_anew = Vec::new();
-        if let (false, Some(format)) = (rerun.is_empty(), self.cfg.source.format.of(&e.rel)) {
-            let split = self.split(e, uri, format, Some(file.content_hash.clone()), false).await?;
-            staged_anew = split.staged.clone();
-            if let Ok(pieces) = split.outcome {
-                for (seq, piece) in pieces.iter().enumerate() {
-                    if let Some(c) = chunks.iter().find(|c| c.1 == seq as i64 && c.2 == piece.content_hash) {
-                        locations.push((c.0.clone(), piece.location.clone()));
+        let Some(undone) = self.ledger.undone_version(file.id).await? else { return Ok(true) };
+        let not_now = |why: &str| {
+            tracing::info!(file = ?e.rel, why, "the bytes of an earlier version are back; brought back on a later pass");
+            Ok(false)
+        };
+        if undone.busy {
+            return not_now("a load of one of its chunks is running");
+        }
+        let stage: Vec<&ferry_ledger::UndoneChunk> = undone.chunks.iter().filter(|c| c.rerun && c.bytes > 0).collect();
+        let mut staged = Vec::new();
+        let mut written = Vec::new();
+        if !stage.is_empty() {
+            let Some(format) = self.cfg.source.format.of(&e.rel) else {
+                return not_now("source.format no longer tells this file's format");
+            };
+            let revival = Revival {
+                version: undone.next,
+                starts: undone.chunks.iter().map(|c| c.range_start).collect(),
+                stage: stage.iter().map(|c| c.seq).collect(),
+            };
+            let split = self.split(e, uri, format, Some(file.content_hash.clone()), false, Some(revival)).await?;
+            written = split.staged;
+            let pieces = split.outcome.unwrap_or_default();
+            for c in &stage {
+                match pieces.get(c.seq as usize) {
+                    Some(p) if p.content_hash == c.content_hash => staged.push((c.id.clone(), p.location.clone())),
+                    _ => {
+                        self.unstage(&written).await;
+                        return not_now(
+                            "what was read does not cut into the chunks recorded for it (the file changed while it was read, or the source's format options did)",
+                        );
                     }
                 }
             }
         }
-        let again: Vec<String> = rerun.iter().map(|c| c.0.clone()).collect();
-        let version = self.ledger.revive_version(file.id, &locations, &again).await?;
-        tracing::warn!(file = ?e.rel, version, chunks_again = rerun.len(), "the bytes of an earlier version are back: they are the file's newest version again");
-        // Staged anew but not taken (the chunking changed since): no one's.
-        let taken: std::collections::HashSet<String> = locations.iter().map(|(_, l)| l.clone()).collect();
-        let orphans: Vec<String> = staged_anew.into_iter().filter(|rel| !taken.contains(&self.staging.url(rel))).collect();
-        self.unstage(&orphans).await;
-        Ok(())
+        match self.ledger.revive_version(file.id, undone.next, &staged).await? {
+            ferry_ledger::Revived::Version(version, again) => {
+                tracing::warn!(file = ?e.rel, version, chunks_again = again.len(), "the bytes of an earlier version are back: they are the file's newest version again");
+                // Staged for a chunk that, decided again in the revert's transaction, did not
+                // have to run again: no one's.
+                let taken: std::collections::HashSet<String> =
+                    staged.into_iter().filter(|(c, _)| again.contains(c)).map(|(_, l)| l).collect();
+                let orphans: Vec<String> = written.into_iter().filter(|rel| !taken.contains(&self.staging.url(rel))).collect();
+                self.unstage(&orphans).await;
+                Ok(true)
+            }
+            ferry_ledger::Revived::NotNow(why) => {
+                self.unstage(&written).await;
+                not_now(&why)
+            }
+        }
     }
 
     /// Best effort: removes staged chunks no ledger row points to. What cannot go now is
@@ -838,21 +896,11 @@ impl Extractor {
 }
 
 /// Tests hold a split at `point` (`before` the file is opened, `after` it was read) to change
-/// the file at that instant: with `FERRY_TEST_SPLIT_GATE=POINT:DIR`, the split creates
-/// `DIR/reached` and waits (two minutes at most) until the test creates `DIR/go`. Debug builds
-/// only.
+/// the file at that instant: `FERRY_TEST_SPLIT_GATE=POINT:DIR` (see [`ferry_runtime::gate`]).
 #[cfg(debug_assertions)]
 fn test_gate(point: &str) {
-    let Ok(v) = std::env::var("FERRY_TEST_SPLIT_GATE") else { return };
-    let Some((at, dir)) = v.split_once(':') else { return };
-    if at != point {
-        return;
-    }
-    let dir = std::path::Path::new(dir);
-    let _ = std::fs::write(dir.join("reached"), b"");
-    let t = std::time::Instant::now();
-    while !dir.join("go").exists() && t.elapsed() < Duration::from_secs(120) {
-        std::thread::sleep(Duration::from_millis(20));
+    if let Some(dir) = ferry_runtime::gate::dir("FERRY_TEST_SPLIT_GATE", Some(point)) {
+        ferry_runtime::gate::hold(&dir);
     }
 }
 
@@ -953,6 +1001,16 @@ enum NotTaken {
 }
 
 /// What splitting one file gave.
+/// How a version brought back is staged again (see [`Extractor::revive_if_undone`]).
+struct Revival {
+    /// The version number it gets back: part of its chunks' staged names.
+    version: i64,
+    /// The first record of each of its chunks, as recorded: where the file is cut again.
+    starts: Vec<i64>,
+    /// The chunks (by position) that run again: only these are written.
+    stage: std::collections::HashSet<i64>,
+}
+
 struct Split {
     /// Bytes read, and their blake3 hash (or the hash already known).
     size: u64,

@@ -11,7 +11,7 @@ use crate::spec::CsvOptions;
 use crate::decode::{Cell, Decode, Decoded, Decoding, Error, Rows, Sink, Unmatched};
 #[cfg(feature = "decode")]
 use crate::spec::ColumnType;
-use crate::{Piece, SplitError};
+use crate::{Cut, Piece, SplitError};
 
 /// Reads one CSV record's raw bytes (with its line end) into `out`, at most `max` bytes of
 /// it. Empty at EOF. A record longer than `max` (an unclosed quote swallows the file) is
@@ -70,7 +70,7 @@ impl<E> From<RecordError> for SplitError<E> {
 /// Splits at record ends, repeating the header (if the dialect has one) in every chunk.
 pub fn split<E>(
     r: impl Read,
-    chunk_size: usize,
+    cut: Cut<'_>,
     max_record: usize,
     dialect: &CsvOptions,
     buf: &mut Vec<u8>,
@@ -102,7 +102,7 @@ pub fn split<E>(
         if !rec.ends_with(b"\n") {
             rec.push(b'\n'); // the last record without its line end: the next chunk's header follows
         }
-        if records > 0 && buf.len() + rec.len() > chunk_size {
+        if records > 0 && cut.ends_before(n, buf.len() + rec.len()) {
             emit(Piece { bytes: buf, first_record: first, records }).map_err(SplitError::Emit)?;
             buf.truncate(header);
             (first, records) = (n, 0);
@@ -217,7 +217,7 @@ mod tests {
 
     fn records(data: &[u8]) -> Vec<String> {
         let mut out = Vec::new();
-        split(data, 1, 1 << 20, &CsvOptions::default(), &mut Vec::new(), |p: Piece| -> Result<(), ()> {
+        split(data, Cut::Size(1), 1 << 20, &CsvOptions::default(), &mut Vec::new(), |p: Piece| -> Result<(), ()> {
             out.push(String::from_utf8(p.bytes.to_vec()).unwrap());
             Ok(())
         })
@@ -249,7 +249,7 @@ mod tests {
             null_value: None,
         };
         let mut out = Vec::new();
-        split(&b"1;'two\nlines'\n2;\"x\n3;y\n"[..], 1, 1 << 20, &d, &mut Vec::new(), |p: Piece| -> Result<(), ()> {
+        split(&b"1;'two\nlines'\n2;\"x\n3;y\n"[..], Cut::Size(1), 1 << 20, &d, &mut Vec::new(), |p: Piece| -> Result<(), ()> {
             out.push(String::from_utf8(p.bytes.to_vec()).unwrap());
             Ok(())
         })
@@ -262,7 +262,8 @@ mod tests {
         let mut data = b"a,b\n1,\"never closed\n".to_vec();
         data.extend(std::iter::repeat_n(b'x', 10_000));
         let e =
-            split(&data[..], 1 << 20, 4096, &CsvOptions::default(), &mut Vec::new(), |_p: Piece| -> Result<(), ()> { Ok(()) }).unwrap_err();
+            split(&data[..], Cut::Size(1 << 20), 4096, &CsvOptions::default(), &mut Vec::new(), |_p: Piece| -> Result<(), ()> { Ok(()) })
+                .unwrap_err();
         assert!(matches!(&e, SplitError::Corrupt(m) if m.contains("max_record_size")), "{e:?}");
     }
 }

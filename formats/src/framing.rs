@@ -15,6 +15,37 @@ pub struct Piece<'a> {
     pub records: i64,
 }
 
+/// Where a split ends its pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut<'a> {
+    /// At the last record boundary within this many bytes (a record larger than that is a
+    /// piece of its own).
+    Size(usize),
+    /// Before each of these records (their indexes, ascending): the pieces of an earlier
+    /// split of the same bytes, cut again exactly where they were, whatever the chunk size is
+    /// today.
+    Before(&'a [i64]),
+}
+
+impl Cut<'_> {
+    /// Whether the piece being cut ends before the record at `next` (the piece is not empty),
+    /// which would make it `len` bytes long.
+    pub(crate) fn ends_before(self, next: i64, len: usize) -> bool {
+        match self {
+            Cut::Size(max) => len > max,
+            Cut::Before(starts) => starts.binary_search(&next).is_ok(),
+        }
+    }
+
+    /// The piece size a buffer is sized for.
+    pub fn size_hint(self) -> usize {
+        match self {
+            Cut::Size(max) => max,
+            Cut::Before(_) => 1 << 20,
+        }
+    }
+}
+
 /// Why a file could not be split. `E` is what the caller's `emit` failed with (writing the
 /// chunk to a store): it comes back unchanged, so its class (retry or not) is kept.
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +82,8 @@ pub fn compression_of(head: &[u8]) -> Option<&'static str> {
     MAGIC.iter().find(|(m, _)| head.starts_with(m)).map(|(_, kind)| *kind)
 }
 
-/// Splits `r` in `format` into pieces of at most `chunk_size` bytes, handing each to `emit`.
+/// Splits `r` in `format` into pieces where `cut` says (at most `chunk_size` bytes each, or
+/// where an earlier split cut them), handing each to `emit`.
 /// A JSON line, CSV record or Avro block longer than `max_record` is corrupt input.
 ///
 /// Pieces are built in `buf`, which is cleared first and reused for every piece: a caller
@@ -60,7 +92,7 @@ pub fn compression_of(head: &[u8]) -> Option<&'static str> {
 pub fn split<E>(
     format: Format,
     r: impl Read,
-    chunk_size: usize,
+    cut: Cut<'_>,
     max_record: usize,
     dialect: &crate::spec::CsvOptions,
     buf: &mut Vec<u8>,
@@ -68,9 +100,9 @@ pub fn split<E>(
 ) -> Result<(), SplitError<E>> {
     buf.clear();
     match format {
-        Format::Jsonl => jsonl::split(r, chunk_size, max_record, buf, emit),
-        Format::Csv => csv::split(r, chunk_size, max_record, dialect, buf, emit),
-        Format::Avro => avro_split(r, chunk_size, max_record, buf, emit),
+        Format::Jsonl => jsonl::split(r, cut, max_record, buf, emit),
+        Format::Csv => csv::split(r, cut, max_record, dialect, buf, emit),
+        Format::Avro => avro_split(r, cut, max_record, buf, emit),
     }
 }
 
@@ -78,7 +110,7 @@ pub fn split<E>(
 /// [`avro`] before it is read, so a corrupt length fails as corrupt input, not as an allocation.
 fn avro_split<E>(
     r: impl Read,
-    chunk_size: usize,
+    cut: Cut<'_>,
     max_block: usize,
     buf: &mut Vec<u8>,
     mut emit: impl FnMut(Piece<'_>) -> Result<(), E>,
@@ -92,7 +124,7 @@ fn avro_split<E>(
     let (mut first, mut records) = (0i64, 0i64);
     let mut n = 0i64;
     while let Some(block) = blocks.next_block()? {
-        if records > 0 && buf.len() + block.bytes.len() > chunk_size {
+        if records > 0 && cut.ends_before(n, buf.len() + block.bytes.len()) {
             emit(Piece { bytes: buf, first_record: first, records }).map_err(SplitError::Emit)?;
             buf.truncate(header);
             (first, records) = (n, 0);
@@ -136,7 +168,7 @@ mod tests {
     }
 
     /// A piece, copied out of the splitter's buffer.
-    #[derive(Debug)]
+    #[derive(Debug, PartialEq, Eq)]
     struct Owned {
         bytes: Vec<u8>,
         first_record: i64,
@@ -155,13 +187,34 @@ mod tests {
     }
 
     fn jsonl(d: &[u8], s: usize, o: &mut Vec<Owned>) -> Result<(), SplitError<&'static str>> {
-        split(Format::Jsonl, d, s, 1 << 20, &Default::default(), &mut Vec::new(), |p| keep(o, p))
+        split(Format::Jsonl, d, Cut::Size(s), 1 << 20, &Default::default(), &mut Vec::new(), |p| keep(o, p))
     }
     fn csv_(d: &[u8], s: usize, o: &mut Vec<Owned>) -> Result<(), SplitError<&'static str>> {
-        split(Format::Csv, d, s, 1 << 20, &Default::default(), &mut Vec::new(), |p| keep(o, p))
+        split(Format::Csv, d, Cut::Size(s), 1 << 20, &Default::default(), &mut Vec::new(), |p| keep(o, p))
     }
     fn avro_(d: &[u8], s: usize, o: &mut Vec<Owned>) -> Result<(), SplitError<&'static str>> {
-        split(Format::Avro, d, s, 1 << 20, &Default::default(), &mut Vec::new(), |p| keep(o, p))
+        split(Format::Avro, d, Cut::Size(s), 1 << 20, &Default::default(), &mut Vec::new(), |p| keep(o, p))
+    }
+
+    /// A split cut again before the first records of an earlier split gives the same pieces,
+    /// byte for byte (a revert stages them so, whatever the chunk size is by then).
+    #[test]
+    fn a_split_cut_where_an_earlier_one_was_gives_the_same_pieces() {
+        let jsonl_data: Vec<u8> =
+            (0..300).flat_map(|i| format!("{{\"a\":{i},\"pad\":\"{}\"}}\n", "x".repeat(i % 37)).into_bytes()).collect();
+        let cases: [(Format, Vec<u8>); 3] =
+            [(Format::Jsonl, jsonl_data), (Format::Csv, csv_file(300)), (Format::Avro, avro_file(&[40; 25]))];
+        for (format, data) in cases {
+            let cut = |cut: Cut<'_>| {
+                let mut out = Vec::new();
+                split::<&str>(format, &data[..], cut, 1 << 20, &Default::default(), &mut Vec::new(), |p| keep(&mut out, p)).unwrap();
+                out
+            };
+            let first = cut(Cut::Size(200));
+            assert!(first.len() > 3, "{format:?}: {} pieces", first.len());
+            let starts: Vec<i64> = first.iter().map(|p| p.first_record).collect();
+            assert_eq!(cut(Cut::Before(&starts)), first, "{format:?} cut again");
+        }
     }
 
     #[test]
@@ -200,11 +253,15 @@ mod tests {
         assert!(p.len() > 2);
         assert_eq!(p.iter().map(|x| x.records).sum::<i64>(), 1000);
         assert!(p.iter().all(|x| x.bytes.starts_with(b"Obj\x01")));
-        let err = split::<&str>(Format::Avro, &data[..data.len() - 5], 20_000, 1 << 20, &Default::default(), &mut Vec::new(), |_| Ok(()))
+        let err =
+            split::<&str>(Format::Avro, &data[..data.len() - 5], Cut::Size(20_000), 1 << 20, &Default::default(), &mut Vec::new(), |_| {
+                Ok(())
+            })
             .unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("truncated")), "{err}");
         let err =
-            split::<&str>(Format::Avro, &b"PAR1junk"[..], 20_000, 1 << 20, &Default::default(), &mut Vec::new(), |_| Ok(())).unwrap_err();
+            split::<&str>(Format::Avro, &b"PAR1junk"[..], Cut::Size(20_000), 1 << 20, &Default::default(), &mut Vec::new(), |_| Ok(()))
+                .unwrap_err();
         assert!(err.to_string().contains("magic"), "{err}");
     }
 
@@ -217,21 +274,23 @@ mod tests {
         avro::write_long(&mut bad, 1);
         avro::write_long(&mut bad, 1 << 50);
         bad.extend_from_slice(&[0; 8]);
-        let err = split::<&str>(Format::Avro, &bad[..], 1 << 20, 1 << 20, &Default::default(), &mut Vec::new(), |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &bad[..], Cut::Size(1 << 20), 1 << 20, &Default::default(), &mut Vec::new(), |_| Ok(()))
+            .unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("limit")), "{err}");
         // Within the limit but beyond the file: truncated, and read only as far as the file goes.
         let mut short = data[..h.len].to_vec();
         avro::write_long(&mut short, 1);
         avro::write_long(&mut short, 100 << 20);
-        let err =
-            split::<&str>(Format::Avro, &short[..], 1 << 20, 256 << 20, &Default::default(), &mut Vec::new(), |_| Ok(())).unwrap_err();
+        let err = split::<&str>(Format::Avro, &short[..], Cut::Size(1 << 20), 256 << 20, &Default::default(), &mut Vec::new(), |_| Ok(()))
+            .unwrap_err();
         assert!(matches!(err, SplitError::Corrupt(ref m) if m.contains("truncated")), "{err}");
     }
 
     #[test]
     fn a_failed_emit_comes_back_as_itself() {
         let err =
-            split(Format::Jsonl, &b"{}\n{}\n"[..], 1, 1 << 20, &Default::default(), &mut Vec::new(), |_| Err("store down")).unwrap_err();
+            split(Format::Jsonl, &b"{}\n{}\n"[..], Cut::Size(1), 1 << 20, &Default::default(), &mut Vec::new(), |_| Err("store down"))
+                .unwrap_err();
         assert!(matches!(err, SplitError::Emit("store down")), "{err:?}");
     }
 }

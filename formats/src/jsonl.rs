@@ -4,13 +4,13 @@ use std::io::{BufRead, Read};
 
 #[cfg(feature = "decode")]
 use crate::decode::{Cell, Decode, Decoded, Decoding, Error, Names, Rows, Sink, Unmatched, json_cell};
-use crate::{Piece, SplitError};
+use crate::{Cut, Piece, SplitError};
 
 /// Splits at line ends. A line longer than `max_record` bytes is corrupt input: no length in a
 /// file decides how much memory a chunk takes.
 pub fn split<E>(
     r: impl Read,
-    chunk_size: usize,
+    cut: Cut<'_>,
     max_record: usize,
     buf: &mut Vec<u8>,
     mut emit: impl FnMut(Piece<'_>) -> Result<(), E>,
@@ -31,7 +31,7 @@ pub fn split<E>(
         if buf.len() - start > max_record {
             return Err(SplitError::Corrupt(format!("line {} is longer than max_record_size ({max_record} bytes)", n + 1)));
         }
-        if records > 0 && buf.len() > chunk_size {
+        if records > 0 && cut.ends_before(n, buf.len()) {
             emit(Piece { bytes: &buf[..start], first_record: first, records }).map_err(SplitError::Emit)?;
             buf.drain(..start);
             (first, records) = (n, 0);

@@ -30,4 +30,4 @@ pub mod pool;
 pub mod spec;
 
 #[cfg(feature = "split")]
-pub use framing::{Piece, SplitError, compression_of, split};
+pub use framing::{Cut, Piece, SplitError, compression_of, split};

@@ -550,6 +550,32 @@ impl Ledger {
         Ok(ours)
     }
 
+    /// Where each of these chunks of this pipeline is staged, as the ledger records it (chunks
+    /// it does not know are left out).
+    pub async fn chunk_locations(&self, chunks: &[String]) -> Result<std::collections::HashMap<String, String>> {
+        let mut found = std::collections::HashMap::new();
+        for c in chunks.iter().collect::<std::collections::BTreeSet<_>>() {
+            let location: Option<String> = self
+                .call("chunk_locations", || async move {
+                    on_backend!(self, |pool, begin| {
+                        sqlx::query_scalar(
+                            "SELECT c.location FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.id = $1 AND f.pipeline = $2",
+                        )
+                        .bind(c)
+                        .bind(self.pipeline())
+                        .fetch_optional(pool)
+                        .await
+                        .map_err(db("chunk_locations"))
+                    })
+                })
+                .await?;
+            if let Some(l) = location {
+                found.insert(c.clone(), l);
+            }
+        }
+        Ok(found)
+    }
+
     /// Chunks that are published and that no stage is working on again: their load is done
     /// and no task of theirs is anything but done. A chunk being redone (`ferry rerun`) is not
     /// among them while any of its stages is due, however long its copy takes, so what its new

@@ -46,6 +46,7 @@ const MIGRATION_FILES: (Embedded, Embedded) = embed_migrations!(
     "0010_pipeline_scope.sql",
     "0011_published_chunk.sql",
     "0012_keep_and_switches.sql",
+    "0013_withdrawn_and_switched.sql",
 );
 
 static SQLITE_MIGRATIONS: LazyLock<Migrator> = LazyLock::new(|| migrator(MIGRATION_FILES.0));
@@ -145,6 +146,7 @@ impl Backend {
                     && let Backend::Sqlite(pool) = &backend
                 {
                     SQLITE_MIGRATIONS.run(pool).await?;
+                    backend.make_durable().await?;
                 }
                 drop(lock);
                 Ok(backend)
@@ -313,14 +315,57 @@ impl Backend {
         Ok(Backend::Postgres(pool, suspect))
     }
 
-    /// Applies pending migrations, under the same locks as [`Backend::open`].
+    /// Applies pending migrations, under the same locks as [`Backend::open`], and makes them
+    /// durable before it returns: a server that acknowledges commits before they are on disk
+    /// (`synchronous_commit = off`) and then crashed would otherwise be back at an older
+    /// schema after `ferry migrate` said it was done (the model test's lost-commit restarts
+    /// found a ledger back at schema 11).
     pub(crate) async fn migrate(&self) -> Result<()> {
         match self {
-            Backend::Postgres(pool, _) => Ok(POSTGRES_MIGRATIONS.run(pool).await?),
+            Backend::Postgres(pool, _) => POSTGRES_MIGRATIONS.run(pool).await?,
             Backend::Sqlite(pool) => {
                 let _lock = lock_beside(pool.connect_options().get_filename()).await?;
                 record_unrecorded_rebuild(pool).await?;
-                Ok(SQLITE_MIGRATIONS.run(pool).await?)
+                SQLITE_MIGRATIONS.run(pool).await?
+            }
+        }
+        self.make_durable().await
+    }
+
+    /// Makes every commit so far durable (see [`crate::Ledger::make_durable`], which also
+    /// queues this process's SQLite writers around it).
+    pub(crate) async fn make_durable(&self) -> Result<()> {
+        let op = "make_durable";
+        let db = |source| Error::Database { op, source };
+        match self {
+            Backend::Sqlite(pool) => {
+                // One commit that SQLite itself syncs: with `synchronous = FULL` a WAL commit
+                // fsyncs the WAL, which holds every earlier commit's frames too. (Not an fsync
+                // of our own: opening and closing the database file in this process would
+                // drop SQLite's POSIX locks on it, and with them other connections' commits.)
+                // The write bumps a counter: a commit that changes no page writes no frame,
+                // and syncs nothing.
+                let mut conn = pool.acquire().await.map_err(db)?;
+                sqlx::query("PRAGMA synchronous = FULL").execute(&mut *conn).await.map_err(db)?;
+                let synced = sqlx::query("UPDATE syncs SET n = n + 1 WHERE id = 1").execute(&mut *conn).await.map_err(db);
+                let back = sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await.map_err(db);
+                if back.is_err() {
+                    // Not back in the pool with every commit syncing.
+                    conn.detach();
+                }
+                synced?;
+                back.map(|_| ())
+            }
+            Backend::Postgres(pool, _) => {
+                let mut tx = pool.begin().await.map_err(db)?;
+                sqlx::query("SET LOCAL synchronous_commit = on").execute(&mut *tx).await.map_err(db)?;
+                // A write of its own: Postgres flushes the WAL at commit only for a
+                // transaction that wrote WAL before its commit record. An xid alone (as
+                // `txid_current()` gives) writes none, and that commit returned without
+                // flushing anything: a lost-commit model run found a source file archived
+                // whose registration an immediate restart then lost.
+                sqlx::query("UPDATE syncs SET n = n + 1 WHERE id = 1").execute(&mut *tx).await.map_err(db)?;
+                tx.commit().await.map_err(db)
             }
         }
     }

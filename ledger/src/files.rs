@@ -30,6 +30,89 @@ pub enum Recorded {
     SameBytesAs(String),
 }
 
+/// A version whose bytes are at its path again although a newer version came after them
+/// (see [`Ledger::undone_version`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undone {
+    /// The version number it would get back.
+    pub next: i64,
+    pub chunks: Vec<UndoneChunk>,
+    /// A load of one of its chunks is running: it may be withdrawing the chunk (taking its
+    /// landed files away), so the version is not brought back until it ends.
+    pub busy: bool,
+}
+
+/// A chunk of an [`Undone`] version, as recorded when the version was first split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UndoneChunk {
+    pub id: String,
+    pub seq: i64,
+    /// Index of its first record: where a split of the same bytes cuts it again.
+    pub range_start: i64,
+    pub bytes: i64,
+    pub content_hash: String,
+    /// It runs again from transform, staged anew (its staged copy may be gone): a load
+    /// withdrew it (its landed files may be gone, whether that load finished or not), or none
+    /// of its tasks is unfinished and nothing of it is in the table (the newer version
+    /// replaced it), or a newer version is in the table too (a switch cut short: its files may
+    /// be gone; load finds in place whatever of it is still there).
+    pub rerun: bool,
+}
+
+/// What [`Ledger::revive_version`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revived {
+    /// The version's new number, and the chunks sent through transform again.
+    Version(i64, Vec<String>),
+    /// Not now, and why; the next pass looks again.
+    NotNow(String),
+}
+
+/// Reads an [`Undone`] for file `$file` on connection or transaction `$conn`: the query
+/// [`Ledger::undone_version`] reads with and [`Ledger::revive_version`] decides with.
+macro_rules! undone {
+    ($conn:expr, $file:expr, $op:expr) => {
+        async {
+            let next: (i64, i64) = sqlx::query_as(
+                "SELECT MAX(n.version) + 1, MAX(f.version) FROM source_files f
+                 JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri WHERE f.id = $1",
+            )
+            .bind($file)
+            .fetch_one(&mut *$conn)
+            .await
+            .map_err(db($op))?;
+            if next.0 == next.1 + 1 {
+                return Ok::<Option<Undone>, crate::Error>(None);
+            }
+            let rows: Vec<(String, i64, i64, i64, String, i64, i64)> = sqlx::query_as(concat!(
+                "SELECT c.id, c.seq, c.range_start, c.bytes, c.content_hash,
+                        CAST(CASE WHEN c.withdrawn_at IS NOT NULL
+                               OR (NOT EXISTS (SELECT 1 FROM tasks t WHERE t.chunk_id = c.id AND t.state <> 'done')
+                                   AND (NOT EXISTS (SELECT 1 FROM published p WHERE p.chunk_id = c.id)
+                                        OR EXISTS (SELECT 1 FROM source_files n
+                                                   WHERE n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version AND ",
+                version_in_table!("n"),
+                ")))
+                             THEN 1 ELSE 0 END AS BIGINT),
+                        CAST(CASE WHEN EXISTS (SELECT 1 FROM tasks t WHERE t.chunk_id = c.id AND t.stage = 'load' AND t.state = 'running')
+                             THEN 1 ELSE 0 END AS BIGINT)
+                 FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.file_id = $1 ORDER BY c.seq",
+            ))
+            .bind($file)
+            .fetch_all(&mut *$conn)
+            .await
+            .map_err(db($op))?;
+            let busy = rows.iter().any(|r| r.6 > 0);
+            let chunks = rows
+                .into_iter()
+                .map(|(id, seq, range_start, bytes, content_hash, rerun, _)| UndoneChunk { id, seq, range_start, bytes, content_hash, rerun: rerun > 0 })
+                .collect();
+            Ok(Some(Undone { next: next.0, chunks, busy }))
+        }
+        .await
+    };
+}
+
 /// Why a file with the same bytes as one taken in is set aside (the same words whether the
 /// two came in one pass or in two).
 pub fn duplicate_reason(uri: &str, first: &str) -> String {
@@ -271,95 +354,84 @@ impl Ledger {
     }
 
     /// When a file taken in before (`file_id`) is at its path again but is not the newest
-    /// version there (a correction undone: the old bytes put back), its chunks as (id, seq,
-    /// hash, whether it must run again: none of its tasks is unfinished and nothing of it is
-    /// in the table, as the newer version replaced it, or a newer version is in the table
-    /// too). None when it is the newest version.
-    pub async fn undone_version(&self, file_id: i64) -> Result<Option<Vec<(String, i64, String, bool)>>> {
+    /// version there (a correction undone: the old bytes put back), how it would come back
+    /// (see [`Undone`]); None when it is the newest version. A read: [`Ledger::revive_version`]
+    /// decides again, in its transaction.
+    pub async fn undone_version(&self, file_id: i64) -> Result<Option<Undone>> {
         self.call("undone_version", || async move {
             on_backend!(self, |pool, begin| {
-                let newest: bool = sqlx::query_scalar::<_, i64>(
-                    "SELECT COUNT(*) FROM source_files f JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri
-                     AND n.version > f.version WHERE f.id = $1",
-                )
-                .bind(file_id)
-                .fetch_one(pool)
-                .await
-                .map_err(db("undone_version"))?
-                    == 0;
-                if newest {
-                    return Ok(None);
-                }
-                // A chunk runs again unless one of its tasks is still on its way (its load is
-                // done, or its tasks were all pruned as a replaced version's). Rows of a chunk
-                // still in `published` while a newer version is published too are a switch cut
-                // short (the newer version's load removes the old files, then their rows): its
-                // files may be gone, so it runs again as well; load finds in place whatever of
-                // it is still in the table.
-                let rows: Vec<(String, i64, String, i64)> = sqlx::query_as(concat!(
-                    "SELECT c.id, c.seq, c.content_hash,
-                            CAST(CASE WHEN NOT EXISTS (SELECT 1 FROM tasks t WHERE t.chunk_id = c.id AND t.state <> 'done')
-                               AND (NOT EXISTS (SELECT 1 FROM published p WHERE p.chunk_id = c.id)
-                                    OR EXISTS (SELECT 1 FROM source_files n
-                                               WHERE n.pipeline = f.pipeline AND n.uri = f.uri AND n.version > f.version AND ",
-                    version_in_table!("n"),
-                    "))
-                             THEN 1 ELSE 0 END AS BIGINT)
-                     FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE c.file_id = $1 ORDER BY c.seq",
-                ))
-                .bind(file_id)
-                .fetch_all(pool)
-                .await
-                .map_err(db("undone_version"))?;
-                Ok(Some(rows.into_iter().map(|(id, seq, hash, rerun)| (id, seq, hash, rerun > 0)).collect()))
+                let mut conn = pool.acquire().await.map_err(db("undone_version"))?;
+                undone!(&mut *conn, file_id, "undone_version")
             })
         })
         .await
     }
 
-    /// Makes `file_id` its path's newest version again (the next version number), with its
-    /// chunks staged again at `locations` (chunk id, staged URL) where extract staged them
-    /// anew, and the chunks `rerun` sent to transform again: one transaction, so the version is
-    /// never the newest without its chunks on their way back into the table.
-    pub async fn revive_version(&self, file_id: i64, locations: &[(String, String)], rerun: &[String]) -> Result<i64> {
+    /// Makes `file_id` its path's newest version again, as version `next`, if that is still
+    /// the next number and no load of its chunks is running; its chunks that must run again
+    /// (decided here, in the transaction: see [`UndoneChunk::rerun`]) go to transform from the
+    /// locations in `staged` (chunk id, staged URL), where extract staged them anew. One
+    /// transaction, so the version is never the newest without its chunks on their way back
+    /// into the table. On Postgres it takes the file's URI lock, which a load takes to record
+    /// a chunk or to withdraw one.
+    pub async fn revive_version(&self, file_id: i64, next: i64, staged: &[(String, String)]) -> Result<Revived> {
         let now = self.now_ms();
         let max_attempts = self.opts.max_attempts;
+        let postgres = self.backend_name() == "postgres";
         self.call("revive_version", || async move {
             on_backend!(self, |pool, begin| {
                 let op = "revive_version";
                 let (_write, mut tx) = write_tx!(self, pool, begin, op);
-                let next: i64 = sqlx::query_scalar(
-                    "SELECT MAX(n.version) + 1 FROM source_files f JOIN source_files n ON n.pipeline = f.pipeline AND n.uri = f.uri
-                     WHERE f.id = $1",
-                )
-                .bind(file_id)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db(op))?;
-                sqlx::query("UPDATE source_files SET version = $2 WHERE id = $1")
-                    .bind(file_id)
-                    .bind(next)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db(op))?;
-                for (chunk, location) in locations {
-                    sqlx::query("UPDATE chunks SET location = $2 WHERE id = $1 AND file_id = $3")
-                        .bind(chunk)
-                        .bind(location)
+                if postgres {
+                    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended(uri, 1)) FROM source_files WHERE id = $1")
                         .bind(file_id)
                         .execute(&mut *tx)
                         .await
                         .map_err(db(op))?;
                 }
-                for chunk in rerun {
+                let Some(undone) = undone!(&mut *tx, file_id, op)? else {
+                    return Ok(Revived::NotNow("it is the newest version already".into()));
+                };
+                if undone.next != next {
+                    return Ok(Revived::NotNow(format!(
+                        "another version of the file came meanwhile (version {} is next now)",
+                        undone.next
+                    )));
+                }
+                if undone.busy {
+                    return Ok(Revived::NotNow(
+                        "a load of one of its chunks is running; it may be taking the chunk's landed files away".into(),
+                    ));
+                }
+                let location = |id: &str| staged.iter().find(|(c, _)| c == id).map(|(_, l)| l.as_str());
+                let rerun: Vec<&UndoneChunk> = undone.chunks.iter().filter(|c| c.rerun).collect();
+                if let Some(c) = rerun.iter().find(|c| c.bytes > 0 && location(&c.id).is_none()) {
+                    return Ok(Revived::NotNow(format!("chunk {} must run again and was not staged anew", c.id)));
+                }
+                // In the table again only once a load records it again.
+                sqlx::query("UPDATE source_files SET version = $2, switched_at = NULL WHERE id = $1")
+                    .bind(file_id)
+                    .bind(next)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db(op))?;
+                for c in &rerun {
+                    sqlx::query("UPDATE chunks SET location = COALESCE($2, location), withdrawn_at = NULL WHERE id = $1 AND file_id = $3")
+                        .bind(&c.id)
+                        .bind(location(&c.id))
+                        .bind(file_id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
                     // As `ferry rerun --from transform`: the task again (recreated if prune
-                    // took it); a running one is on its way already.
+                    // took it); no load of the chunk is running (checked above), and its
+                    // copy and load are handed the chunk again as transform finishes.
                     sqlx::query(
                         "INSERT INTO tasks (pipeline, chunk_id, stage, state, max_attempts, scheduled_at, created_at)
                          VALUES ($1, $2, 'transform', 'available', $3, $4, $4) ON CONFLICT (chunk_id, stage) DO NOTHING",
                     )
                     .bind(self.pipeline())
-                    .bind(chunk)
+                    .bind(&c.id)
                     .bind(max_attempts)
                     .bind(now)
                     .execute(&mut *tx)
@@ -370,15 +442,15 @@ impl Ledger {
                             last_error = NULL, last_error_class = NULL, epoch = epoch + 1
                          WHERE chunk_id = $1 AND stage = 'transform' AND state <> 'running'",
                     )
-                    .bind(chunk)
+                    .bind(&c.id)
                     .bind(now)
                     .execute(&mut *tx)
                     .await
                     .map_err(db(op))?;
-                    sqlx::query("DELETE FROM skips WHERE chunk_id = $1").bind(chunk).execute(&mut *tx).await.map_err(db(op))?;
+                    sqlx::query("DELETE FROM skips WHERE chunk_id = $1").bind(&c.id).execute(&mut *tx).await.map_err(db(op))?;
                 }
                 tx.commit().await.map_err(db(op))?;
-                Ok(next)
+                Ok(Revived::Version(next, rerun.iter().map(|c| c.id.clone()).collect()))
             })
         })
         .await

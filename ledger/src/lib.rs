@@ -96,16 +96,18 @@ pub use admin::{BacklogRow, Count, Overview, Pruned, Quarantined, RecentFailure,
 use backend::{Backend, Begin};
 use clock::{Clock, SystemClock};
 pub use error::{Error, Result};
-pub use files::{Chunk, NewChunk, NewSourceFile, Recorded, SourceFile, chunk_id, duplicate_reason, staged_name};
+pub use files::{
+    Chunk, NewChunk, NewSourceFile, Recorded, Revived, SourceFile, Undone, UndoneChunk, chunk_id, duplicate_reason, staged_name,
+};
 pub use outages::Outage;
 pub use outputs::{Part, PartitionStats, Reject, VersionChunk, VersionState};
 pub use schemas::{SchemaColumn, TableSchema};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 /// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 12)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 13)");
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE, DUE};
@@ -305,6 +307,7 @@ pub const COMPAT: &[(i64, i64, &str)] = &[
     (10, 10, "pipeline scope: schema versions and outages are keyed by pipeline (an older binary's upserts no longer match)"),
     (11, 10, "additive: an index on published.chunk_id"),
     (12, 10, "additive: source_files.arrived_again, switches, syncs"),
+    (13, 13, "a version with no rows is in the table once recorded (source_files.switched_at), which older binaries do not write"),
 ];
 
 /// The pipeline of a config without `pipeline`, and of every row from before pipelines.
@@ -354,22 +357,21 @@ macro_rules! on_backend {
 
 /// SQL: the version `source_files` row `$n` (an alias in the query) is in the table. One with
 /// rows in `published` is; so is a version that will never have any (none of its chunks has a
-/// part: an empty file, or records all rejected) once every chunk of it is copied, since its
-/// load then switches it in with nothing to record. Without the second half an older version's
-/// chunk (a `ferry rerun` of it) would find no newer version in the table and publish again
-/// after the empty one had replaced it.
+/// part: an empty file, or records all rejected) once a load recorded one of its chunks
+/// (`switched_at`: that load then removes the versions before it). Without the second half an
+/// older version's chunk (a `ferry rerun` of it) would find no newer version in the table and
+/// publish again after the empty one had replaced it. It never flips back: a load of the
+/// version quarantined later leaves it in the table.
 macro_rules! version_in_table {
     ($n:literal) => {
         concat!(
             "(EXISTS (SELECT 1 FROM chunks vit_c JOIN published vit_p ON vit_p.chunk_id = vit_c.id WHERE vit_c.file_id = ",
             $n,
-            ".id) OR (EXISTS (SELECT 1 FROM chunks vit_c WHERE vit_c.file_id = ",
+            ".id) OR (",
             $n,
-            ".id) AND NOT EXISTS (SELECT 1 FROM chunks vit_c JOIN parts vit_q ON vit_q.chunk_id = vit_c.id WHERE vit_c.file_id = ",
+            ".switched_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM chunks vit_c JOIN parts vit_q ON vit_q.chunk_id = vit_c.id WHERE vit_c.file_id = ",
             $n,
-            ".id) AND NOT EXISTS (SELECT 1 FROM chunks vit_c WHERE vit_c.file_id = ",
-            $n,
-            ".id AND NOT EXISTS (SELECT 1 FROM tasks vit_t WHERE vit_t.chunk_id = vit_c.id AND vit_t.stage = 'load' AND vit_t.state <> 'quarantined'))))"
+            ".id)))"
         )
     };
 }
@@ -617,41 +619,13 @@ impl Ledger {
     /// unlink survived.
     ///
     /// SQLite: one commit with `synchronous = FULL`, which fsyncs the WAL (a checkpoint since
-    /// an earlier commit has synced the database file itself). Postgres: a transaction that commits with `synchronous_commit = on`
-    /// returns only once the WAL is flushed up to its own commit record, so up to every
-    /// earlier commit too.
+    /// an earlier commit has synced the database file itself). Postgres: a transaction that
+    /// writes (the same counter) and commits with `synchronous_commit = on` returns only once
+    /// the WAL is flushed up to its own commit record, so up to every earlier commit too.
     pub async fn make_durable(&self) -> Result<()> {
         self.call("make_durable", || async move {
-            match &self.backend {
-                Backend::Sqlite(pool) => {
-                    // One commit that SQLite itself syncs: with `synchronous = FULL` a WAL
-                    // commit fsyncs the WAL, which holds every earlier commit's frames too.
-                    // (Not an fsync of our own: opening and closing the database file in this
-                    // process would drop SQLite's POSIX locks on it, and with them other
-                    // connections' commits.) The write bumps a counter: a commit that
-                    // changes no page writes no frame, and syncs nothing.
-                    let op = "make_durable";
-                    let _write = self.sqlite_writer.lock().await;
-                    let mut conn = pool.acquire().await.map_err(db(op))?;
-                    sqlx::query("PRAGMA synchronous = FULL").execute(&mut *conn).await.map_err(db(op))?;
-                    let synced = sqlx::query("UPDATE syncs SET n = n + 1 WHERE id = 1").execute(&mut *conn).await.map_err(db(op));
-                    let back = sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await.map_err(db(op));
-                    if back.is_err() {
-                        // Not back in the pool with every commit syncing.
-                        conn.detach();
-                    }
-                    synced?;
-                    back.map(|_| ())
-                }
-                Backend::Postgres(pool, _) => {
-                    let op = "make_durable";
-                    let mut tx = pool.begin().await.map_err(db(op))?;
-                    sqlx::query("SET LOCAL synchronous_commit = on").execute(&mut *tx).await.map_err(db(op))?;
-                    // An xid of its own, so that the commit writes (and waits for) a record.
-                    sqlx::query("SELECT txid_current()").execute(&mut *tx).await.map_err(db(op))?;
-                    tx.commit().await.map_err(db(op))
-                }
-            }
+            let _write = self.write_guard().await;
+            self.backend.make_durable().await
         })
         .await
     }
@@ -674,7 +648,10 @@ impl Ledger {
     }
 
     /// Applies pending migrations. Safe when several processes start at once: Postgres takes
-    /// an advisory lock, SQLite a file lock next to the database.
+    /// an advisory lock, SQLite a file lock next to the database. Durable when it returns: a
+    /// server that acknowledges commits before they are on disk (`synchronous_commit = off`)
+    /// and then crashed could otherwise go back to an older schema after `ferry migrate` said
+    /// it was done (the model test's lost-commit restarts found a ledger back at schema 11).
     pub async fn migrate(&self) -> Result<()> {
         self.backend.migrate().await
     }

@@ -72,6 +72,26 @@ const NEWER_PUBLISHED: &str = concat!(
     version_in_table!("n")
 );
 
+/// [`NEWER_PUBLISHED`] for chunk `$chunk` inside `$tx`, after taking the chunk's file's URI
+/// lock on Postgres (`$postgres`): the check a record or a withdrawal makes in its own
+/// transaction, ordered with a retraction or a revert of the same file, which take it too.
+macro_rules! newer_in_tx {
+    ($tx:expr, $chunk:expr, $postgres:expr, $op:expr) => {{
+        if $postgres {
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock(hashtextextended(f.uri, 1)) FROM chunks c
+                 JOIN source_files f ON f.id = c.file_id WHERE c.id = $1",
+            )
+            .bind($chunk)
+            .execute(&mut *$tx)
+            .await
+            .map_err(db($op))?;
+        }
+        let newer: Option<i64> = sqlx::query_scalar(NEWER_PUBLISHED).bind($chunk).fetch_one(&mut *$tx).await.map_err(db($op))?;
+        newer
+    }};
+}
+
 /// One version of a source file, as load needs it to publish the version whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionState {
@@ -223,6 +243,44 @@ impl Ledger {
             })
         })
         .await
+    }
+
+    /// Records that this load withdraws its chunk (see the load stage's `withdraw`), if the
+    /// chunk is still superseded: returns the newer version in the table, or None when there
+    /// is none any more (the chunk's bytes came back as the newest version) and the chunk
+    /// must not be withdrawn. The check and the record are one step (SQLite's write lock; the
+    /// file's URI lock on Postgres, which a revert takes too), so a revert either comes first
+    /// and the chunk is published, or finds the record and sends the chunk through transform
+    /// again, whatever the withdrawal removed.
+    pub async fn begin_withdrawal(&self, lease: &Lease) -> Result<Option<i64>> {
+        let now = self.now_ms();
+        let postgres = self.backend_name() == "postgres";
+        let out = self
+            .call("begin_withdrawal", || async move {
+                on_backend!(self, |pool, begin| {
+                    let op = "begin_withdrawal";
+                    let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                    if !fence!(tx, lease, op) {
+                        return Ok(None);
+                    }
+                    let newer = newer_in_tx!(tx, &lease.chunk_id, postgres, op);
+                    if newer.is_some() {
+                        sqlx::query("UPDATE chunks SET withdrawn_at = $2 WHERE id = $1")
+                            .bind(&lease.chunk_id)
+                            .bind(now)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
+                    }
+                    tx.commit().await.map_err(db(op))?;
+                    Ok(Some(newer))
+                })
+            })
+            .await?;
+        match out {
+            Some(newer) => Ok(newer),
+            None => Err(self.lease_lost(lease).await),
+        }
     }
 
     /// Where the version of the source file that `chunk_id` belongs to stands: its number,
@@ -417,21 +475,16 @@ impl Ledger {
                         return Ok(None);
                     }
                     if replace {
-                        if postgres {
-                            sqlx::query(
-                                "SELECT pg_advisory_xact_lock(hashtextextended(f.uri, 1)) FROM chunks c
-                                 JOIN source_files f ON f.id = c.file_id WHERE c.id = $1",
-                            )
+                        if newer_in_tx!(tx, &lease.chunk_id, postgres, op).is_some() {
+                            return Ok(Some(false));
+                        }
+                        // A version with no rows is in the table from here on (see `version_in_table!`).
+                        sqlx::query("UPDATE source_files SET switched_at = $2 WHERE id = (SELECT file_id FROM chunks WHERE id = $1)")
                             .bind(&lease.chunk_id)
+                            .bind(now)
                             .execute(&mut *tx)
                             .await
                             .map_err(db(op))?;
-                        }
-                        let newer: Option<i64> =
-                            sqlx::query_scalar(NEWER_PUBLISHED).bind(&lease.chunk_id).fetch_one(&mut *tx).await.map_err(db(op))?;
-                        if newer.is_some() {
-                            return Ok(Some(false));
-                        }
                     }
                     sqlx::query("DELETE FROM published WHERE chunk_id = $1")
                         .bind(&lease.chunk_id)

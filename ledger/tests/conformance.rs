@@ -566,3 +566,28 @@ async fn postgres_skip_and_rerun_leave_a_task_claimed_meanwhile_alone() {
         "the rerun changed nothing"
     );
 }
+
+/// Postgres: `make_durable` flushes the WAL up to every commit made before it, also those the
+/// server acknowledged without flushing them (`synchronous_commit = off`, which the README
+/// calls safe because of this). The WAL writer flushes such commits by itself within
+/// `wal_writer_delay` (200 ms by default), so each check comes right after the call, and five
+/// rounds keep a `make_durable` that flushed nothing from passing by luck (it did flush
+/// nothing once: its transaction wrote no WAL before its commit record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_make_durable_flushes_every_earlier_commit() {
+    use sqlx::Connection;
+    let t = TestDb::new(Db::Postgres).await;
+    let ledger = t.ledger(opts(), None).await;
+    let mut c = sqlx::PgConnection::connect(&t.url).await.unwrap();
+    sqlx::query("SET synchronous_commit = off").execute(&mut c).await.unwrap();
+    sqlx::query("CREATE TABLE async_writes (n BIGINT)").execute(&mut c).await.unwrap();
+    for round in 0..5 {
+        sqlx::query("INSERT INTO async_writes VALUES (1)").execute(&mut c).await.unwrap();
+        let written: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text").fetch_one(&mut c).await.unwrap();
+        ledger.make_durable().await.unwrap();
+        let flushed: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text").fetch_one(&mut c).await.unwrap();
+        let on_disk: bool =
+            sqlx::query_scalar("SELECT $1::pg_lsn >= $2::pg_lsn").bind(&flushed).bind(&written).fetch_one(&mut c).await.unwrap();
+        assert!(on_disk, "round {round}: WAL flushed to {flushed} after make_durable, an earlier commit wrote up to {written}");
+    }
+}

@@ -227,8 +227,28 @@ impl Loader {
     /// version in, and that it never recorded, go (else they would stay visible beside the
     /// newer version for ever: the newer version's switch removes only what `published`
     /// names); its landed files go too. Should these bytes come back, they go through
-    /// transform again. What it did record is the newer version's switch to remove.
-    async fn withdraw(&self, dest: &Store, chunk: &str) -> Result<(), LoadError> {
+    /// transform again: the withdrawal is recorded first (and only while the chunk is still
+    /// superseded), and a revert waits for a running load and then reruns every chunk a load
+    /// withdrew. False: not superseded any more (its bytes came back as the newest version
+    /// meanwhile), nothing removed, the chunk is published. What it did record is the newer
+    /// version's switch to remove.
+    async fn withdraw(&self, dest: &Store, lease: &Lease) -> Result<bool, LoadError> {
+        let chunk = lease.chunk_id.as_str();
+        let Some(newer) = self.ledger.begin_withdrawal(lease).await? else {
+            tracing::info!(chunk, "not withdrawn: its version is the newest again");
+            return Ok(false);
+        };
+        tracing::info!(chunk, newer_version = newer, "withdrawing: a newer version of its source file is published");
+        // Tests hold the first withdrawal of this process here, its record made.
+        #[cfg(debug_assertions)]
+        {
+            static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if let Some(dir) = ferry_runtime::gate::dir("FERRY_TEST_WITHDRAW_GATE", None)
+                && !USED.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                ferry_runtime::gate::hold_async(&dir).await;
+            }
+        }
         // Durable before destructive: the newer version's record, which makes these files
         // unnecessary, may be another process's commit still in the page cache.
         self.ledger.make_durable().await?;
@@ -242,7 +262,7 @@ impl Loader {
                 tracing::debug!(file = %dest.url(&landed), error = %e, "cannot remove a landed file now; gc will");
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Takes out of the table the parts of this version's skipped chunks that no row names:
@@ -388,9 +408,7 @@ impl Loader {
         let dest = self.dest.isolated()?;
         // A chunk of a file whose corrected version (a newer one at the same path) is in the
         // table is not published: the newer version's rows replace its.
-        if replace && let Some(v) = self.ledger.newer_version_published(&lease.chunk_id).await? {
-            tracing::info!(chunk = %lease.chunk_id, newer_version = v, "not publishing: a newer version of its source file is published");
-            self.withdraw(&dest, &lease.chunk_id).await?;
+        if replace && self.ledger.newer_version_published(&lease.chunk_id).await?.is_some() && self.withdraw(&dest, &lease).await? {
             return Ok(Work::default());
         }
         let version = if replace { Some(self.ledger.version_of(&lease.chunk_id).await?) } else { None };
@@ -449,10 +467,11 @@ impl Loader {
                 // A newer version switched in while this chunk looked (its check above came
                 // first, and the switch removed this chunk's files from the table under it): the
                 // chunk is superseded, not missing or in conflict.
-                if replace && let Some(v) = self.ledger.newer_version_published(&lease.chunk_id).await? {
-                    tracing::info!(chunk = %lease.chunk_id, newer_version = v, error = %e, "not publishing: a newer version of its source file was published meanwhile");
-                    self.withdraw(&dest, &lease.chunk_id).await?;
-                    return Ok(Work::default());
+                if replace && self.ledger.newer_version_published(&lease.chunk_id).await?.is_some() {
+                    tracing::info!(chunk = %lease.chunk_id, error = %e, "a newer version of its source file was published meanwhile");
+                    if self.withdraw(&dest, &lease).await? {
+                        return Ok(Work::default());
+                    }
                 }
                 // The moves' error says what happened to the chunk (a conflict is not
                 // retried), except that a sibling's part gone while a version is switched in
@@ -859,16 +878,11 @@ fn version_ready(v: &ferry_ledger::VersionState) -> Result<(), LoadError> {
 #[cfg(debug_assertions)]
 async fn test_fault(moved: usize) -> Option<LoadError> {
     static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let dir = std::env::var("FERRY_TEST_SWITCH_GATE").ok().filter(|d| !d.is_empty())?;
+    let dir = ferry_runtime::gate::dir("FERRY_TEST_SWITCH_GATE", None)?;
     if moved != 1 || USED.swap(true, std::sync::atomic::Ordering::SeqCst) {
         return None;
     }
-    let dir = std::path::Path::new(&dir);
-    let _ = std::fs::write(dir.join("reached"), b"");
-    let t = std::time::Instant::now();
-    while !dir.join("go").exists() && t.elapsed() < std::time::Duration::from_secs(120) {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    ferry_runtime::gate::hold_async(&dir).await;
     dir.join("fail").exists().then(|| LoadError::Stage(LoadFailure::Conflict("a failure the test injected".into())))
 }
 

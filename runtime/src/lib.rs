@@ -8,6 +8,8 @@
 
 pub mod breaker;
 pub mod error;
+#[cfg(debug_assertions)]
+pub mod gate;
 pub mod observe;
 pub mod runner;
 pub mod sweeps;

@@ -193,14 +193,40 @@ async fn stray_landed(ledger: &Ledger, dest: &Store, table: &str, cutoff: i64) -
 }
 
 /// Staged chunks transform committed more than `transform.keep_staged` ago (found by the
-/// location the ledger records for each chunk).
+/// location the ledger records for each chunk), and chunks a revert staged anew that no row
+/// names (the revert was cut short, or the file changed again before it was recorded), once
+/// they are past `keep_staged` and past the cutoff no live writer can be behind. Staging is
+/// listed before the ledger is read: a file a revert stages after the listing is not seen,
+/// and one recorded before the read is named.
 async fn old_staged(cfg: &Config, ledger: &Ledger, staging: &Store) -> Result<usize> {
-    let cutoff = chrono::Utc::now().timestamp_millis() - cfg.transform.keep_staged.0.as_millis() as i64;
+    let now = chrono::Utc::now().timestamp_millis();
+    let cutoff = now - cfg.transform.keep_staged.0.as_millis() as i64;
+    let table = &cfg.table.name;
+    let listed = staging.list(table).await?;
     // Matched as paths in the store, so a location spelled differently (a port, a trailing
     // slash) still matches.
     let done: HashSet<String> =
         ledger.transformed_before(cutoff).await.map_err(ledger_error)?.iter().filter_map(|l| staging.rel_of(l)).collect();
-    let old: Vec<String> = staging.list(&cfg.table.name).await?.into_iter().map(|e| e.rel).filter(|rel| done.contains(rel)).collect();
+    let unrecorded_cutoff = cutoff.min(cfg.temp_cutoff_ms(now));
+    let revived: Vec<(&str, &str)> = listed
+        .iter()
+        .filter(|e| e.mtime_ms < unrecorded_cutoff)
+        .filter_map(|e| paths::parse_revived(table, &e.rel).map(|(chunk, _)| (chunk, e.rel.as_str())))
+        .collect();
+    // Only chunks this pipeline's ledger knows: another pipeline's revert under the same root
+    // is never touched.
+    let known = if revived.is_empty() {
+        Default::default()
+    } else {
+        let chunks: Vec<String> = revived.iter().map(|(c, _)| c.to_string()).collect();
+        ledger.chunk_locations(&chunks).await.map_err(ledger_error)?
+    };
+    let unrecorded: HashSet<String> = revived
+        .iter()
+        .filter(|(chunk, rel)| known.get(*chunk).is_some_and(|l| staging.rel_of(l).as_deref() != Some(*rel)))
+        .map(|(_, rel)| rel.to_string())
+        .collect();
+    let old: Vec<String> = listed.into_iter().map(|e| e.rel).filter(|rel| done.contains(rel) || unrecorded.contains(rel)).collect();
     if !old.is_empty() {
         durable(ledger).await?;
     }

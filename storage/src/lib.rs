@@ -348,8 +348,9 @@ impl Store {
         match p.temp {
             Some(tmp) => match self.0.rename_over(&tmp, &p.rel).await {
                 Ok(()) => Ok(()),
-                // The rename failed and its temp file is gone: the whole write once more.
-                Err(e) if e.is_transient() => self.0.put_atomic(&p.rel, p.bytes).await,
+                // The rename failed and its temp file is gone (or was taken away: a gc with a
+                // cut-off shorter than this write): the whole write once more.
+                Err(e) if e.is_transient() || e.is_not_found() => self.0.put_atomic(&p.rel, p.bytes).await,
                 Err(e) => Err(e),
             },
             None => self.0.put_atomic(&p.rel, p.bytes).await,

@@ -1,9 +1,12 @@
 //! A seeded, randomized model test of exactly once: a random sequence of what happens to a
 //! running pipeline (files arriving, corrected, corrected back, sent twice under two names,
-//! corrupt, deleted; stage runs `--once` and `--watch`; `kill -9` of any stage at a random
-//! instant; `ferry rerun`, `requeue`, `gc`, `prune`, and `skip` of a chunk (alone, or while a
-//! stage is at work on it); a ledger restart on Postgres; storms of
-//! resets, hung connections and cut connections between Ferry and an S3 table) against a
+//! corrupt, deleted, renamed into place while extract runs; stage runs `--once` and `--watch`,
+//! and two runs of one stage at once; `kill -9` of any stage at a random instant; `ferry
+//! rerun`, `requeue`, `gc` (also with a zero cut-off beside a running stage), `prune`, and
+//! `skip` of a chunk (alone, or while a stage is at work on it); a ledger restart on Postgres
+//! that loses the last commits; storms of
+//! resets, hung connections and cut connections between Ferry and an S3 table), under each
+//! source disposition and versions mode (drawn per seed), against a
 //! simple model of what the table must hold: for each source file the newest version that can
 //! be loaded, whole, exactly once, its bad records rejected (a version with a chunk an operator
 //! skipped: no record twice, none from elsewhere, some may be missing). At random points, and at the
@@ -38,6 +41,9 @@ struct File {
     taken: Vec<Vec<u8>>,
     /// blake3 of the bytes `shown` comes from.
     shown_hash: Option<String>,
+    /// With `versions = "keep"`: every version taken in under this name is shown, each as
+    /// (blake3 of its bytes, its good lines); `shown` is then unused.
+    kept: Vec<(String, String)>,
     /// Versions (blake3 of their bytes) with a chunk an operator skipped: while one of them is
     /// shown, its records may be missing from the table, but never doubled.
     skipped: std::collections::BTreeSet<String>,
@@ -64,6 +70,13 @@ enum Op {
     Corrupt(String),
     Delete(String),
     Stage(&'static str),
+    /// Two `--once` runs of the same stage at once (two hosts), the second `after_ms` later.
+    Pair(&'static str, u64),
+    /// A file rewritten (renamed into place) `after_ms` into a `--once` run of extract.
+    RewriteDuring(String, usize, usize, u64),
+    /// `ferry gc --older-than 0s` `after_ms` into a `--once` run of a stage: the shortest
+    /// cut-off racing live work.
+    GcBeside(&'static str, u64),
     Kill(&'static str, u64, bool),
     Rerun(&'static str),
     /// `ferry skip` of a random unfinished chunk, alone or `after_ms` into a `--once` run of
@@ -72,6 +85,9 @@ enum Op {
     Requeue,
     Gc,
     Prune,
+    /// Postgres stopped with `-m immediate` and started again. The model's server runs with
+    /// `synchronous_commit = off` and a slow WAL writer, so commits acknowledged in the last
+    /// moments are lost: a crash that loses what was not yet synced.
     LedgerRestart,
     /// Faults between Ferry and S3 from now until `Heal` or the next settle: 0 resets, 1 hung
     /// and trickling connections, 2 every open connection cut (a server that went away).
@@ -89,6 +105,24 @@ enum Setup {
     Postgres,
     /// The table on the S3 test server behind a fault proxy; SQLite ledger.
     S3Faults,
+}
+
+/// How the source is configured for one seed (drawn from it on the local setups): every
+/// disposition, and both versions modes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Source {
+    disposition: &'static str,
+    keep_versions: bool,
+}
+
+impl Source {
+    fn of(seed: u64, setup: Setup) -> Source {
+        if setup == Setup::S3Faults {
+            return Source { disposition: "keep", keep_versions: false };
+        }
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_50c3);
+        Source { disposition: ["keep", "archive", "delete"][rng.random_range(0..3)], keep_versions: rng.random_bool(0.3) }
+    }
 }
 
 /// The table on S3: the server, the proxy in front of it, and the table's prefix.
@@ -134,6 +168,7 @@ fn good_lines(bytes: &[u8]) -> String {
 
 struct Run {
     p: Pipeline,
+    source: Source,
     pg: Option<ferry_tests::postgres::Postgres>,
     s3: Option<OnS3>,
     model: Model,
@@ -167,8 +202,33 @@ impl Run {
                 p
             }
         };
+        let source = Source::of(seed, setup);
+        {
+            let mut cfg = std::fs::read_to_string(&p.config).unwrap();
+            let archive = p.path("archive");
+            let line = cfg.lines().find(|l| l.starts_with("settle = ")).expect("the source's settle line").to_string();
+            let mut extra = format!("{line}\ndisposition = \"{}\"\n", source.disposition);
+            if source.disposition == "archive" {
+                extra += &format!("archive_url = \"{}\"\n", archive.display());
+            }
+            if source.keep_versions {
+                extra += "versions = \"keep\"\n";
+            }
+            cfg = cfg.replacen(&format!("{line}\n"), &extra, 1);
+            std::fs::write(&p.config, cfg).unwrap();
+        }
         let pg = postgres.then(|| {
             let pg = ferry_tests::postgres::Postgres::start(false);
+            // Commits are acknowledged before they are on disk, and the WAL writer is slow: an
+            // immediate stop loses the last moments' commits (what a power cut does to them).
+            let out = Command::new(pg.psql())
+                .args(["-X", "-q", "-d"])
+                .arg(pg.url())
+                .args(["-c", "ALTER SYSTEM SET synchronous_commit = off", "-c", "ALTER SYSTEM SET wal_writer_delay = '3s'"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            pg.restart("fast");
             p.use_ledger(&pg.url());
             pg
         });
@@ -177,7 +237,15 @@ impl Run {
             let out = p.command("ferry").arg("migrate").output().unwrap();
             assert!(out.status.success(), "ferry migrate: {}", String::from_utf8_lossy(&out.stderr));
         }
-        Run { p, pg, s3, model: Model::default(), rng: StdRng::seed_from_u64(seed), log: Vec::new() }
+        eprintln!("model: seed {seed}: {setup:?}, {source:?}");
+        Run { p, source, pg, s3, model: Model::default(), rng: StdRng::seed_from_u64(seed), log: Vec::new() }
+    }
+
+    /// A `--once` run of `stage`, its output captured.
+    fn spawn_once(&self, stage: &str) -> std::process::Child {
+        let mut c = self.p.command(stage);
+        c.arg("--once").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        c.spawn().unwrap()
     }
 
     fn ferry(&self, args: &[&str]) -> Output {
@@ -221,7 +289,7 @@ impl Run {
         let stage = STAGES[self.rng.random_range(0..STAGES.len())];
         loop {
             // On S3 a sixth more: faults between Ferry and the store come and go.
-            let top = if self.s3.is_some() { 109 } else { 103 };
+            let top = if self.s3.is_some() { 115 } else { 109 };
             let roll = self.rng.random_range(0..top);
             let pick = |rng: &mut StdRng, v: &[String]| v[rng.random_range(0..v.len())].clone();
             return match roll {
@@ -268,8 +336,16 @@ impl Run {
                 93..95 if self.pg.is_some() => Op::LedgerRestart,
                 95..100 => Op::Settle,
                 100..103 => Op::Skip(self.rng.random_bool(0.6).then_some(stage), self.rng.random_range(0..300)),
-                103..105 if self.s3.as_ref().is_some_and(|o| o.faulty) => Op::Heal,
-                103..109 => Op::StoreFaults(self.rng.random_range(0..3)),
+                103..105 => Op::Pair(stage, self.rng.random_range(0..300)),
+                105..107 if !present.is_empty() => Op::RewriteDuring(
+                    pick(&mut self.rng, &present),
+                    self.rng.random_range(1..400),
+                    self.rng.random_range(0..3),
+                    self.rng.random_range(0..200),
+                ),
+                107..109 => Op::GcBeside(stage, self.rng.random_range(0..300)),
+                109..111 if self.s3.as_ref().is_some_and(|o| o.faulty) => Op::Heal,
+                109..115 => Op::StoreFaults(self.rng.random_range(0..3)),
                 _ => continue,
             };
         }
@@ -293,6 +369,10 @@ impl Run {
         f.current = Some(bytes.clone());
         f.dirty = true;
         if let (Some(good), false) = (good, dup) {
+            // With versions kept, bytes taken in under this name before are not taken again.
+            if self.source.keep_versions && !f.kept.iter().any(|(k, _)| *k == h) && !bytes.is_empty() {
+                f.kept.push((h.clone(), good.clone()));
+            }
             f.shown = Some(good);
             f.shown_hash = Some(h.clone());
             if !f.taken.contains(&bytes) {
@@ -324,7 +404,8 @@ impl Run {
                 self.set(name, bytes, None);
             }
             Op::Delete(name) => {
-                std::fs::remove_file(self.p.path(&format!("in/{name}"))).unwrap();
+                // Gone already when extract deleted or archived it (disposition).
+                let _ = std::fs::remove_file(self.p.path(&format!("in/{name}")));
                 let f = self.model.files.get_mut(name).unwrap();
                 f.current = None;
                 f.dirty = true;
@@ -333,6 +414,51 @@ impl Run {
                 let out = self.p.stage(s);
                 if !out.status.code().is_some_and(|c| c == 0 || c == 3 || c == 4) {
                     return Err(format!("{s} --once: {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr)));
+                }
+            }
+            Op::Pair(s, after_ms) => {
+                let first = self.spawn_once(s);
+                std::thread::sleep(Duration::from_millis(*after_ms));
+                let second = self.spawn_once(s);
+                for (which, child) in [("first", first), ("second", second)] {
+                    let out = child.wait_with_output().unwrap();
+                    if !out.status.code().is_some_and(|c| c == 0 || c == 3 || c == 4) {
+                        return Err(format!(
+                            "{s} --once ({which} of two): {:?}: {}",
+                            out.status.code(),
+                            String::from_utf8_lossy(&out.stderr)
+                        ));
+                    }
+                }
+            }
+            Op::RewriteDuring(name, n, bad, after_ms) => {
+                let extract = self.spawn_once("ferry-extract");
+                std::thread::sleep(Duration::from_millis(*after_ms));
+                self.model.next_tag += 1;
+                let (bytes, good) = content(&format!("{name}-{}", self.model.next_tag), *n, *bad);
+                self.set(name, bytes, Some(good));
+                let out = extract.wait_with_output().unwrap();
+                if !out.status.code().is_some_and(|c| c == 0 || c == 3 || c == 4) {
+                    return Err(format!(
+                        "extract --once beside a rewrite: {:?}: {}",
+                        out.status.code(),
+                        String::from_utf8_lossy(&out.stderr)
+                    ));
+                }
+            }
+            Op::GcBeside(s, after_ms) => {
+                let stage = self.spawn_once(s);
+                std::thread::sleep(Duration::from_millis(*after_ms));
+                let gc = self.ferry(&["gc", "--older-than", "0s"]);
+                let faulty = self.s3.as_ref().is_some_and(|o| o.faulty);
+                let out = stage.wait_with_output().unwrap();
+                if !gc.status.success() && !faulty {
+                    return Err(format!("gc beside {s}: {}", String::from_utf8_lossy(&gc.stderr)));
+                }
+                // The stage may lose a temp file it was writing (the cut-off says no writer is
+                // that slow): that is a retry, never a failure of the run.
+                if !out.status.code().is_some_and(|c| c == 0 || c == 3 || c == 4) {
+                    return Err(format!("{s} --once beside gc: {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr)));
                 }
             }
             Op::Kill(s, after_ms, watch) => {
@@ -527,7 +653,19 @@ impl Run {
         let allowed = tempfile::tempdir().unwrap();
         let mut relaxed = std::collections::BTreeSet::new();
         for (name, f) in &self.model.files {
-            if skipped_shown(f) {
+            if self.source.keep_versions {
+                // Every version taken in under the name, each whole; one with a skipped chunk
+                // may miss some of its records.
+                for (k, (h, good)) in f.kept.iter().enumerate() {
+                    let into = if f.skipped.contains(h) {
+                        relaxed.insert(name.clone());
+                        allowed.path()
+                    } else {
+                        expect.path()
+                    };
+                    std::fs::write(into.join(format!("{name}.{k}.jsonl")), good).unwrap();
+                }
+            } else if skipped_shown(f) {
                 relaxed.insert(name.clone());
                 for (k, bytes) in f.taken.iter().enumerate() {
                     std::fs::write(allowed.path().join(format!("{name}.{k}.jsonl")), good_lines(bytes)).unwrap();
@@ -582,7 +720,7 @@ impl Run {
                     versions.entry(file.to_string()).or_default().insert(tag.to_string());
                 }
             }
-            if let Some((file, tags)) = versions.iter().find(|(_, t)| t.len() > 1) {
+            if let Some((file, tags)) = versions.iter().find(|(_, t)| t.len() > 1 && !self.source.keep_versions) {
                 return Err(format!("table: {file} shows rows of {} versions at once: {tags:?}", tags.len()));
             }
             if let Some(id) = want.keys().find(|id| !seen.contains(*id)) {

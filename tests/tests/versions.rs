@@ -543,6 +543,29 @@ fn a_skip_of_the_load_of_a_version_with_no_rows_is_refused() {
     all_done_and_verified(&p);
 }
 
+/// A version with no rows switched in stays in the table when its load is quarantined later
+/// (a rerun of it that failed for good): a rerun of the version before it then stays out.
+/// Before, whether an empty version was in the table was read from its load tasks, and a
+/// quarantined one put the older version's rerun chunk back in the table.
+#[test]
+fn a_version_with_no_rows_stays_in_the_table_when_its_load_is_quarantined_later() {
+    let (p, _, other) = data_and_other_published(300);
+    std::fs::write(p.path("in/data.jsonl"), "").unwrap();
+    settle(&p);
+    table_is(&p, &[("other.jsonl", &other)]);
+    ledger_script(
+        &p,
+        "UPDATE tasks SET state = 'quarantined', last_error = 'test: a later failure' WHERE stage = 'load' AND chunk_id IN
+           (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri LIKE '%/data.jsonl' AND f.version = 2);",
+    );
+    let old =
+        p.sql("SELECT MIN(c.id) FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri LIKE '%/data.jsonl' AND f.version = 1");
+    ferry_ok(&p, &["rerun", "--chunk", &old, "--from", "transform"]);
+    settle(&p);
+    table_is(&p, &[("other.jsonl", &other)]);
+    assert_eq!(p.count(&format!("SELECT COUNT(*) FROM tasks WHERE chunk_id = '{old}' AND state <> 'done'")), 0);
+}
+
 /// A transform killed after it wrote a chunk's Parquet to the spool and before it recorded
 /// it, then the chunk skipped: a skipped transform hands nothing on (no copy task), so gc must
 /// find the spool files by the transform alone (before, it looked for a finished copy, and the
@@ -697,4 +720,136 @@ fn two_loads_on_one_version_keep_it_whole_when_one_fails_part_way() {
     settle(&p);
     table_is(&p, &[("data.jsonl", &v2)]);
     all_done_and_verified(&p);
+}
+
+/// Runs `binary --once` with `FERRY_TEST_*_GATE` (`var`) set to a fresh directory, and waits
+/// until it holds at the gate. Returns the running process and the gate.
+fn held_at_gate(
+    p: &Pipeline,
+    binary: &str,
+    var: &str,
+    value: impl Fn(&std::path::Path) -> String,
+) -> (std::process::Child, std::path::PathBuf) {
+    let gate = p.path(&format!("gate-{}", rand_tag()));
+    std::fs::create_dir_all(&gate).unwrap();
+    let child = p.command(binary).arg("--once").env(var, value(&gate)).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let t = std::time::Instant::now();
+    while !gate.join("reached").exists() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "{binary} never reached its gate");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    (child, gate)
+}
+
+/// Lets a process held at `gate` go on, and waits for it to end well.
+fn release(child: std::process::Child, gate: &std::path::Path, what: &str) {
+    std::fs::write(gate.join("go"), b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.code().is_some_and(|c| c == 0 || c == 3), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Version 2 is copied when version 3 is switched in; version 2's load then finds itself
+/// superseded and withdraws (removes its landed files). The producer puts version 2's bytes
+/// back while that withdrawal is under way: they are the newest version again, and must come
+/// back whole, not wait for ever on landed files the withdrawal removed.
+#[test]
+fn a_revert_to_a_version_whose_load_is_withdrawing_it_comes_back_whole() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    let (v1, v2, v3) = (events("v1", 300, 0..0), events("v2", 250, 0..0), events("v3", 200, 0..0));
+    std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
+    settle(&p);
+    put_back(&p, &v2);
+    for s in ["ferry-extract", "ferry-transform", "ferry-copy"] {
+        stage_ok(&p, s);
+    }
+    // Version 2's loads wait while version 3 goes in.
+    ledger_script(&p, "UPDATE tasks SET scheduled_at = 9000000000000 WHERE stage = 'load' AND state <> 'done';");
+    put_back(&p, &v3);
+    for _ in 0..5 {
+        run_all(&p);
+        if p.count("SELECT COUNT(*) FROM tasks WHERE state NOT IN ('done', 'quarantined') AND scheduled_at < 9000000000000") == 0 {
+            break;
+        }
+    }
+    table_is(&p, &[("data.jsonl", &v3)]);
+    ledger_script(&p, "UPDATE tasks SET scheduled_at = 0 WHERE scheduled_at = 9000000000000;");
+    let (load, gate) = held_at_gate(&p, "ferry-load", "FERRY_TEST_WITHDRAW_GATE", |d| d.display().to_string());
+    put_back(&p, &v2);
+    stage_ok(&p, "ferry-extract");
+    release(load, &gate, "the load that withdrew version 2");
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v2)]);
+    all_done_and_verified(&p);
+}
+
+/// Sets `transform.keep_staged` (the config ends in the `[transform]` section).
+fn keep_staged(p: &Pipeline, how_long: &str) {
+    let mut cfg = std::fs::read_to_string(&p.config).unwrap();
+    cfg.push_str(&format!("keep_staged = \"{how_long}\"\n"));
+    std::fs::write(&p.config, cfg).unwrap();
+}
+
+/// A correction undone a second time stages the old version's chunks anew while `ferry gc`
+/// removes staged chunks past `keep_staged`: gc must not remove what the revert has just
+/// staged (the version's chunks are all done in the ledger until the revert is recorded).
+#[test]
+fn gc_beside_a_revert_leaves_what_the_revert_staged() {
+    let (p, v1) = corrected_once();
+    let v2 = events("v2", 250, 0..0);
+    put_back(&p, &v1);
+    settle(&p);
+    put_back(&p, &v2);
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v2)]);
+    keep_staged(&p, "0s");
+    put_back(&p, &v1);
+    let (extract, gate) = held_at_gate(&p, "ferry-extract", "FERRY_TEST_SPLIT_GATE", |d| format!("after:{}", d.display()));
+    // The split's last writes finish on another thread.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    ferry_ok(&p, &["gc"]);
+    release(extract, &gate, "the extract that put version 1 back");
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v1)]);
+    all_done_and_verified(&p);
+    // What a revert cut short leaves (staged anew, never recorded) goes with gc once it is
+    // old; the same name for a chunk this ledger does not know is not Ferry's to remove.
+    let chunk = p.sql("SELECT id FROM chunks ORDER BY id LIMIT 1");
+    let day_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
+    let leftover = p.path(&format!("staging/events/{chunk}.v99.jsonl"));
+    let foreign = p.path("staging/events/0123456789abcdef01234567.v99.jsonl");
+    for f in [&leftover, &foreign] {
+        std::fs::write(f, b"{}\n").unwrap();
+        std::fs::File::options().write(true).open(f).unwrap().set_modified(day_ago).unwrap();
+    }
+    ferry_ok(&p, &["gc"]);
+    assert!(!leftover.exists(), "an unrecorded revert copy of a known chunk goes");
+    assert!(foreign.exists(), "a file of a chunk the ledger does not know stays");
+}
+
+/// `extract.chunk_size` changes between a version's first split and its revert: the revert
+/// stages the version's chunks as they were recorded (the old cuts), and nothing that older
+/// chunk rows name is overwritten or removed.
+#[test]
+fn a_revert_after_a_chunk_size_change_stages_the_chunks_as_recorded() {
+    let (p, v1) = corrected_once();
+    let v2 = events("v2", 250, 0..0);
+    // Staged copies of done chunks go (the revert must stage anew), and a second cycle makes
+    // the reverted version's recorded locations the revert's own names.
+    keep_staged(&p, "0s");
+    for (i, v) in [&v1, &v2].into_iter().enumerate() {
+        put_back(&p, v);
+        settle(&p);
+        ferry_ok(&p, &["gc"]);
+        if i == 0 {
+            table_is(&p, &[("data.jsonl", &v1)]);
+        }
+    }
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, cfg.replace("chunk_size = \"16KiB\"", "chunk_size = \"5KiB\"")).unwrap();
+    put_back(&p, &v1);
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v1)]);
+    all_done_and_verified(&p);
+    let chunks_of_v1 = p.count("SELECT COUNT(*) FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.content_hash = (SELECT content_hash FROM source_files ORDER BY id LIMIT 1)");
+    assert!(chunks_of_v1 >= 3, "version 1 was cut in {chunks_of_v1} chunks");
 }

@@ -47,6 +47,11 @@ pub enum TransformFailure {
     /// it: redone in the new one.
     #[error("schema moved: {0}")]
     SchemaMoved(String),
+    /// A file this attempt was writing in the spool went away under it (`ferry gc` with a
+    /// cut-off shorter than the attempt, an operator): the attempt is redone from the staged
+    /// chunk, which is still there.
+    #[error("spool file gone: {0}")]
+    SpoolFileGone(String),
 }
 
 impl Failure for TransformFailure {
@@ -54,7 +59,7 @@ impl Failure for TransformFailure {
     fn class(&self) -> ErrorClass {
         match self {
             TransformFailure::BadInput(_) | TransformFailure::Config(_) => ErrorClass::Permanent,
-            TransformFailure::SchemaMoved(_) => ErrorClass::Transient,
+            TransformFailure::SchemaMoved(_) | TransformFailure::SpoolFileGone(_) => ErrorClass::Transient,
         }
     }
     fn is_config(&self) -> bool {
@@ -70,6 +75,16 @@ pub(crate) fn bad_input(reason: impl Into<String>) -> TransformError {
 /// The configuration does not fit the data.
 pub(crate) fn misconfigured(reason: impl Into<String>) -> TransformError {
     TransformError::Stage(TransformFailure::Config(reason.into()))
+}
+
+/// An I/O error on a file this attempt writes in the spool: one that is gone (not found) was
+/// removed under the attempt, which is then redone; anything else keeps its class.
+fn own_spool_file(path: &Path, e: std::io::Error) -> TransformError {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        TransformError::Stage(TransformFailure::SpoolFileGone(format!("{}: {e}", path.display())))
+    } else {
+        TransformError::io(path.display(), e)
+    }
 }
 
 /// An error of the Parquet writer on `path` in the spool: its I/O errors (a full disk) keep
@@ -485,7 +500,7 @@ impl<'a> PartWriters<'a> {
                 static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
                 let job = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let tmp = paths::spool_part_temp(&pdir, &self.chunk, job);
-                let f = std::fs::File::create(&tmp).map_err(|e| TransformError::io(tmp.display(), e))?;
+                let f = std::fs::File::create(&tmp).map_err(|e| own_spool_file(&tmp, e))?;
                 // A small buffer: it only gathers page headers and the footer; pages (hundreds of
                 // KiB) are bigger and go straight to the file instead of being copied into it.
                 let f = HashingWriter { inner: std::io::BufWriter::with_capacity(64 << 10, f), hasher: blake3::Hasher::new(), bytes: 0 };
@@ -527,7 +542,7 @@ impl Written {
     fn persist(self) -> Result<Part, TransformError> {
         self.file.sync_all().map_err(|e| TransformError::io(self.tmp.display(), e))?;
         let fin = self.tmp.with_file_name(&self.part.name);
-        std::fs::rename(&self.tmp, &fin).map_err(|e| TransformError::io(fin.display(), e))?;
+        std::fs::rename(&self.tmp, &fin).map_err(|e| own_spool_file(&self.tmp, e))?;
         Ok(self.part)
     }
 }

@@ -124,7 +124,7 @@ fn run_all(data: &[u8]) {
     let dialect = CsvOptions::default();
     for format in [Format::Avro, Format::Jsonl, Format::Csv] {
         let mut pieces = Vec::new();
-        let _ = ferry_formats::split(format, data, 4096, LIMIT, &dialect, &mut Vec::new(), |p| {
+        let _ = ferry_formats::split(format, data, ferry_formats::Cut::Size(4096), LIMIT, &dialect, &mut Vec::new(), |p| {
             pieces.push(p.bytes.to_vec());
             Ok::<(), String>(())
         });
