@@ -90,20 +90,28 @@ pub fn staged_chunk(table: &str, chunk: &str, format: Format) -> String {
     format!("{table}/{chunk}.{}", format.as_str())
 }
 
-/// `<table>/<chunk>.v<version>.<ext>`: a chunk staged again because its source file's bytes
-/// came back as version `version` (a correction undone). A name of its own: a revert never
-/// overwrites a file that an older row still names, and gc, which removes old staged chunks
-/// by the locations the ledger records, does not meet it before the revert is recorded.
-pub fn revived_chunk(table: &str, chunk: &str, version: i64, format: Format) -> String {
-    format!("{table}/{chunk}.v{version}.{}", format.as_str())
+/// `<table>/<chunk>.v<version>-<attempt>.<ext>`: a chunk staged again because its source
+/// file's bytes came back as version `version` (a correction undone), by one attempt of one
+/// extract (`attempt`, any number unique to it). A name of its own: a revert never overwrites
+/// a file that an older row still names, two extracts reverting the same file at once never
+/// remove each other's copies, and gc, which removes old staged chunks by the locations the
+/// ledger records, does not meet it before the revert is recorded.
+pub fn revived_chunk(table: &str, chunk: &str, version: i64, attempt: u64, format: Format) -> String {
+    format!("{table}/{chunk}.v{version}-{attempt:016x}.{}", format.as_str())
 }
 
 /// The chunk and version a [`revived_chunk`] name was staged for.
 pub fn parse_revived<'a>(table: &str, rel: &'a str) -> Option<(&'a str, i64)> {
     let name = rel.strip_prefix(table)?.strip_prefix('/')?;
     let (stem, _ext) = name.rsplit_once('.')?;
-    let (chunk, version) = stem.rsplit_once(".v")?;
-    let valid = !chunk.is_empty() && !chunk.contains(['/', '.']) && !version.is_empty() && version.bytes().all(|b| b.is_ascii_digit());
+    let (chunk, tail) = stem.rsplit_once(".v")?;
+    let (version, attempt) = tail.split_once('-')?;
+    let valid = !chunk.is_empty()
+        && !chunk.contains(['/', '.'])
+        && !version.is_empty()
+        && version.bytes().all(|b| b.is_ascii_digit())
+        && !attempt.is_empty()
+        && attempt.bytes().all(|b| b.is_ascii_hexdigit());
     valid.then(|| version.parse().ok().map(|v| (chunk, v))).flatten()
 }
 
@@ -296,12 +304,13 @@ mod tests {
         assert_eq!(parse_copy_temp("_ferry/tmp/x.y.z"), None);
 
         assert_eq!(staged_chunk("events", CHUNK, Format::Jsonl), format!("events/{CHUNK}.jsonl"));
-        let r = revived_chunk("events", CHUNK, 12, Format::Csv);
-        assert_eq!(r, format!("events/{CHUNK}.v12.csv"));
+        let r = revived_chunk("events", CHUNK, 12, 0xbeef, Format::Csv);
+        assert_eq!(r, format!("events/{CHUNK}.v12-000000000000beef.csv"));
         assert_eq!(parse_revived("events", &r), Some((CHUNK, 12)));
         assert_eq!(parse_revived("events", &staged_chunk("events", CHUNK, Format::Avro)), None);
         assert_eq!(parse_revived("other", &r), None, "another table's prefix");
-        assert_eq!(parse_revived("events", &format!("events/{CHUNK}.vx.csv")), None);
+        assert_eq!(parse_revived("events", &format!("events/{CHUNK}.vx-1.csv")), None);
+        assert_eq!(parse_revived("events", &format!("events/{CHUNK}.v12.csv")), None);
         assert_eq!(manifest("events", CHUNK), format!("events/_ferry/manifest/{CHUNK}.json"));
         assert_eq!(ddl("events"), "events/_ferry/ddl.sql");
         assert!(ddl("events").starts_with(&table_meta("events")));

@@ -33,13 +33,22 @@ pub type ExtractError = StageError<ExtractFailure>;
 
 /// Extract meets nothing the other stages do not.
 #[derive(Debug, thiserror::Error)]
-pub enum ExtractFailure {}
+pub enum ExtractFailure {
+    /// The bytes of an earlier version are back, unchanged, but no longer cut into the chunks
+    /// recorded for that version (the source's format options changed since it was first
+    /// read): it cannot be brought back until they are what they were. Looked at again every
+    /// pass, and counted as a failed file meanwhile.
+    #[error("{0}")]
+    CannotRecut(String),
+}
 
 impl Failure for ExtractFailure {
     /// Extract passes over files in a loop of its own, not the chunk loop's breaker.
     const STORE: &'static str = "staging";
     fn class(&self) -> ErrorClass {
-        match *self {}
+        match self {
+            ExtractFailure::CannotRecut(_) => ErrorClass::Transient,
+        }
     }
 }
 
@@ -609,7 +618,10 @@ impl Extractor {
             let mut buf = buffers.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
             let split = (|| -> Result<Split> {
             let read_err = |rel: &str, source| ExtractError::Io { path: rel.to_string(), source };
-            let mut hashing = Hashing { inner: source.open_blocking(&rel)?, hasher: known_hash.is_none().then(blake3::Hasher::new), bytes: 0 };
+            // A revival hashes what it reads too: its chunks must be cut from the very bytes
+            // recorded, not from a file rewritten since.
+            let hash_it = known_hash.is_none() || revival.is_some();
+            let mut hashing = Hashing { inner: source.open_blocking(&rel)?, hasher: hash_it.then(blake3::Hasher::new), bytes: 0 };
             let mut staged = Vec::new();
             let outcome = {
                 let mut r = std::io::BufReader::with_capacity(1 << 16, &mut hashing);
@@ -633,7 +645,7 @@ impl Extractor {
                             let hash = blake3::hash(p.bytes).to_hex().to_string();
                             let name = match (&known_hash, revival.as_deref()) {
                                 (Some(file_hash), Some(r)) => {
-                                    paths::revived_chunk(&table, &chunk_id(&pipeline, file_hash, seq), r.version, format)
+                                    paths::revived_chunk(&table, &chunk_id(&pipeline, file_hash, seq), r.version, r.attempt, format)
                                 }
                                 (Some(file_hash), None) => paths::staged_chunk(&table, &chunk_id(&pipeline, file_hash, seq), format),
                                 (None, _) => paths::staged_chunk(
@@ -661,7 +673,7 @@ impl Extractor {
                             Ok(())
                         };
                         let cut = match revival.as_deref() {
-                            Some(r) => ferry_formats::Cut::Before(&r.starts),
+                            Some(r) => ferry_formats::Cut::Recorded(&r.pieces),
                             None => ferry_formats::Cut::Size(chunk_size),
                         };
                         match ferry_formats::split(format, &mut r, cut, max_record, &dialect, &mut buf, emit) {
@@ -675,14 +687,14 @@ impl Extractor {
                 };
                 // The file's hash covers all of it, also what a refused or corrupt file has
                 // after the point where splitting stopped.
-                if known_hash.is_none() {
+                if hash_it {
                     std::io::copy(&mut r, &mut std::io::sink()).map_err(|e| read_err(&rel, e))?;
                 }
                 outcome
             };
             let (size, hash) = match (known_hash, hashing.hasher) {
-                (Some(h), _) => (listed_size as u64, h),
-                (None, Some(h)) => (hashing.bytes, h.finalize().to_hex().to_string()),
+                (_, Some(h)) => (hashing.bytes, h.finalize().to_hex().to_string()),
+                (Some(h), None) => (listed_size as u64, h),
                 (None, None) => unreachable!("a hasher is made whenever no hash is known"),
             };
             #[cfg(debug_assertions)]
@@ -741,25 +753,34 @@ impl Extractor {
             let Some(format) = self.cfg.source.format.of(&e.rel) else {
                 return not_now("source.format no longer tells this file's format");
             };
+            let attempt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+                ^ (u64::from(std::process::id()) << 40);
             let revival = Revival {
                 version: undone.next,
-                starts: undone.chunks.iter().map(|c| c.range_start).collect(),
+                attempt,
+                pieces: undone.chunks.iter().map(|c| (c.range_start, c.bytes)).collect(),
                 stage: stage.iter().map(|c| c.seq).collect(),
             };
             let split = self.split(e, uri, format, Some(file.content_hash.clone()), false, Some(revival)).await?;
             written = split.staged;
-            let pieces = split.outcome.unwrap_or_default();
-            for c in &stage {
-                match pieces.get(c.seq as usize) {
-                    Some(p) if p.content_hash == c.content_hash => staged.push((c.id.clone(), p.location.clone())),
-                    _ => {
-                        self.unstage(&written).await;
-                        return not_now(
-                            "what was read does not cut into the chunks recorded for it (the file changed while it was read, or the source's format options did)",
-                        );
-                    }
-                }
+            if split.hash != file.content_hash {
+                self.unstage(&written).await;
+                return not_now("the file changed while it was read");
             }
+            let pieces = split.outcome.as_ref().map(Vec::as_slice).unwrap_or_default();
+            if let Some(c) = stage.iter().find(|c| pieces.get(c.seq as usize).is_none_or(|p| p.content_hash != c.content_hash)) {
+                self.unstage(&written).await;
+                let why = match &split.outcome {
+                    Err(reason) => format!("reading it now fails ({reason})"),
+                    Ok(_) => format!("its chunk {} does not come out as it was recorded", c.id),
+                };
+                return Err(ExtractError::Stage(ExtractFailure::CannotRecut(format!(
+                    "{}: the bytes of an earlier version are back, but cannot be staged again as that version's chunks: {why}; \
+                     the source's format options (source.csv, extract.max_record_size) must be what they were when it was first read",
+                    e.rel
+                ))));
+            }
+            staged = stage.iter().map(|c| (c.id.clone(), pieces[c.seq as usize].location.clone())).collect();
         }
         match self.ledger.revive_version(file.id, undone.next, &staged).await? {
             ferry_ledger::Revived::Version(version, again) => {
@@ -1000,17 +1021,19 @@ enum NotTaken {
     Duplicate,
 }
 
-/// What splitting one file gave.
 /// How a version brought back is staged again (see [`Extractor::revive_if_undone`]).
 struct Revival {
-    /// The version number it gets back: part of its chunks' staged names.
+    /// The version number it gets back, and a number unique to this attempt: both are part
+    /// of its chunks' staged names.
     version: i64,
-    /// The first record of each of its chunks, as recorded: where the file is cut again.
-    starts: Vec<i64>,
+    attempt: u64,
+    /// Each of its chunks as recorded, (first record, bytes): where the file is cut again.
+    pieces: Vec<(i64, i64)>,
     /// The chunks (by position) that run again: only these are written.
     stage: std::collections::HashSet<i64>,
 }
 
+/// What splitting one file gave.
 struct Split {
     /// Bytes read, and their blake3 hash (or the hash already known).
     size: u64,

@@ -102,7 +102,7 @@ pub fn split<E>(
         if !rec.ends_with(b"\n") {
             rec.push(b'\n'); // the last record without its line end: the next chunk's header follows
         }
-        if records > 0 && cut.ends_before(n, buf.len() + rec.len()) {
+        if records > 0 && cut.ends_before(first, buf.len(), buf.len() + rec.len()) {
             emit(Piece { bytes: buf, first_record: first, records }).map_err(SplitError::Emit)?;
             buf.truncate(header);
             (first, records) = (n, 0);

@@ -21,19 +21,20 @@ pub enum Cut<'a> {
     /// At the last record boundary within this many bytes (a record larger than that is a
     /// piece of its own).
     Size(usize),
-    /// Before each of these records (their indexes, ascending): the pieces of an earlier
-    /// split of the same bytes, cut again exactly where they were, whatever the chunk size is
-    /// today.
-    Before(&'a [i64]),
+    /// As an earlier split of the same bytes cut them: each piece as (its first record, its
+    /// length in bytes), ascending. Whatever the chunk size is today, each piece ends once it
+    /// is as long as it was (so an Avro block with no records goes where it went before).
+    Recorded(&'a [(i64, i64)]),
 }
 
 impl Cut<'_> {
-    /// Whether the piece being cut ends before the record at `next` (the piece is not empty),
-    /// which would make it `len` bytes long.
-    pub(crate) fn ends_before(self, next: i64, len: usize) -> bool {
+    /// Whether the piece being cut, which begins at record `first` and is `len` bytes long so
+    /// far (not empty), ends before the next record or block, which would make it `with_next`
+    /// bytes long.
+    pub(crate) fn ends_before(self, first: i64, len: usize, with_next: usize) -> bool {
         match self {
-            Cut::Size(max) => len > max,
-            Cut::Before(starts) => starts.binary_search(&next).is_ok(),
+            Cut::Size(max) => with_next > max,
+            Cut::Recorded(pieces) => pieces.binary_search_by_key(&first, |p| p.0).is_ok_and(|k| len as i64 >= pieces[k].1),
         }
     }
 
@@ -41,7 +42,7 @@ impl Cut<'_> {
     pub fn size_hint(self) -> usize {
         match self {
             Cut::Size(max) => max,
-            Cut::Before(_) => 1 << 20,
+            Cut::Recorded(_) => 1 << 20,
         }
     }
 }
@@ -124,7 +125,7 @@ fn avro_split<E>(
     let (mut first, mut records) = (0i64, 0i64);
     let mut n = 0i64;
     while let Some(block) = blocks.next_block()? {
-        if records > 0 && cut.ends_before(n, buf.len() + block.bytes.len()) {
+        if records > 0 && cut.ends_before(first, buf.len(), buf.len() + block.bytes.len()) {
             emit(Piece { bytes: buf, first_record: first, records }).map_err(SplitError::Emit)?;
             buf.truncate(header);
             (first, records) = (n, 0);
@@ -202,8 +203,11 @@ mod tests {
     fn a_split_cut_where_an_earlier_one_was_gives_the_same_pieces() {
         let jsonl_data: Vec<u8> =
             (0..300).flat_map(|i| format!("{{\"a\":{i},\"pad\":\"{}\"}}\n", "x".repeat(i % 37)).into_bytes()).collect();
-        let cases: [(Format, Vec<u8>); 3] =
-            [(Format::Jsonl, jsonl_data), (Format::Csv, csv_file(300)), (Format::Avro, avro_file(&[40; 25]))];
+        let cases: [(Format, Vec<u8>); 3] = [
+            (Format::Jsonl, jsonl_data),
+            (Format::Csv, csv_file(300)),
+            (Format::Avro, avro_file(&[40, 40, 0, 40, 0, 0, 40, 40, 40, 0, 40, 40, 40, 40, 0, 40, 40, 40, 40, 40, 40, 40, 0, 40, 40])),
+        ];
         for (format, data) in cases {
             let cut = |cut: Cut<'_>| {
                 let mut out = Vec::new();
@@ -212,8 +216,8 @@ mod tests {
             };
             let first = cut(Cut::Size(200));
             assert!(first.len() > 3, "{format:?}: {} pieces", first.len());
-            let starts: Vec<i64> = first.iter().map(|p| p.first_record).collect();
-            assert_eq!(cut(Cut::Before(&starts)), first, "{format:?} cut again");
+            let recorded: Vec<(i64, i64)> = first.iter().map(|p| (p.first_record, p.bytes.len() as i64)).collect();
+            assert_eq!(cut(Cut::Recorded(&recorded)), first, "{format:?} cut again");
         }
     }
 

@@ -31,7 +31,7 @@ pub fn split<E>(
         if buf.len() - start > max_record {
             return Err(SplitError::Corrupt(format!("line {} is longer than max_record_size ({max_record} bytes)", n + 1)));
         }
-        if records > 0 && cut.ends_before(n, buf.len()) {
+        if records > 0 && cut.ends_before(first, start, buf.len()) {
             emit(Piece { bytes: &buf[..start], first_record: first, records }).map_err(SplitError::Emit)?;
             buf.drain(..start);
             (first, records) = (n, 0);

@@ -286,8 +286,21 @@ impl Ledger {
     pub async fn register_file(&self, f: &NewSourceFile) -> Result<SourceFile> {
         let now = self.now_ms();
         let format = f.format.map_or(UNKNOWN_FORMAT, |f| f.as_str());
+        let postgres = self.backend_name() == "postgres";
         self.call("register_file", || async move {
             on_backend!(self, |pool, begin| {
+                let op = "register_file";
+                let (_write, mut tx) = write_tx!(self, pool, begin, op);
+                // The next version number, under the file's URI lock on Postgres (SQLite's
+                // write lock serializes the rest): two hosts registering two new versions of
+                // one file, or one registering while another reverts it, never get one number.
+                if postgres {
+                    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 1))")
+                        .bind(&f.uri)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db(op))?;
+                }
                 sqlx::query(
                     "INSERT INTO source_files
                         (pipeline, uri, size, mtime_ms, content_hash, version, format, registered_at, change_token)
@@ -306,9 +319,10 @@ impl Ledger {
                 .bind(f.change_token.as_deref())
                 .bind(FileState::Registered.as_str())
                 .bind(self.pipeline())
-                .execute(pool)
+                .execute(&mut *tx)
                 .await
-                .map_err(db("register_file"))?;
+                .map_err(db(op))?;
+                tx.commit().await.map_err(db(op))?;
                 sqlx::query_as::<_, SourceFile>(concat!(select_source_file!(), " WHERE pipeline = $3 AND uri = $1 AND content_hash = $2"))
                     .bind(&f.uri)
                     .bind(&f.content_hash)

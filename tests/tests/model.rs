@@ -74,6 +74,12 @@ enum Op {
     Pair(&'static str, u64),
     /// A file rewritten (renamed into place) `after_ms` into a `--once` run of extract.
     RewriteDuring(String, usize, usize, u64),
+    /// Lines appended to a file in place `after_ms` into a `--once` run of extract (a file
+    /// still growing; versions replace only: what a kept version holds would depend on the
+    /// instant).
+    GrowDuring(String, usize, u64),
+    /// A file deleted `after_ms` into a `--once` run of extract (while it lists).
+    DeleteDuring(String, u64),
     /// `ferry gc --older-than 0s` `after_ms` into a `--once` run of a stage: the shortest
     /// cut-off racing live work.
     GcBeside(&'static str, u64),
@@ -289,7 +295,7 @@ impl Run {
         let stage = STAGES[self.rng.random_range(0..STAGES.len())];
         loop {
             // On S3 a sixth more: faults between Ferry and the store come and go.
-            let top = if self.s3.is_some() { 115 } else { 109 };
+            let top = if self.s3.is_some() { 119 } else { 113 };
             let roll = self.rng.random_range(0..top);
             let pick = |rng: &mut StdRng, v: &[String]| v[rng.random_range(0..v.len())].clone();
             return match roll {
@@ -344,8 +350,19 @@ impl Run {
                     self.rng.random_range(0..200),
                 ),
                 107..109 => Op::GcBeside(stage, self.rng.random_range(0..300)),
-                109..111 if self.s3.as_ref().is_some_and(|o| o.faulty) => Op::Heal,
-                109..115 => Op::StoreFaults(self.rng.random_range(0..3)),
+                // Only onto good bytes (a corrupt file grown stays corrupt), in place (a file
+                // extract archives or deletes meanwhile would be a new one), with replace.
+                109..111 if !present.is_empty() && !self.source.keep_versions && self.source.disposition == "keep" => {
+                    let name = pick(&mut self.rng, &present);
+                    let f = &self.model.files[&name];
+                    if !f.current.as_ref().is_some_and(|c| c.is_empty() || f.taken.contains(c)) {
+                        continue;
+                    }
+                    Op::GrowDuring(name, self.rng.random_range(1..200), self.rng.random_range(0..200))
+                }
+                111..113 if !present.is_empty() => Op::DeleteDuring(pick(&mut self.rng, &present), self.rng.random_range(0..200)),
+                113..115 if self.s3.as_ref().is_some_and(|o| o.faulty) => Op::Heal,
+                113..119 => Op::StoreFaults(self.rng.random_range(0..3)),
                 _ => continue,
             };
         }
@@ -362,6 +379,11 @@ impl Run {
     /// file took in before.
     fn set(&mut self, name: &str, bytes: Vec<u8>, good: Option<String>) {
         self.write(name, &bytes);
+        self.record(name, bytes, good);
+    }
+
+    /// [`Run::set`] for bytes already at the file's path.
+    fn record(&mut self, name: &str, bytes: Vec<u8>, good: Option<String>) {
         let h = hash(&bytes);
         // An empty file holds nothing to double: never a duplicate.
         let dup = !bytes.is_empty() && self.model.taken_by.get(&h).is_some_and(|first| first != name);
@@ -445,6 +467,31 @@ impl Run {
                         String::from_utf8_lossy(&out.stderr)
                     ));
                 }
+            }
+            Op::GrowDuring(name, n, after_ms) => {
+                let extract = self.spawn_once("ferry-extract");
+                std::thread::sleep(Duration::from_millis(*after_ms));
+                self.model.next_tag += 1;
+                let (more, _) = content(&format!("{name}-{}", self.model.next_tag), *n, 0);
+                // Appended where it lies, as a producer still writing it does.
+                let path = self.p.path(&format!("in/{name}"));
+                let mut bytes = self.model.files[name].current.clone().unwrap_or_default();
+                bytes.extend_from_slice(&more);
+                {
+                    use std::io::Write;
+                    let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+                    f.write_all(&more).unwrap();
+                }
+                let good = good_lines(&bytes);
+                self.record(name, bytes, Some(good));
+                ran_well(extract, "extract --once beside a growing file")?;
+            }
+            Op::DeleteDuring(name, after_ms) => {
+                let extract = self.spawn_once("ferry-extract");
+                std::thread::sleep(Duration::from_millis(*after_ms));
+                let deleted = self.apply(&Op::Delete(name.clone()));
+                ran_well(extract, "extract --once beside a delete")?;
+                deleted?;
             }
             Op::GcBeside(s, after_ms) => {
                 let stage = self.spawn_once(s);
@@ -757,6 +804,16 @@ impl Run {
         }
         Ok(())
     }
+}
+
+/// Waits for a stage run and says how it ended, unless it ended as a `--once` run may (0, or 3
+/// or 4 with its reason in the ledger).
+fn ran_well(child: std::process::Child, what: &str) -> Result<(), String> {
+    let out = child.wait_with_output().unwrap();
+    if out.status.code().is_some_and(|c| c == 0 || c == 3 || c == 4) {
+        return Ok(());
+    }
+    Err(format!("{what}: {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr)))
 }
 
 /// Runs `ops` (the first `n` of them) on a fresh pipeline, then settles and checks.

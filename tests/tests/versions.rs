@@ -815,8 +815,8 @@ fn gc_beside_a_revert_leaves_what_the_revert_staged() {
     // old; the same name for a chunk this ledger does not know is not Ferry's to remove.
     let chunk = p.sql("SELECT id FROM chunks ORDER BY id LIMIT 1");
     let day_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
-    let leftover = p.path(&format!("staging/events/{chunk}.v99.jsonl"));
-    let foreign = p.path("staging/events/0123456789abcdef01234567.v99.jsonl");
+    let leftover = p.path(&format!("staging/events/{chunk}.v99-00000000000000ab.jsonl"));
+    let foreign = p.path("staging/events/0123456789abcdef01234567.v99-00000000000000ab.jsonl");
     for f in [&leftover, &foreign] {
         std::fs::write(f, b"{}\n").unwrap();
         std::fs::File::options().write(true).open(f).unwrap().set_modified(day_ago).unwrap();
@@ -852,4 +852,33 @@ fn a_revert_after_a_chunk_size_change_stages_the_chunks_as_recorded() {
     all_done_and_verified(&p);
     let chunks_of_v1 = p.count("SELECT COUNT(*) FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.content_hash = (SELECT content_hash FROM source_files ORDER BY id LIMIT 1)");
     assert!(chunks_of_v1 >= 3, "version 1 was cut in {chunks_of_v1} chunks");
+}
+
+/// The bytes of an earlier version put back after `extract.max_record_size` was lowered below
+/// their longest line: they cannot be staged again as the version's recorded chunks. Extract
+/// says so, naming the file and the options, and fails that file (not the pass) every pass
+/// until the options are what they were; then the version comes back whole.
+#[test]
+fn a_revert_that_cannot_be_cut_as_recorded_says_why_until_the_options_are_back() {
+    let (p, v1) = corrected_once();
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, cfg.replace("chunk_size = \"16KiB\"", "chunk_size = \"16KiB\"\nmax_record_size = \"150B\"")).unwrap();
+    put_back(&p, &v1);
+    std::fs::write(p.path("in/other.jsonl"), events("other", 20, 0..0).replace(&"p".repeat(60), "p")).unwrap();
+    let out = p.stage("ferry-extract");
+    let said = String::from_utf8_lossy(&out.stderr);
+    // Another file went on in the same pass, so the run made progress (exit 0, not 4); the
+    // failed file is in the log and in `ferry_files_total{outcome="failed"}`.
+    assert!(out.status.code().is_some_and(|c| c == 0 || c == 4), "{said}");
+    assert!(said.contains("data.jsonl") && said.contains("cannot be staged again") && said.contains("max_record_size"), "{said}");
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM source_files WHERE uri LIKE '%other.jsonl' AND state = 'chunked'"),
+        1,
+        "the other file went on"
+    );
+    assert_eq!(p.count("SELECT MAX(version) FROM source_files WHERE uri LIKE '%data.jsonl'"), 2, "not brought back");
+    std::fs::write(&p.config, cfg).unwrap();
+    settle(&p);
+    table_is(&p, &[("data.jsonl", &v1), ("other.jsonl", &events("other", 20, 0..0).replace(&"p".repeat(60), "p"))]);
+    all_done_and_verified(&p);
 }
