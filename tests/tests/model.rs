@@ -1,6 +1,6 @@
 //! A seeded, randomized model test of exactly once: a random sequence of what happens to a
 //! running pipeline (files arriving, corrected, corrected back, sent twice under two names,
-//! corrupt, deleted, renamed into place while extract runs; stage runs `--once` and `--watch`,
+//! corrupt, deleted, renamed into place, grown or deleted while extract runs; stage runs `--once` and `--watch`,
 //! and two runs of one stage at once; `kill -9` of any stage at a random instant; `ferry
 //! rerun`, `requeue`, `gc` (also with a zero cut-off beside a running stage), `prune`, and
 //! `skip` of a chunk (alone, or while a stage is at work on it); a ledger restart on Postgres
