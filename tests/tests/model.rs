@@ -443,14 +443,7 @@ impl Run {
                 std::thread::sleep(Duration::from_millis(*after_ms));
                 let second = self.spawn_once(s);
                 for (which, child) in [("first", first), ("second", second)] {
-                    let out = child.wait_with_output().unwrap();
-                    if !out.status.code().is_some_and(|c| c == 0 || c == 3 || c == 4) {
-                        return Err(format!(
-                            "{s} --once ({which} of two): {:?}: {}",
-                            out.status.code(),
-                            String::from_utf8_lossy(&out.stderr)
-                        ));
-                    }
+                    ran_well(child, &format!("{s} --once ({which} of two)"))?;
                 }
             }
             Op::RewriteDuring(name, n, bad, after_ms) => {
@@ -459,14 +452,7 @@ impl Run {
                 self.model.next_tag += 1;
                 let (bytes, good) = content(&format!("{name}-{}", self.model.next_tag), *n, *bad);
                 self.set(name, bytes, Some(good));
-                let out = extract.wait_with_output().unwrap();
-                if !out.status.code().is_some_and(|c| c == 0 || c == 3 || c == 4) {
-                    return Err(format!(
-                        "extract --once beside a rewrite: {:?}: {}",
-                        out.status.code(),
-                        String::from_utf8_lossy(&out.stderr)
-                    ));
-                }
+                ran_well(extract, "extract --once beside a rewrite")?;
             }
             Op::GrowDuring(name, n, after_ms) => {
                 let extract = self.spawn_once("ferry-extract");
