@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod crash;
 pub mod error;
 pub mod hive;
 pub mod paths;

@@ -576,18 +576,19 @@ impl Ledger {
         Ok(found)
     }
 
-    /// Chunks that are published and that no stage is working on again: their load is done
-    /// and no task of theirs is anything but done. A chunk being redone (`ferry rerun`) is not
-    /// among them while any of its stages is due, however long its copy takes, so what its new
-    /// copy lands is never taken for a stray. So is a chunk of this pipeline with no task left
-    /// at all (`ferry prune` took a replaced version's): a skipped chunk's parts that a switch
-    /// moved and its version's record took back out wait under their landed names, and would
-    /// stay for ever if prune came before gc.
-    pub async fn published_and_settled(&self) -> Result<Vec<String>> {
-        self.call("published_and_settled", || async move {
+    /// Chunks no load will read landed files of: every task of theirs is done and their copy
+    /// or load is among them (a load that published them, or a copy an operator skipped, which
+    /// hands nothing on though an attempt of it may have landed the parts before it died). A
+    /// chunk being redone (`ferry rerun`) is not among them while any of its stages is due,
+    /// however long its copy takes, so what its new copy lands is never taken for a stray. So
+    /// is a chunk of this pipeline with no task left at all (`ferry prune` took a replaced
+    /// version's): a skipped chunk's parts that a switch moved and its version's record took
+    /// back out wait under their landed names, and would stay for ever if prune came before gc.
+    pub async fn landed_unneeded(&self) -> Result<Vec<String>> {
+        self.call("landed_unneeded", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query_scalar(
-                    "SELECT l.chunk_id FROM tasks l WHERE l.stage = 'load' AND l.state = 'done' AND l.pipeline = $1
+                    "SELECT l.chunk_id FROM tasks l WHERE l.stage IN ('copy', 'load') AND l.state = 'done' AND l.pipeline = $1
                        AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.chunk_id = l.chunk_id AND o.pipeline = l.pipeline
                                        AND o.state <> 'done')
                      UNION
@@ -597,7 +598,7 @@ impl Ledger {
                 .bind(self.pipeline())
                 .fetch_all(pool)
                 .await
-                .map_err(db("published_and_settled"))
+                .map_err(db("landed_unneeded"))
             })
         })
         .await

@@ -680,10 +680,12 @@ impl Ledger {
             .with_max_times(self.opts.call_retries as usize)
             .build();
         loop {
+            ferry_common::crash::point(op);
             let res = match tokio::time::timeout(self.opts.call_timeout, f()).await {
                 Ok(r) => r,
                 Err(_) => Err(Error::Timeout { op, deadline: self.opts.call_timeout }),
             };
+            ferry_common::crash::point(op);
             match &res {
                 Err(e) if e.is_unreachable() => self.link_failed(op, e),
                 Ok(_) => self.link_answered(),

@@ -30,7 +30,8 @@ pub enum Sweep {
     SpoolTemps,
     /// Spool directories of chunks copied already, with nothing newer than the cutoff in them.
     SpentSpool,
-    /// Landed copies of chunks already published (a zombie copy landed one again).
+    /// Landed copies no load will read (a zombie copy landed a published chunk again, or a
+    /// copy attempt landed one before its copy was skipped).
     StrayLanded,
     /// Staged chunks transform committed longer than `transform.keep_staged` ago.
     OldStaged,
@@ -78,7 +79,7 @@ impl Sweep {
             Sweep::TableMetaTemps => "destination table metadata temp files",
             Sweep::SpoolTemps => "spool temp files",
             Sweep::SpentSpool => "spool directories of copied chunks",
-            Sweep::StrayLanded => "landed copies of published chunks",
+            Sweep::StrayLanded => "landed copies no load will read",
             Sweep::OldStaged => "staged chunks past transform.keep_staged",
         }
     }
@@ -162,8 +163,9 @@ async fn abandoned_uploads(ledger: &Ledger, dest: &Store, table: &str, cutoff: i
     dest.remove_abandoned(&chosen).await
 }
 
-/// Landed part files, older than `cutoff`, of chunks published and settled (no stage of
-/// theirs due again): a zombie copy that landed a chunk again after load published it. A
+/// Landed part files, older than `cutoff`, of chunks no load will read (see
+/// [`Ledger::landed_unneeded`]): a zombie copy that landed a chunk again after load published
+/// it, or a copy attempt that landed a chunk and died before an operator skipped the copy. A
 /// chunk that `ferry rerun` is redoing keeps its landed files.
 ///
 /// Only the chunk directories are listed first (one call on HDFS), and only those of done
@@ -175,13 +177,13 @@ async fn stray_landed(ledger: &Ledger, dest: &Store, table: &str, cutoff: i64) -
     if chunks.is_empty() {
         return Ok(0);
     }
-    let done: HashSet<String> = ledger.published_and_settled().await.map_err(ledger_error)?.into_iter().collect();
+    let done: HashSet<String> = ledger.landed_unneeded().await.map_err(ledger_error)?.into_iter().collect();
     let mut stray = Vec::new();
     for chunk in chunks.iter().filter(|c| done.contains(c.as_str())) {
         for e in dest.list(&format!("{dir}/{chunk}")).await? {
             // Every entry is under a done chunk's directory; a part's path below it is required.
             if e.mtime_ms < cutoff && paths::parse_landed(table, &e.rel).is_some() {
-                tracing::info!(file = %dest.url(&e.rel), "removing a landed copy of a published chunk");
+                tracing::info!(file = %dest.url(&e.rel), "removing a landed copy no load will read");
                 stray.push(e.rel);
             }
         }

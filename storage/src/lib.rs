@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_common::config::StoreOptions;
-use ferry_common::paths;
+use ferry_common::{crash, paths};
 
 mod azure;
 mod backend;
@@ -135,6 +135,15 @@ pub struct Entry {
     /// file's device, inode and ctime (no writer can set ctime back), an S3 object's ETag.
     /// None where the store has nothing of the kind (HDFS): such files are always hashed.
     pub change_token: Option<String>,
+}
+
+/// A change to a store between two crash points (debug builds: see [`ferry_common::crash`]), so
+/// that a test can kill the process just before it or just after it.
+async fn step<T>(what: &str, op: impl Future<Output = T>) -> T {
+    crash::point(what);
+    let r = op.await;
+    crash::point(what);
+    r
 }
 
 /// What [`Store::prober`] gives for a name: the probe's outcome as text (see [`Store::probe`]).
@@ -330,7 +339,7 @@ impl Store {
     /// Writes `bytes` so that `rel` either does not exist or holds all of them: a temp name in
     /// the same directory, fsync, then rename over `rel`.
     pub async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
-        self.0.put_atomic(rel, bytes).await
+        step("put", self.0.put_atomic(rel, bytes)).await
     }
 
     /// Does the slow half of [`Store::put_atomic`] now, so that it can run side by side with
@@ -339,12 +348,16 @@ impl Store {
     /// keeps the bytes (a local write or an S3 PUT is quick, and an S3 PUT is visible at once).
     /// [`Store::commit`] makes the file appear under `rel`; [`Store::discard`] drops it.
     pub async fn prepare_put(&self, rel: &str, bytes: Vec<u8>) -> Result<Prepared> {
-        let temp = self.0.write_temp(rel, bytes::Bytes::from(bytes.clone())).await?;
+        let temp = step("write temp", self.0.write_temp(rel, bytes::Bytes::from(bytes.clone()))).await?;
         Ok(Prepared { rel: rel.to_string(), bytes, temp })
     }
 
     /// Makes a prepared write appear under its name, replacing what is there.
     pub async fn commit(&self, p: Prepared) -> Result<()> {
+        step("commit", self.commit_now(p)).await
+    }
+
+    async fn commit_now(&self, p: Prepared) -> Result<()> {
         match p.temp {
             Some(tmp) => match self.0.rename_over(&tmp, &p.rel).await {
                 Ok(()) => Ok(()),
@@ -368,17 +381,20 @@ impl Store {
 
     /// [`Store::put_atomic`] for callers already on a blocking thread.
     pub fn put_atomic_blocking(&self, rel: &str, bytes: &[u8]) -> Result<()> {
-        self.0.put_atomic_blocking(rel, bytes)
+        crash::point("put");
+        let r = self.0.put_atomic_blocking(rel, bytes);
+        crash::point("put");
+        r
     }
 
     /// Renames `from` to `to` unless `to` exists. Returns false (and changes nothing) if it does.
     pub async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
-        self.0.rename_noreplace(from, to).await
+        step("rename", self.0.rename_noreplace(from, to)).await
     }
 
     /// Removes a file; a missing file is not an error.
     pub async fn delete(&self, rel: &str) -> Result<()> {
-        self.0.delete(rel).await
+        step("delete", self.0.delete(rel)).await
     }
 
     /// Streams a local file to `rel`, hashing what it sends. `progress` is bumped after each
@@ -391,7 +407,7 @@ impl Store {
     /// metadata up front and hashes while sending (one pass instead of two), and never completes
     /// an upload whose bytes differ (the returned hash tells the caller). Others ignore it.
     pub async fn upload_checked(&self, local: &Path, rel: &str, expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
-        self.0.upload(local, rel, expected, progress).await
+        step("upload", self.0.upload(local, rel, expected, progress)).await
     }
 
     /// Streams local file `local` to `rel`, replacing what is there, so that `rel` holds either
@@ -400,6 +416,10 @@ impl Store {
     /// memory. Bounded by the caller's deadline and watchdog (it moves `progress`); a temp file
     /// of a failed send is removed, and one a crash leaves is a `.<name>.tmp`.
     pub async fn put_file(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
+        step("put file", self.put_file_now(local, rel, progress)).await
+    }
+
+    async fn put_file_now(&self, local: &Path, rel: &str, progress: Progress) -> Result<(u64, String)> {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = match rel.rsplit_once('/') {

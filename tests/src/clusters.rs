@@ -185,15 +185,21 @@ impl MiniDfs {
 
     /// Hadoop's own client (FsShell) against this cluster: an independent reader and writer.
     pub fn fs(&self, args: &[&str]) -> std::process::Output {
+        let out = self.try_fs(args);
+        assert!(out.status.success(), "hdfs dfs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    }
+
+    /// [`MiniDfs::fs`] that returns a failure (`-test`, a listing of a directory that may not
+    /// exist) instead of asserting.
+    pub fn try_fs(&self, args: &[&str]) -> std::process::Output {
         let mut cmd = Command::new("java");
         cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &hadoop_classpath()])
             .args(["org.apache.hadoop.fs.FsShell", "-fs", &self.url])
             .args(["-conf", &self.conf_dir.join("hdfs-site.xml").display().to_string()])
             .args(args)
             .env("HADOOP_CONF_DIR", &self.conf_dir);
-        let out = crate::output_within(&mut cmd, std::time::Duration::from_secs(300));
-        assert!(out.status.success(), "hdfs dfs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        out
+        crate::output_within(&mut cmd, std::time::Duration::from_secs(300))
     }
 }
 
