@@ -50,7 +50,12 @@ fn run_seed(p: &Pipeline, proxy: &FaultProxy, faults: Faults, seed: u64) -> Run 
     p.stage_env("ferry-copy", "RUST_LOG", "info");
     let mut run = Run::default();
     let mut logs = String::new();
-    for _ in 0..40 {
+    // Rounds until every task is done, for as long as a store found down may make them wait:
+    // chunks still in flight when the breaker trips fail one after another, each pushing the
+    // next probe out along its schedule (1, 2, 4 ... s), and a `--once` run leaves them due
+    // at that probe. Forty rounds (some 80 s) once ended before such a wait did.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < deadline {
         let t = Instant::now();
         let o = p.stage("ferry-copy");
         run.copy_secs += t.elapsed().as_secs_f64();
