@@ -311,9 +311,11 @@ async fn run(cli: Cli) -> Result<i32, Error> {
                         ConfigError::new("--file", format!("{uri}: no quarantined source file or chunk of it in the ledger")).into()
                     );
                 }
+                durable(&ledger, dry_run).await?;
                 println!("{verb} {files} source file(s) and {tasks} task(s) of {uri}");
             } else {
                 let n = ledger.requeue_tasks(&RequeueFilter { stage, chunk_id: chunk }, dry_run).await?;
+                durable(&ledger, dry_run).await?;
                 println!("{verb} {n} task(s)");
             }
         }
@@ -323,6 +325,7 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             let chunks = match (chunk, spool_node) {
                 (Some(chunk), _) => {
                     let plan = ledger.rerun(&chunk, from, dry_run).await?;
+                    durable(&ledger, dry_run).await?;
                     println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
                     return Ok(exit::OK);
                 }
@@ -339,16 +342,19 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             // Each chunk on its own: one that cannot run again (it became running meanwhile)
             // does not keep the others back; the exit code says some did not.
             let mut failed = 0;
+            let mut done = Vec::new();
             for chunk in chunks {
                 match ledger.rerun(&chunk, from, dry_run).await {
-                    Ok(plan) => {
-                        println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "))
-                    }
+                    Ok(plan) => done.push((chunk, plan)),
                     Err(e) => {
                         failed += 1;
                         eprintln!("chunk {chunk}: {e}");
                     }
                 }
+            }
+            durable(&ledger, dry_run).await?;
+            for (chunk, plan) in done {
+                println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
             }
             if failed > 0 {
                 return Ok(exit::FATAL);
@@ -396,11 +402,23 @@ async fn run(cli: Cli) -> Result<i32, Error> {
                 .into());
             }
             let n = ledger.skip(&chunk, &reason, dry_run, cfg.source.versions == Versions::Replace).await?;
+            durable(&ledger, dry_run).await?;
             let verb = if dry_run { "would skip" } else { "skipped" };
             println!("{verb} {n} unfinished task(s) of chunk {chunk}: {reason}");
         }
     }
     Ok(exit::OK)
+}
+
+/// An operator's decision (a skip, a requeue, a rerun) is on disk before the command says it is
+/// done: on a ledger that acknowledges commits before they are flushed (Postgres with
+/// `synchronous_commit = off`, SQLite's `NORMAL`), a power cut could otherwise undo a skip the
+/// operator was told of, and the chunk would load after all.
+async fn durable(ledger: &Ledger, dry_run: bool) -> Result<(), Error> {
+    if !dry_run {
+        ledger.make_durable().await?;
+    }
+    Ok(())
 }
 
 /// `ferry verify`: the table on the destination against what the ledger says is published.

@@ -185,3 +185,50 @@ fn gc_syncs_the_ledger_before_it_removes_spent_spool_and_stray_landed_copies() {
     all_synced(&found, 2, "gc");
     assert!(!std::path::Path::new(&spent).exists() && !std::path::Path::new(&stray).exists());
 }
+
+/// What the trace shows at this process's first write to its stdout of a line containing
+/// `said` (within the 32 characters strace shows): the ledger's files written and not yet fsynced, and whether the WAL had been fsynced.
+fn unsynced_when_said(text: &str, p: &Pipeline, said: &str) -> Option<(BTreeSet<String>, bool)> {
+    let wal = format!("{}-wal>", p.path("ledger.db").display());
+    let mut dirty: BTreeSet<String> = BTreeSet::new();
+    let mut wal_synced = false;
+    for line in text.lines() {
+        let Some(call) = line.split_once(' ').map(|(_, rest)| rest.trim_start()) else { continue };
+        let name = call.split('(').next().unwrap_or_default();
+        let path = call.split_once('<').and_then(|(_, r)| r.split_once('>')).map(|(p, _)| format!("{p}>"));
+        match name {
+            "write" if call.starts_with("write(1<") && call.contains(said) => return Some((dirty, wal_synced)),
+            "write" | "pwrite64" | "writev" | "pwritev" => {
+                if let Some(path) = path.filter(|p| *p == wal) {
+                    dirty.insert(path);
+                }
+            }
+            "fsync" | "fdatasync" => {
+                if let Some(path) = path {
+                    wal_synced |= path == wal;
+                    dirty.remove(&path);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// An operator's decision is on disk before the command reports it: a power cut right after
+/// `ferry skip` said "skipped" must not bring the chunk back (it would then load after all),
+/// nor undo a `ferry rerun` it was told of.
+#[test]
+fn an_operators_skip_and_rerun_are_synced_before_the_command_reports_them() {
+    let p = Pipeline::new("16KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 1, 300, 26);
+    p.stages_ok(&["ferry-extract", "ferry-transform", "ferry-copy", "ferry-load"]);
+    let chunk = p.sql("SELECT chunk_id FROM published ORDER BY chunk_id LIMIT 1");
+    let text = traced(&p, "rerun", "ferry", &["rerun", "--chunk", &chunk, "--from", "transform"]);
+    let (dirty, wal_synced) = unsynced_when_said(&text, &p, &format!("chunk {chunk}")).expect("rerun says what runs again");
+    assert!(dirty.is_empty() && wal_synced, "rerun reported with {dirty:?} unsynced (WAL synced before: {wal_synced})");
+    let text = traced(&p, "skip", "ferry", &["skip", "--chunk", &chunk, "--reason", "test"]);
+    let (dirty, wal_synced) = unsynced_when_said(&text, &p, "skipped 1").expect("skip says it skipped");
+    assert!(dirty.is_empty() && wal_synced, "skip reported with {dirty:?} unsynced (WAL synced before: {wal_synced})");
+    assert_eq!(p.count(&format!("SELECT COUNT(*) FROM skips WHERE chunk_id = '{chunk}'")), 1);
+}
