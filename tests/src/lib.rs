@@ -387,12 +387,6 @@ pub fn s3_table_digest(path: &str) -> serde_json::Value {
     python(DIGEST, &["s3table", path])
 }
 
-/// The digest of `kind` ("table", "s3table", or an input format) at `path`, with `ids`: each
-/// row's `[event_id, hash of the row]`, for a comparison row by row.
-pub fn digest_with_ids(kind: &str, path: &str) -> serde_json::Value {
-    python(DIGEST, &[kind, path, "ids"])
-}
-
 /// Digest of input files (`fmt` = avro, jsonl or csv) read by Python's own readers.
 pub fn input_digest(fmt: &str, dir: &Path) -> serde_json::Value {
     python(DIGEST, &[fmt, dir.to_str().unwrap()])
@@ -457,8 +451,6 @@ else:
 rows.sort(key=lambda r: r[0])
 h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 out = {"rows": len(rows), "distinct": len({r[0] for r in rows}), "digest": h, "days": days, "bad_dt": bad_dt}
-if sys.argv[3:] == ["ids"]:
-    out["ids"] = [[r[0], hashlib.sha256(json.dumps(r).encode()).hexdigest()[:16]] for r in rows]
 print(json.dumps(out))
 "#;
 
