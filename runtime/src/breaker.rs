@@ -59,8 +59,10 @@ pub enum Verdict {
     /// The store has just been found down: give back these earlier attempts (task, epoch),
     /// record the outage, and retry this one at the first probe.
     Tripped { refund: Vec<(i64, i64)>, retry_at: Instant },
-    /// The store is still down: not counted, retried at the next probe.
-    StillDown { retry_at: Instant, probes: u64 },
+    /// The store is still down: not counted, retried at the next probe. `probe`: this failure
+    /// came at or after the probe's time (it was the probe, or as good as one), so the schedule
+    /// moved on; a chunk that was already in flight when the store went down leaves it as it is.
+    StillDown { retry_at: Instant, probes: u64, probe: bool },
 }
 
 #[derive(Debug)]
@@ -104,10 +106,19 @@ impl Breakers {
         let s = self.stores.entry(store).or_default();
         let now = Instant::now();
         if let Some(d) = &mut s.down {
-            d.probes += 1;
-            let wait = d.backoff.next().unwrap_or(Duration::from_secs(1));
-            d.next_probe = now + wait;
-            return Verdict::StillDown { retry_at: d.next_probe, probes: d.probes };
+            // Only a failure at or after the probe's time says anything new: the chunks that
+            // were in flight when the store went down fail in a burst right after the trip,
+            // and moving the schedule on for each of them would push the next probe (and the
+            // retry of every waiting chunk) out to the cap within seconds. A `--watch` stage
+            // is woken by the first answer, but a cron-run `--once` stage would find its
+            // chunks waiting on that inflated time.
+            let probe = now >= d.next_probe;
+            if probe {
+                d.probes += 1;
+                let wait = d.backoff.next().unwrap_or(Duration::from_secs(1));
+                d.next_probe = now + wait;
+            }
+            return Verdict::StillDown { retry_at: d.next_probe, probes: d.probes, probe };
         }
         s.streak.push(task);
         s.chunks.insert(task.0);
@@ -240,7 +251,7 @@ mod tests {
         assert_eq!(refund, vec![(1, 1), (2, 1)], "the streak's earlier attempts are given back");
         assert!(b.any_down());
         assert_eq!(b.claim_limit(0, 4), 0, "no claims before the first probe is due");
-        assert!(matches!(b.failed("destination", (4, 1)), Verdict::StillDown { probes: 1, .. }));
+        assert!(matches!(b.failed("destination", (4, 1)), Verdict::StillDown { probes: 0, probe: false, .. }));
         let back = b.succeeded();
         assert_eq!(back.len(), 1);
         assert!(!b.any_down());
@@ -271,7 +282,7 @@ mod tests {
         assert!(refund.is_empty());
         assert_eq!(b.claim_limit(0, 4), 0, "no chunk goes out while the store is down");
         assert!(matches!(b.failed_probed("destination", (1, 2), false), Verdict::StillDown { .. }));
-        assert_eq!(b.probe_failed("destination"), 2);
+        assert_eq!(b.probe_failed("destination"), 1, "the chunk in flight was no probe");
         assert_eq!(b.claim_limit(0, 4), 0, "not even a probe chunk: the store's own probe runs");
         assert!(b.probe_answered("destination").is_some());
         assert_eq!(b.claim_limit(0, 4), 4);
@@ -292,10 +303,29 @@ mod tests {
         }
         let mut waits = Vec::new();
         for t in 10..20 {
-            let Verdict::StillDown { retry_at, .. } = b.failed("staging", (t, 1)) else { panic!() };
+            // Each failure comes when its probe is due (as the probe chunk's would).
+            b.stores.get_mut("staging").unwrap().down.as_mut().unwrap().next_probe = Instant::now();
+            let Verdict::StillDown { retry_at, probe: true, .. } = b.failed("staging", (t, 1)) else { panic!() };
             waits.push(retry_at.saturating_duration_since(Instant::now()));
         }
         assert!(waits.iter().all(|w| *w <= Duration::from_secs(8)), "capped (jitter adds at most one delay): {waits:?}");
         assert!(waits.last().unwrap() >= &Duration::from_secs(3), "grown to the cap: {waits:?}");
+    }
+
+    #[test]
+    fn chunks_in_flight_when_the_store_went_down_do_not_push_the_probe_out() {
+        let mut b = Breakers::new(Duration::from_secs(300));
+        for t in 0..2 {
+            b.failed("destination", (t, 1));
+        }
+        let Verdict::Tripped { retry_at: first, .. } = b.failed("destination", (2, 1)) else { panic!("trips") };
+        // Six more chunks that were in flight fail right after the trip: each waits for the
+        // same first probe, and none counts as one.
+        for t in 3..9 {
+            let v = b.failed("destination", (t, 1));
+            assert_eq!(v, Verdict::StillDown { retry_at: first, probes: 0, probe: false }, "chunk {t}");
+        }
+        assert_eq!(b.next_probe(), Some(first));
+        assert!(first <= Instant::now() + Duration::from_secs(2), "the first probe stays within its first wait");
     }
 }

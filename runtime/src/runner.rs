@@ -873,10 +873,14 @@ async fn run_one(
                         .await
                         .map(|o| Ended::Failed(o, lease.task_id, msg.clone(), unfinished.redone_bytes))
                 }
-                Verdict::StillDown { retry_at, probes } => {
+                Verdict::StillDown { retry_at, probes, probe } => {
                     let label = opts.label(store);
-                    tracing::warn!(%stage, store = %label, probes, error = %msg, "store still down");
-                    best_effort("count the probe", ledger.outage_probe(&label, stage, &msg)).await;
+                    if probe {
+                        tracing::warn!(%stage, store = %label, probes, error = %msg, "store still down");
+                        best_effort("count the probe", ledger.outage_probe(&label, stage, &msg)).await;
+                    } else {
+                        tracing::info!(%stage, store = %label, chunk = %lease.chunk_id, error = %msg, "failed while the store is down; retried at its next probe");
+                    }
                     record
                         .retrying("fail", || ledger.fail_uncounted(&lease, &msg, unfinished, at_ms(retry_at)))
                         .await

@@ -18,8 +18,9 @@ use ferry_tests::clusters::{MiniDfs, S3Server};
 use ferry_tests::proxy::{FaultProxy, Faults};
 use ferry_tests::{Pipeline, input_digest, s3_table_digest, table_digest};
 
-fn seeds() -> u64 {
-    std::env::var("FERRY_FAULT_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10)
+/// Seeds per test: `FERRY_FAULT_SEEDS`, or `default` (what fits the suite's time).
+fn seeds(default: u64) -> u64 {
+    std::env::var("FERRY_FAULT_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
 fn ok(o: &std::process::Output, what: &str) {
@@ -50,10 +51,9 @@ fn run_seed(p: &Pipeline, proxy: &FaultProxy, faults: Faults, seed: u64) -> Run 
     p.stage_env("ferry-copy", "RUST_LOG", "info");
     let mut run = Run::default();
     let mut logs = String::new();
-    // Rounds until every task is done, for as long as a store found down may make them wait:
-    // chunks still in flight when the breaker trips fail one after another, each pushing the
-    // next probe out along its schedule (1, 2, 4 ... s), and a `--once` run leaves them due
-    // at that probe. Forty rounds (some 80 s) once ended before such a wait did.
+    // Rounds until every task is done, for as long as a store found down may make them wait
+    // (a `--once` run leaves its chunks due at the breaker's next probe, which grows 1, 2,
+    // 4 ... s with each failed probe). A fixed forty rounds once ended before such a wait did.
     let deadline = Instant::now() + Duration::from_secs(300);
     while Instant::now() < deadline {
         let t = Instant::now();
@@ -118,7 +118,7 @@ fn s3_profile(profile: &str, faults: impl Fn() -> Faults) -> (u64, usize, i64) {
     let s3 = S3Server::from_env();
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
     let (mut redone, mut retries, mut injected) = (0, 0, 0);
-    for seed in 1..=seeds() {
+    for seed in 1..=seeds(10) {
         let proxy = FaultProxy::start(s3.addr, 7000 + seed);
         let prefix = format!("faults-{profile}-{stamp}-{seed}");
         let endpoint = format!("https://{}", proxy.addr);
@@ -147,7 +147,7 @@ fn s3_profile(profile: &str, faults: impl Fn() -> Faults) -> (u64, usize, i64) {
         retries += run.part_retries;
         injected += run.faults;
     }
-    eprintln!("{profile}: {} seeds, {injected} faults injected, {retries} parts sent again, {redone} bytes redone", seeds());
+    eprintln!("{profile}: {} seeds, {injected} faults injected, {retries} parts sent again, {redone} bytes redone", seeds(10));
     assert!(injected > 0, "{profile}: faults were injected");
     (injected, retries, redone)
 }
@@ -184,7 +184,9 @@ fn hdfs_resets_and_lost_replies_on_namenode_calls_cost_retries_not_attempts() {
     let a = MiniDfs::start("A");
     let rpcs: [&[u8]; 4] = [b"complete", b"create", b"addBlock", b"rename2"];
     let mut runs = Vec::new();
-    for seed in 1..=seeds() {
+    // Six seeds (some 450 faults, 35 s each): the longest test of the suite's longest binary.
+    let seeds = seeds(6);
+    for seed in 1..=seeds {
         let proxy = FaultProxy::start(a.addr, 8000 + seed);
         let dest = format!(
             "[destination]\nurl = \"hdfs://{}/wh{seed}\"\n[destination.store]\ncall_timeout = \"3s\"\nread_stall = \"10s\"\n",
@@ -226,7 +228,7 @@ fn hdfs_resets_and_lost_replies_on_namenode_calls_cost_retries_not_attempts() {
     }
     let temps: Vec<&str> = ls.lines().filter(|l| l.contains("/_ferry/tmp/") || l.contains(".tmp")).collect();
     assert!(temps.is_empty(), "temp files left on HDFS without gc:\n{}", temps.join("\n"));
-    eprintln!("hdfs: {} seeds, {injected} faults injected, {retries} parts sent again", seeds());
+    eprintln!("hdfs: {seeds} seeds, {injected} faults injected, {retries} parts sent again");
     assert!(injected > 0, "faults were injected");
 }
 
