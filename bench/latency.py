@@ -166,7 +166,8 @@ try:
     for s, p in procs.items():
         if p.poll() is not None:
             sys.exit(f"ferry-{s} exited during the run: see {DIR}/log.{s}")
-    report = "\n".join([f"stage flags: {' '.join(STAGE_ARGS) or '(defaults)'}; settle 0s; chunk_size 8MiB", "",
+    stores = "staging and table on two MiniDFS clusters" if os.environ.get("STORES") == "hdfs" else "local dirs"
+    report = "\n".join([f"{stores}; stage flags: {' '.join(STAGE_ARGS) or '(defaults)'}; settle 0s; chunk_size 8MiB", "",
                         *table, "", *lines]) + "\n"
     print()
     print(report)
