@@ -7,8 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
 DIR=${1:-/tmp/ferry-demo}; FORMAT=${2:-avro}; FILES=${3:-4}; RECORDS=${4:-25000}
-ferry_python_deps
-ferry_release_bins
+# DuckDB (which reads the table back at the end) downloads while Ferry builds.
+ferry_python_deps &
+deps=$!
+# The demo profile: unoptimised, without debug info (see Cargo.toml); deploy/install.sh builds release.
+cargo build --profile demo -p ferry-extract -p ferry-transform -p ferry-copy -p ferry-load -p ferry-admin >&2
+BIN=$CARGO_TARGET_DIR/demo
+wait "$deps"
 rm -rf "$DIR" && mkdir -p "$DIR"
 "$BIN/ferry" gen --format "$FORMAT" --codec deflate --out "$DIR/in" --files "$FILES" --records "$RECORDS" >/dev/null
 ferry_local_config "$DIR" "$FORMAT" 8MiB > "$DIR/ferry.toml"
