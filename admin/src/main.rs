@@ -326,7 +326,7 @@ async fn run(cli: Cli) -> Result<i32, Error> {
                 (Some(chunk), _) => {
                     let plan = ledger.rerun(&chunk, from, dry_run).await?;
                     durable(&ledger, dry_run).await?;
-                    println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
+                    println!("chunk {chunk} {verb} again: {}", plan_text(&plan));
                     return Ok(exit::OK);
                 }
                 (None, Some(node)) => {
@@ -354,7 +354,7 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             }
             durable(&ledger, dry_run).await?;
             for (chunk, plan) in done {
-                println!("chunk {chunk} {verb} again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "));
+                println!("chunk {chunk} {verb} again: {}", plan_text(&plan));
             }
             if failed > 0 {
                 return Ok(exit::FATAL);
@@ -408,6 +408,11 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
     }
     Ok(exit::OK)
+}
+
+/// The stages a rerun runs again, in order: "transform -> copy -> load".
+fn plan_text(plan: &[Stage]) -> String {
+    plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> ")
 }
 
 /// An operator's decision (a skip, a requeue, a rerun) is on disk before the command says it is
@@ -464,7 +469,7 @@ async fn verify(cfg: &Config, ledger: &Ledger, requeue: bool) -> Result<i32, Err
         for chunk in &bad_chunks {
             match ledger.rerun(chunk, ferry_ledger::Stage::Transform, false).await {
                 Ok(plan) => {
-                    println!("chunk {chunk} will run again: {}", plan.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" -> "))
+                    println!("chunk {chunk} will run again: {}", plan_text(&plan))
                 }
                 Err(e) => println!("chunk {chunk} could not be requeued: {e}"),
             }

@@ -44,50 +44,78 @@ fn a_source_file_is_deleted_only_after_its_chunks_and_their_ledger_rows_are_sync
     assert_eq!(p.count("SELECT COUNT(*) FROM source_files WHERE state = 'chunked'"), 3);
 }
 
+/// The calls of an strace log (`strace -f -y`), in order: the call's text, its name and the path
+/// of its first descriptor (`fd</path>` read as `/path>`). A call resumed later is counted where
+/// it started.
+fn calls(text: &str) -> impl Iterator<Item = (&str, &str, Option<String>)> {
+    text.lines().filter_map(|line| {
+        // "PID syscall(fd</path>, ..."
+        let call = line.split_once(' ').map(|(_, rest)| rest.trim_start())?;
+        if call.starts_with("<...") {
+            return None;
+        }
+        let name = call.split('(').next().unwrap_or_default();
+        let path = call.split_once('<').and_then(|(_, r)| r.split_once('>')).map(|(p, _)| format!("{p}>"));
+        Some((call, name, path))
+    })
+}
+
+/// What a traced process has written and not yet fsynced, call by call: the paths `tracked`
+/// accepts (the ledger's WAL always), and whether the WAL had been fsynced at all.
+struct Unsynced<'a> {
+    wal: String,
+    tracked: &'a dyn Fn(&str) -> bool,
+    dirty: BTreeSet<String>,
+    wal_synced: bool,
+}
+
+impl<'a> Unsynced<'a> {
+    fn new(p: &Pipeline, tracked: &'a dyn Fn(&str) -> bool) -> Unsynced<'a> {
+        Unsynced { wal: format!("{}-wal>", p.path("ledger.db").display()), tracked, dirty: BTreeSet::new(), wal_synced: false }
+    }
+
+    fn see(&mut self, name: &str, path: Option<String>) {
+        match name {
+            "write" | "pwrite64" | "writev" | "pwritev" => {
+                if let Some(path) = path.filter(|p| *p == self.wal || (self.tracked)(p)) {
+                    self.dirty.insert(path);
+                }
+            }
+            "fsync" | "fdatasync" => {
+                if let Some(path) = path {
+                    self.wal_synced |= path == self.wal;
+                    self.dirty.remove(&path);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Reads an strace log: for each unlink of a path `target` accepts (in call order), the paths
 /// (the ledger's WAL, staged chunks) written and not yet fsynced at that moment, with whether
 /// the WAL had been fsynced at all by then. An unlink relative to a directory descriptor
 /// (`unlinkat(fd</dir>, "name")`, as `remove_dir_all` does) is read as `/dir/name`.
 fn unsynced_at_unlinks(text: &str, p: &Pipeline, target: impl Fn(&str) -> bool) -> Vec<(String, BTreeSet<String>, bool)> {
-    let wal = format!("{}-wal>", p.path("ledger.db").display());
     let staging = format!("{}/", p.path("staging").display());
-    let mut dirty: BTreeSet<String> = BTreeSet::new();
-    let mut wal_synced = false;
+    let in_staging = |path: &str| path.starts_with(&staging);
+    let mut state = Unsynced::new(p, &in_staging);
     let mut found = Vec::new();
-    for line in text.lines() {
-        // "PID syscall(fd</path>, ..." ; a call resumed later is counted where it started.
-        let Some(call) = line.split_once(' ').map(|(_, rest)| rest.trim_start()) else { continue };
-        if call.starts_with("<...") {
-            continue;
-        }
-        let name = call.split('(').next().unwrap_or_default();
-        let path = call.split_once('<').and_then(|(_, r)| r.split_once('>')).map(|(p, _)| format!("{p}>"));
-        match name {
-            "write" | "pwrite64" | "writev" | "pwritev" => {
-                if let Some(path) = path.filter(|p| *p == wal || p.starts_with(&staging)) {
-                    dirty.insert(path);
+    for (call, name, path) in calls(text) {
+        if name == "unlink" || name == "unlinkat" {
+            let Some(arg) = call.split('"').nth(1) else { continue };
+            let full = match (arg.starts_with('/'), name, call.split_once("(").map(|(_, r)| r)) {
+                (false, "unlinkat", Some(rest)) if !rest.starts_with("AT_FDCWD") => {
+                    let dir = rest.split_once('<').and_then(|(_, r)| r.split_once('>')).map(|(d, _)| d).unwrap_or_default();
+                    format!("{dir}/{arg}")
                 }
+                _ => arg.to_string(),
+            };
+            if target(&full) {
+                found.push((full, state.dirty.clone(), state.wal_synced));
             }
-            "fsync" | "fdatasync" => {
-                if let Some(path) = path {
-                    wal_synced |= path == wal;
-                    dirty.remove(&path);
-                }
-            }
-            "unlink" | "unlinkat" => {
-                let Some(arg) = call.split('"').nth(1) else { continue };
-                let full = match (arg.starts_with('/'), name, call.split_once("(").map(|(_, r)| r)) {
-                    (false, "unlinkat", Some(rest)) if !rest.starts_with("AT_FDCWD") => {
-                        let dir = rest.split_once('<').and_then(|(_, r)| r.split_once('>')).map(|(d, _)| d).unwrap_or_default();
-                        format!("{dir}/{arg}")
-                    }
-                    _ => arg.to_string(),
-                };
-                if target(&full) {
-                    found.push((full, dirty.clone(), wal_synced));
-                }
-            }
-            _ => {}
+        } else {
+            state.see(name, path);
         }
     }
     found
@@ -187,30 +215,15 @@ fn gc_syncs_the_ledger_before_it_removes_spent_spool_and_stray_landed_copies() {
 }
 
 /// What the trace shows at this process's first write to its stdout of a line containing
-/// `said` (within the 32 characters strace shows): the ledger's files written and not yet fsynced, and whether the WAL had been fsynced.
+/// `said` (within the 32 characters strace shows): the ledger's files written and not yet
+/// fsynced, and whether the WAL had been fsynced.
 fn unsynced_when_said(text: &str, p: &Pipeline, said: &str) -> Option<(BTreeSet<String>, bool)> {
-    let wal = format!("{}-wal>", p.path("ledger.db").display());
-    let mut dirty: BTreeSet<String> = BTreeSet::new();
-    let mut wal_synced = false;
-    for line in text.lines() {
-        let Some(call) = line.split_once(' ').map(|(_, rest)| rest.trim_start()) else { continue };
-        let name = call.split('(').next().unwrap_or_default();
-        let path = call.split_once('<').and_then(|(_, r)| r.split_once('>')).map(|(p, _)| format!("{p}>"));
-        match name {
-            "write" if call.starts_with("write(1<") && call.contains(said) => return Some((dirty, wal_synced)),
-            "write" | "pwrite64" | "writev" | "pwritev" => {
-                if let Some(path) = path.filter(|p| *p == wal) {
-                    dirty.insert(path);
-                }
-            }
-            "fsync" | "fdatasync" => {
-                if let Some(path) = path {
-                    wal_synced |= path == wal;
-                    dirty.remove(&path);
-                }
-            }
-            _ => {}
+    let mut state = Unsynced::new(p, &|_| false);
+    for (call, name, path) in calls(text) {
+        if name == "write" && call.starts_with("write(1<") && call.contains(said) {
+            return Some((state.dirty, state.wal_synced));
         }
+        state.see(name, path);
     }
     None
 }

@@ -118,7 +118,8 @@ fn s3_profile(profile: &str, faults: impl Fn() -> Faults) -> (u64, usize, i64) {
     let s3 = S3Server::from_env();
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
     let (mut redone, mut retries, mut injected) = (0, 0, 0);
-    for seed in 1..=seeds(10) {
+    let seeds = seeds(10);
+    for seed in 1..=seeds {
         let proxy = FaultProxy::start(s3.addr, 7000 + seed);
         let prefix = format!("faults-{profile}-{stamp}-{seed}");
         let endpoint = format!("https://{}", proxy.addr);
@@ -147,7 +148,7 @@ fn s3_profile(profile: &str, faults: impl Fn() -> Faults) -> (u64, usize, i64) {
         retries += run.part_retries;
         injected += run.faults;
     }
-    eprintln!("{profile}: {} seeds, {injected} faults injected, {retries} parts sent again, {redone} bytes redone", seeds(10));
+    eprintln!("{profile}: {seeds} seeds, {injected} faults injected, {retries} parts sent again, {redone} bytes redone");
     assert!(injected > 0, "{profile}: faults were injected");
     (injected, retries, redone)
 }
