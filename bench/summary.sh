@@ -96,6 +96,8 @@ latency() { # latency NAME [env...]: runs latency.sh, puts NAME_capacity, NAME_p
     put "${name}_p99_$load" "$(echo "$row" | awk -F'|' '{print $7}' | sed 's/ s *$//; s/^ *//')"
   done
   put "${name}_idle" "$(grep -o '[0-9.]*% of one core in all' "$DIR/$name.md" | cut -d% -f1)"
+  # Its files (~30 GB locally: every landed file, staged chunk and table file) go once read.
+  rm -rf "${DIR:?}/$name"
 }
 keys() { local n=$1; echo "${n}_capacity ${n}_p50_25 ${n}_p99_25 ${n}_p50_50 ${n}_p99_50 ${n}_p50_75 ${n}_p99_75 ${n}_idle"; }
 # shellcheck disable=SC2046

@@ -72,9 +72,9 @@ ferry_stop_postgres() {
 # Python readers used as independent checks of the published tables, and the Kubernetes
 # schema checker for deploy/kubernetes.
 ferry_python_deps() {
-  python3 -c 'import pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate' 2>/dev/null && return 0
-  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate from PyPI" >&2
-  python3 -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd pyyaml kubernetes-validate >&2
+  python3 -c 'import pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate, deltalake' 2>/dev/null && return 0
+  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate, deltalake from PyPI" >&2
+  python3 -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd pyyaml kubernetes-validate deltalake >&2
 }
 
 # The tools that read what deploy/ ships: Prometheus and promtool (a real scrape in the tests),

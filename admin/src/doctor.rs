@@ -13,9 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_common::config::{Config, Disposition, LedgerUrl, StoreOptions, redact_url};
 use ferry_common::error::{likely_cause, with_causes};
 use ferry_ledger::{Ledger, LedgerOptions};
+use ferry_runtime::config::{Config, Disposition, LedgerUrl, StoreOptions, redact_url};
 use ferry_storage::Store;
 
 /// One place Ferry reaches, and what asking it gave.

@@ -5,9 +5,9 @@ use ferry_admin::sample::{AvroCodec, Payload};
 use ferry_admin::{AdminFailure, Error};
 use ferry_admin::{doctor, status};
 use ferry_common::cli::{self, CommonArgs, exit};
-use ferry_common::config::{Config, Format, LedgerUrl, Versions, redact_url};
 use ferry_common::error::ConfigError;
 use ferry_ledger::{Ledger, LedgerOptions, RequeueFilter, Stage};
+use ferry_runtime::config::{Config, Format, LedgerUrl, Versions, redact_url};
 use ferry_runtime::sweeps::{Places, Sweep};
 use ferry_storage::Store;
 

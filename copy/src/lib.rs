@@ -46,10 +46,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferry_common::config::Config;
 use ferry_common::error::{Classified, ErrorClass};
 use ferry_common::paths;
 use ferry_ledger::{Lease, Ledger, Part, Stage, Tally, Work};
+use ferry_runtime::config::Config;
 use ferry_runtime::observe::emit;
 use ferry_runtime::sweeps::{Places, Sweep};
 use ferry_runtime::{Failure, StageError};

@@ -15,11 +15,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_common::config::{Config, Disposition, Versions};
 use ferry_common::error::{Classified, ConfigError, ErrorClass};
 use ferry_common::paths;
 use ferry_formats::{Piece, SplitError};
 use ferry_ledger::{FileState, Ledger, NewChunk, NewSourceFile, RangeKind, Recorded, Stage, chunk_id};
+use ferry_runtime::config::{Config, Disposition, Versions};
 use ferry_runtime::observe::{Health, emit};
 use ferry_runtime::runner::{human_bytes, progress_bar};
 use ferry_runtime::sweeps::{Places, Sweep};

@@ -12,7 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, SqlSafeStr};
 
-use ferry_common::config::LedgerUrl;
+use crate::options::LedgerUrl;
 use ferry_common::error::ConfigError;
 
 use crate::LedgerOptions;

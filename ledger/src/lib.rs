@@ -90,7 +90,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
-use ferry_common::config::LedgerSection;
+use crate::options::LedgerSection;
 
 pub use admin::{BacklogRow, Count, Overview, Pruned, Quarantined, RecentFailure, RequeueFilter, StageOverview, Status, StuckLease};
 use backend::{Backend, Begin};
@@ -426,6 +426,7 @@ mod batch;
 pub mod clock;
 mod error;
 mod files;
+pub mod options;
 mod outages;
 mod outputs;
 mod schemas;
@@ -437,7 +438,7 @@ pub mod testing;
 impl Ledger {
     /// Connects (creating an SQLite file on first use) and applies the migrations.
     pub async fn connect(url: &str, opts: LedgerOptions) -> Result<Ledger> {
-        let parsed = ferry_common::config::LedgerUrl::parse(url)?;
+        let parsed = crate::options::LedgerUrl::parse(url)?;
         let backend = Backend::open(&parsed, &opts).await?;
         Ok(Ledger {
             backend,
@@ -454,7 +455,7 @@ impl Ledger {
 
     /// What `ferry migrate --check` says about the ledger at `url`, without changing it.
     pub async fn check_schema(url: &str) -> Result<String> {
-        let parsed = ferry_common::config::LedgerUrl::parse(url)?;
+        let parsed = crate::options::LedgerUrl::parse(url)?;
         let backend = Backend::connect_only(&parsed, &LedgerOptions { migrate: false, ..LedgerOptions::default() }).await?;
         let applied = backend.applied_version().await?;
         let known = SCHEMA_VERSION;

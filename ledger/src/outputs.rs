@@ -321,6 +321,28 @@ impl Ledger {
         .await
     }
 
+    /// Every chunk of every version of the source file of `chunk_id` (its own version's
+    /// too), with that version: what a Delta commit reads the table's files against, so that
+    /// it finds an older or newer version's files whether the ledger recorded them or not.
+    pub async fn chunks_of_every_version(&self, chunk_id: &str) -> Result<Vec<(String, i64)>> {
+        self.call("chunks_of_every_version", || async move {
+            on_backend!(self, |pool, begin| {
+                sqlx::query_as(
+                    "SELECT oc.id, o.version FROM chunks c
+                     JOIN source_files f ON f.id = c.file_id
+                     JOIN source_files o ON o.pipeline = f.pipeline AND o.uri = f.uri
+                     JOIN chunks oc ON oc.file_id = o.id
+                     WHERE c.id = $1 ORDER BY oc.id",
+                )
+                .bind(chunk_id)
+                .fetch_all(pool)
+                .await
+                .map_err(db("chunks_of_every_version"))
+            })
+        })
+        .await
+    }
+
     /// Files in the table from older versions of the source file of `chunk_id`: (path, chunk).
     pub async fn older_versions_published(&self, chunk_id: &str) -> Result<Vec<(String, String)>> {
         self.call("older_versions_published", || async move {

@@ -55,12 +55,14 @@
 //!   published (both visible): the retry of any chunk of N finds them in place and finishes;
 //!   N recorded but the older version not yet removed: the same retry removes it.
 
+mod delta;
+
 use std::sync::Arc;
 
-use ferry_common::config::{ColumnType, Config, Versions};
 use ferry_common::error::{Classified, ErrorClass};
 use ferry_common::{hive, paths};
 use ferry_ledger::{Lease, Ledger, Part, Work};
+use ferry_runtime::config::{ColumnType, Config, TableFormat, Versions};
 use ferry_runtime::sweeps::{Places, Sweep};
 use ferry_runtime::table::{in_table, unrecorded_in_table};
 use ferry_runtime::{Failure, StageError};
@@ -85,6 +87,10 @@ pub enum LoadFailure {
     /// publishes the version wakes it).
     #[error("waiting: {reason}")]
     Waiting { reason: String, after: std::time::Duration },
+    /// The table's format refuses the chunk: its Delta log asks for a protocol Ferry does not
+    /// write, or its schema changes in a way a Delta table cannot take.
+    #[error("table: {0}")]
+    Table(String),
     /// A permanent failure after some parts moved, and they could not all be taken back:
     /// retried (not quarantined), so that the next attempt publishes the rest or takes them out.
     #[error("partly published: {0}")]
@@ -95,7 +101,7 @@ impl Failure for LoadFailure {
     const STORE: &'static str = "destination";
     fn class(&self) -> ErrorClass {
         match self {
-            LoadFailure::Conflict(_) | LoadFailure::Missing { .. } => ErrorClass::Permanent,
+            LoadFailure::Conflict(_) | LoadFailure::Missing { .. } | LoadFailure::Table(_) => ErrorClass::Permanent,
             LoadFailure::PartlyVisible(_) | LoadFailure::Waiting { .. } => ErrorClass::Transient,
         }
     }
@@ -105,6 +111,18 @@ impl Failure for LoadFailure {
             _ => None,
         }
     }
+}
+
+/// What one chunk's publish moves (see [`Loader::moving`]).
+struct Moving {
+    /// The chunk's own parts.
+    parts: Vec<Part>,
+    /// Its parts and, in a version switch, its siblings'.
+    moving: Vec<Part>,
+    /// The version's other chunks, woken once the switch is recorded.
+    siblings: Vec<String>,
+    /// The version's switch, held until this is dropped.
+    switching: Option<Switching>,
 }
 
 /// Where one part of a chunk stands before load moves it (see [`Loader::check_part`]).
@@ -134,6 +152,8 @@ pub struct Loader {
     ddl_touched: std::sync::atomic::AtomicBool,
     /// Versions of corrected files being switched into the table by this process.
     switches: Arc<std::sync::Mutex<std::collections::HashSet<(String, i64)>>>,
+    /// `table_format = "delta"`: the table's log.
+    delta: Option<delta::DeltaTable>,
 }
 
 /// Holds a version's switch (see [`Loader::switching`]) until dropped: in this process, and
@@ -169,7 +189,9 @@ impl Loader {
 
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Loader, LoadError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
+        let delta = (cfg.destination.table_format == TableFormat::Delta).then(|| delta::DeltaTable::new(dest.clone(), &cfg.table.name));
         Ok(Loader {
+            delta,
             cfg,
             ledger,
             dest,
@@ -401,6 +423,9 @@ impl Loader {
     }
 
     pub async fn chunk(self: Arc<Self>, lease: Lease) -> Result<Work, LoadError> {
+        if let Some(table) = &self.delta {
+            return self.clone().chunk_delta(lease, table).await;
+        }
         let table = &self.cfg.table.name;
         let replace = self.cfg.source.versions == Versions::Replace;
         // Its own connections: a hung one holds back this chunk only (hdfs-native sends every
@@ -412,25 +437,11 @@ impl Loader {
             return Ok(Work::default());
         }
         let version = if replace { Some(self.ledger.version_of(&lease.chunk_id).await?) } else { None };
-        let parts = self.ledger.parts(&lease.chunk_id).await?;
-        // This chunk's own earlier publish, if any (`ferry rerun`): its files are ours to replace.
+        let Moving { parts, moving, siblings, switching: _switching } = self.moving(&lease, version.as_ref()).await?;
+        // These chunks' own earlier publish, if any (`ferry rerun`): their files are ours to replace.
         let mut before = self.ledger.published_of(&lease.chunk_id).await?;
-        // A version that replaces another goes in whole: once every one of its chunks is
-        // copied, all of their parts move in this one step (all or nothing), and only then do
-        // the older version's files go. Until then the older version stays whole.
-        let mut moving = parts.clone();
-        let mut siblings = Vec::new();
-        let mut _switching = None;
-        if let Some(v) = version.as_ref().filter(|v| v.replaces) {
-            version_ready(v)?;
-            // One switch of a version at a time (in this process, and across hosts through
-            // the ledger): the others wait for it and then find their parts in place.
-            _switching = Some(self.switching(&lease, &v.uri, v.version).await?);
-            for c in v.chunks.iter().filter(|c| !c.skipped && c.id != lease.chunk_id) {
-                moving.extend(self.ledger.parts(&c.id).await?);
-                before.extend(self.ledger.published_of(&c.id).await?);
-                siblings.push(c.id.clone());
-            }
+        for c in &siblings {
+            before.extend(self.ledger.published_of(c).await?);
         }
         if !before.is_empty() {
             // Durable before destructive: the rerun that makes those files replaceable (an
@@ -514,6 +525,26 @@ impl Loader {
         self.ddl_changed();
         tracing::debug!(chunk = %lease.chunk_id, recorded = ?started.elapsed(), "published");
         Ok(Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum(), ..Work::default() })
+    }
+
+    /// What this chunk's publish moves into the table: its parts, and, for a version that
+    /// replaces another, every part of the version. Such a version goes in whole: once every
+    /// one of its chunks is copied, all of their parts go in in one step (all or nothing), and
+    /// only then do the older version's files go; until then the older version stays whole.
+    async fn moving(&self, lease: &Lease, version: Option<&ferry_ledger::VersionState>) -> Result<Moving, LoadError> {
+        let parts = self.ledger.parts(&lease.chunk_id).await?;
+        let mut m = Moving { moving: parts.clone(), parts, siblings: Vec::new(), switching: None };
+        if let Some(v) = version.filter(|v| v.replaces) {
+            version_ready(v)?;
+            // One switch of a version at a time (in this process, and across hosts through
+            // the ledger): the others wait for it and then find their parts in place.
+            m.switching = Some(self.switching(lease, &v.uri, v.version).await?);
+            for c in v.chunks.iter().filter(|c| !c.skipped && c.id != lease.chunk_id) {
+                m.moving.extend(self.ledger.parts(&c.id).await?);
+                m.siblings.push(c.id.clone());
+            }
+        }
+        Ok(m)
     }
 
     /// Moves every part into the table, all or nothing, and removes the earlier output (of the
@@ -626,6 +657,10 @@ impl Loader {
     /// writes the DDL once more before it exits ([`Loader::finish_ddl`]).
     pub async fn ddl_writer(self: Arc<Self>) {
         use std::sync::atomic::Ordering::SeqCst;
+        // A Delta table's log holds its schema and partitions: readers need no DDL.
+        if self.delta.is_some() {
+            return;
+        }
         // Once at the start: a run that crashed (or failed) after a commit may have left the
         // DDL behind. One try; reading it costs a small read, rewriting it only if it differs.
         if let Err(e) = self.check_ddl().await {
@@ -658,7 +693,7 @@ impl Loader {
         self.ddl_stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.ddl_wake.notify_one();
         let _ = writer.await;
-        if self.ddl_touched.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.delta.is_none() && self.ddl_touched.load(std::sync::atomic::Ordering::SeqCst) {
             self.write_ddl().await?;
         }
         Ok(())

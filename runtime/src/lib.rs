@@ -7,6 +7,8 @@
 //! The ledger (`ferry-ledger`) is the SQL and its states; this crate is the process around it.
 
 pub mod breaker;
+pub mod config;
+pub mod delta;
 pub mod error;
 #[cfg(debug_assertions)]
 pub mod gate;

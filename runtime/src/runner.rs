@@ -12,8 +12,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::config::Config;
 use ferry_common::cli::{CommonArgs, StageArgs, exit};
-use ferry_common::config::Config;
 use ferry_common::error::{Classified, ErrorClass};
 use futures::FutureExt;
 use tokio::task::JoinSet;

@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 
-use ferry_common::config::Config;
+use crate::config::Config;
 use ferry_common::paths;
 use ferry_ledger::Ledger;
 use ferry_storage::{Error, Result, Store};

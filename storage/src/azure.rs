@@ -12,7 +12,7 @@ use object_store::azure::MicrosoftAzureBuilder;
 
 use crate::error::{Error, Result};
 use crate::objects::{ObjectsStore, Service, Transport, bucket_and_prefix};
-use ferry_common::config::StoreOptions;
+use crate::options::StoreOptions;
 
 /// What Azure adds to [`ObjectsStore`]: nothing but its name.
 #[derive(Debug)]

@@ -69,6 +69,12 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     /// Renames `from` to `to` unless `to` exists. Returns false (and changes nothing) if it does.
     async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool>;
 
+    /// Creates `rel` holding `bytes` unless it exists (put-if-absent), durably. True: this call
+    /// created it, also when a failure left that unclear and a look settles that `rel` holds
+    /// these bytes; false: `rel` holds other bytes (another writer got there first), nothing
+    /// changed. Two writers racing for one name: exactly one gets true.
+    async fn create_new(&self, rel: &str, bytes: bytes::Bytes) -> Result<bool>;
+
     /// Renames temp file `from` over `to`, replacing it, durably. An ambiguous failure is
     /// settled here; on a failure `from` may be left for the caller to remove.
     async fn rename_over(&self, from: &str, to: &str) -> Result<()>;

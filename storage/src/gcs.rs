@@ -14,7 +14,7 @@ use object_store::gcp::{GoogleCloudStorage, GoogleCloudStorageBuilder};
 use crate::Listing;
 use crate::error::{Error, Result};
 use crate::objects::{ObjectsStore, Service, Transport, bucket_and_prefix, get_bounded, list_pages, parse_uploads, query_value};
-use ferry_common::config::StoreOptions;
+use crate::options::StoreOptions;
 
 const GOOGLE: &str = "https://storage.googleapis.com";
 

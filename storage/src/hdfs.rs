@@ -62,7 +62,7 @@ use hdfs_native::{Client, ClientBuilder, HdfsError, WriteOptions};
 use super::{Entry, Progress, StreamReader};
 use crate::backend::{Backend, Capabilities};
 use crate::error::{Error, Result};
-use ferry_common::config::StoreOptions;
+use crate::options::StoreOptions;
 
 #[derive(Debug)]
 pub struct HdfsStore {
@@ -627,6 +627,23 @@ impl Backend for HdfsStore {
     /// Writes `bytes` to a temp name next to `rel` and returns that name: the slow half of
     /// [`Backend::put_atomic`] (its close waits for the block report), which a caller may run
     /// before `rel` is to appear. Sent again on a transient failure, as `put_atomic` is.
+    async fn create_new(&self, rel: &str, bytes: Bytes) -> Result<bool> {
+        // A temp file beside it, then a rename without overwrite, which the NameNode does
+        // atomically (rename_noreplace settles an ambiguous one by looking at both names).
+        let tmp = self.write_temp(rel, bytes).await?.unwrap_or_default();
+        let created = match self.rename_noreplace(&tmp, rel).await {
+            Ok(created) => created,
+            Err(e) => {
+                let _ = self.delete(&tmp).await;
+                return Err(e);
+            }
+        };
+        if !created {
+            let _ = self.delete(&tmp).await;
+        }
+        Ok(created)
+    }
+
     async fn write_temp(&self, rel: &str, bytes: Bytes) -> Result<Option<String>> {
         let what = format!("HDFS write of {}", self.url(rel));
         super::retry::resending(&what, 3, Duration::from_millis(200), None, Error::is_transient, || {

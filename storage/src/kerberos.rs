@@ -7,7 +7,7 @@
 //! then length-prefixed entries); no key leaves this module, and no length in the file is
 //! trusted beyond the bytes that are there.
 
-use ferry_common::config::HdfsOptions;
+use crate::options::HdfsOptions;
 
 use crate::error::{Error, Result};
 

@@ -16,7 +16,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferry_common::config::StoreOptions;
+use crate::options::StoreOptions;
 use ferry_common::{crash, paths};
 
 mod azure;
@@ -27,6 +27,7 @@ pub mod hdfs;
 mod kerberos;
 mod local;
 mod objects;
+pub mod options;
 mod retry;
 mod s3;
 mod transfer;
@@ -390,6 +391,12 @@ impl Store {
     /// Renames `from` to `to` unless `to` exists. Returns false (and changes nothing) if it does.
     pub async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
         step("rename", self.0.rename_noreplace(from, to)).await
+    }
+
+    /// Creates `rel` with `bytes` unless it exists (put-if-absent): true if this call created
+    /// it, false if another writer's file is there. What a Delta commit is made of.
+    pub async fn create_new(&self, rel: &str, bytes: Vec<u8>) -> Result<bool> {
+        step("create", self.0.create_new(rel, bytes::Bytes::from(bytes))).await
     }
 
     /// Removes a file; a missing file is not an error.

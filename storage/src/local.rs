@@ -135,6 +135,24 @@ impl Backend for LocalStore {
         .await
     }
 
+    async fn create_new(&self, rel: &str, bytes: bytes::Bytes) -> Result<bool> {
+        let p = self.abs(rel);
+        blocking(self.call_timeout * 4, "create", move || {
+            // The temp file synced first, then renamed without replacing: the name appears with
+            // every byte or not at all, and never over another writer's file.
+            let w = Unsynced::write(&p, &bytes)?;
+            w.file.sync_all().map_err(|e| Error::io(w.tmp.display(), e))?;
+            let created = rename_noreplace(&w.tmp, &p).map_err(|e| Error::io(p.display(), e))?;
+            if created {
+                sync_dir(&p);
+            } else {
+                let _ = std::fs::remove_file(&w.tmp);
+            }
+            Ok(created)
+        })
+        .await
+    }
+
     /// Renames `from` over `to` (replacing it) and makes the rename durable.
     async fn rename_over(&self, from: &str, to: &str) -> Result<()> {
         let (a, b) = (self.abs(from), self.abs(to));

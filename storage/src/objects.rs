@@ -66,7 +66,7 @@ use object_store::{
 use super::{Entry, Listing, Progress, StreamReader};
 use crate::backend::{Backend, Capabilities};
 use crate::error::{Error, Result};
-use ferry_common::config::ObjectLimits;
+use crate::options::ObjectLimits;
 
 const HASH_META: &str = "blake3";
 /// How many times one multipart upload is aborted before gc is left to finish it.
@@ -245,6 +245,19 @@ impl ObjectsStore {
         Ok(r.into_stream().map(move |b| b.map_err(|e| Error::ObjectStore { op: "GET", path: url.clone(), source: e })).boxed())
     }
 
+    /// One conditional create of `rel` (If-None-Match: * / generation 0) carrying `hash` in
+    /// its metadata, resent only if it never went out: its outcome is the caller's to settle.
+    async fn put_new(&self, rel: &str, bytes: Bytes, hash: &str) -> Result<()> {
+        let payload = PutPayload::from(bytes);
+        let key = self.key(rel);
+        self.call_resending("PUT", rel, Resend::Unsent, || {
+            let opts = PutOptions { mode: PutMode::Create, attributes: hash_attr(hash), ..Default::default() };
+            self.store.put_opts(&key, payload.clone(), opts)
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// One conditional PUT. Returns size and hash of the file; when that differs from
     /// `expected`, nothing was sent.
     async fn put_small(&self, local: &Path, rel: &str, expected: Option<&str>, progress: &Progress) -> Result<(u64, String)> {
@@ -254,17 +267,9 @@ impl ObjectsStore {
         if expected.is_some_and(|e| e != hash) {
             return Ok((size, hash));
         }
-        let payload = PutPayload::from(Bytes::from(bytes));
-        let key = self.key(rel);
         // Waiting for one bounded request: not a stall (its bytes count once it is done).
         let _waiting = progress.in_call();
-        let res = self
-            .call_resending("PUT", rel, Resend::Unsent, || {
-                let opts = PutOptions { mode: PutMode::Create, attributes: hash_attr(&hash), ..Default::default() };
-                self.store.put_opts(&key, payload.clone(), opts)
-            })
-            .await;
-        match res {
+        match self.put_new(rel, Bytes::from(bytes), &hash).await {
             Ok(_) => {
                 progress.add(size);
                 Ok((size, hash))
@@ -614,6 +619,23 @@ impl Backend for ObjectsStore {
     }
 
     /// HEAD `to`; if absent, server-side copy and delete `from` (see the module's invariants).
+    async fn create_new(&self, rel: &str, bytes: Bytes) -> Result<bool> {
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        let size = bytes.len() as u64;
+        match self.put_new(rel, bytes, &hash).await {
+            Ok(_) => Ok(true),
+            // A 412 may be our own success whose reply was lost (a resent request), and a
+            // timeout or reset leaves the outcome unknown: the object's size and blake3 say
+            // whose it is.
+            Err(e) => match self.hash(rel).await {
+                Ok((n, h)) if n == size && h == hash => Ok(true),
+                Ok(_) => Ok(false),
+                Err(_) if e.is_already_exists() => Ok(false),
+                Err(_) => Err(e),
+            },
+        }
+    }
+
     async fn rename_noreplace(&self, from: &str, to: &str) -> Result<bool> {
         if self.head(to).await?.is_some() {
             return Ok(false);

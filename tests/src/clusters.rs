@@ -265,8 +265,8 @@ impl S3Server {
     }
 
     /// Store options for this server at `endpoint` (the server itself, or a proxy in front).
-    pub fn store_options(&self, endpoint: &str) -> ferry_common::config::StoreOptions {
-        let mut o = ferry_common::config::StoreOptions::default();
+    pub fn store_options(&self, endpoint: &str) -> ferry_storage::options::StoreOptions {
+        let mut o = ferry_storage::options::StoreOptions::default();
         o.s3.endpoint = Some(endpoint.to_string());
         o.s3.region = Some("us-east-1".into());
         o.s3.path_style = true;
@@ -335,8 +335,8 @@ impl GcsServer {
     }
 
     /// Store options for this server at `endpoint` (the server itself, or a proxy in front).
-    pub fn store_options(&self, endpoint: &str) -> ferry_common::config::StoreOptions {
-        let mut o = ferry_common::config::StoreOptions::default();
+    pub fn store_options(&self, endpoint: &str) -> ferry_storage::options::StoreOptions {
+        let mut o = ferry_storage::options::StoreOptions::default();
         o.gcs.endpoint = Some(endpoint.to_string());
         o.gcs.service_account = Some(self.service_account.clone());
         o.gcs.ca_bundle = Some(self.ca.clone());
@@ -371,8 +371,8 @@ impl AzureServer {
 
     /// Store options for this server, reached at `host_port` (the server itself, or a proxy
     /// in front): the account path stays.
-    pub fn store_options(&self, host_port: &str) -> ferry_common::config::StoreOptions {
-        let mut o = ferry_common::config::StoreOptions::default();
+    pub fn store_options(&self, host_port: &str) -> ferry_storage::options::StoreOptions {
+        let mut o = ferry_storage::options::StoreOptions::default();
         o.azure.endpoint = Some(format!("https://{host_port}/{}", self.account));
         o.azure.account = Some(self.account.clone());
         o.azure.access_key = Some(self.key.clone());

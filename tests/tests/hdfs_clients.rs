@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use ferry_common::config::StoreOptions;
 use ferry_storage::Store;
+use ferry_storage::options::StoreOptions;
 use ferry_tests::clusters::MiniDfs;
 
 /// Sockets of this process connected to `port` (established), from /proc.

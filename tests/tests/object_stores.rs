@@ -9,8 +9,8 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ferry_common::config::StoreOptions;
 use ferry_storage::Store;
+use ferry_storage::options::StoreOptions;
 use ferry_tests::clusters::{AzureServer, GcsServer};
 use ferry_tests::proxy::{FaultProxy, Faults};
 use ferry_tests::{Pipeline, STAGES, bin, input_digest, table_digest, wait_until};

@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_common::config::{HumanDuration, StoreOptions};
+use ferry_common::config::HumanDuration;
+use ferry_storage::options::StoreOptions;
 use ferry_storage::{Progress, Store, hash_file};
 use ferry_tests::clusters::{AzureServer, GcsServer, MiniDfs, S3Server};
 use ferry_tests::proxy::{FaultProxy, Faults};
@@ -74,6 +75,24 @@ async fn conformance(store: Store) {
         .await
         .unwrap();
         assert_eq!(bytes, std::fs::read(&src).unwrap(), "{name}: open_blocking reads every byte");
+    }
+
+    // put-if-absent (a Delta commit): the first writer of a name wins, whole; of eight racing
+    // for one name exactly one is told it won, and the name holds its bytes
+    assert!(store.create_new("t/_delta_log/00000000000000000000.json", b"first".to_vec()).await.unwrap());
+    assert!(!store.create_new("t/_delta_log/00000000000000000000.json", b"second".to_vec()).await.unwrap());
+    assert_eq!(store.read("t/_delta_log/00000000000000000000.json").await.unwrap(), b"first");
+    let racers = (0..8u8).map(|i| {
+        let s = store.clone();
+        async move { (i, s.create_new("t/_delta_log/00000000000000000001.json", vec![b'a' + i; 100 + i as usize]).await.unwrap()) }
+    });
+    let won: Vec<u8> = futures::future::join_all(racers).await.into_iter().filter(|(_, won)| *won).map(|(i, _)| i).collect();
+    assert_eq!(won.len(), 1, "exactly one writer creates the name: {won:?}");
+    assert_eq!(store.read("t/_delta_log/00000000000000000001.json").await.unwrap(), vec![b'a' + won[0]; 100 + won[0] as usize]);
+    let log: Vec<String> = store.list("t/_delta_log").await.unwrap().into_iter().map(|e| e.rel).collect();
+    assert_eq!(log.len(), 2, "no temp file left beside the log: {log:?}");
+    for f in log {
+        store.delete(&f).await.unwrap();
     }
 
     // renaming a missing file says "not found"; deleting a missing file is fine

@@ -224,18 +224,6 @@ fn switched_in_part_way() -> (Pipeline, String, String) {
     (p, v1, v2)
 }
 
-/// Runs `script` on the pipeline's SQLite ledger and commits: a ledger left as a crash at one
-/// instant leaves it.
-fn ledger_script(p: &Pipeline, script: &str) {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.commit()"])
-        .arg(p.path("ledger.db"))
-        .arg(script)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// A load killed while it switched a correction in, after it removed the old version's files
 /// from the table and before it removed their `published` rows (two steps on two systems);
 /// then the correction is undone. The old version's rows name files that are gone: its chunks
@@ -248,12 +236,12 @@ fn a_correction_undone_after_a_crash_mid_switch_puts_the_old_version_back_whole(
     let v2 = events("v2", 250, 0..0);
     std::fs::write(p.path("in/data.jsonl"), &v1).unwrap();
     settle(&p);
-    ledger_script(&p, "CREATE TABLE saved AS SELECT * FROM published;");
+    p.ledger_script("CREATE TABLE saved AS SELECT * FROM published;");
     std::fs::write(p.path("in/data.jsonl"), &v2).unwrap();
     settle(&p);
     table_is(&p, &[("data.jsonl", &v2)]);
     // The crash: version 1's rows are still there, its files are not.
-    ledger_script(&p, "INSERT INTO published SELECT * FROM saved; DROP TABLE saved;");
+    p.ledger_script("INSERT INTO published SELECT * FROM saved; DROP TABLE saved;");
     put_back(&p, &v1);
     settle(&p);
     table_is(&p, &[("data.jsonl", &v1)]);
@@ -272,7 +260,7 @@ fn a_correction_undone_while_it_is_switched_in_puts_the_old_version_back_whole()
     table_is(&p, &[("data.jsonl", &v2)]);
     // They are in backoff (a look that came while the switch was under way) until after the
     // old bytes are back in the table.
-    ledger_script(&p, "UPDATE tasks SET scheduled_at = 9000000000000 WHERE stage = 'load' AND state <> 'done';");
+    p.ledger_script("UPDATE tasks SET scheduled_at = 9000000000000 WHERE stage = 'load' AND state <> 'done';");
     put_back(&p, &v1);
     for _ in 0..3 {
         run_all(&p);
@@ -280,7 +268,7 @@ fn a_correction_undone_while_it_is_switched_in_puts_the_old_version_back_whole()
     let back =
         "SELECT COUNT(*) FROM published p JOIN chunks c ON c.id = p.chunk_id JOIN source_files f ON f.id = c.file_id WHERE f.version = 3";
     assert!(p.count(back) > 0, "the old bytes are the newest version again, published");
-    ledger_script(&p, "UPDATE tasks SET scheduled_at = 0 WHERE scheduled_at = 9000000000000;");
+    p.ledger_script("UPDATE tasks SET scheduled_at = 0 WHERE scheduled_at = 9000000000000;");
     settle(&p);
     table_is(&p, &[("data.jsonl", &v1)]);
     all_done_and_verified(&p);
@@ -444,25 +432,19 @@ fn a_skip_while_a_switch_is_under_way_leaves_no_unrecorded_part_in_the_table() {
     assert!(!switcher.is_empty(), "one chunk switched version 2 in");
     let waiting = p.sql("SELECT MIN(chunk_id) FROM tasks WHERE stage = 'load' AND state <> 'done'");
     assert!(!waiting.is_empty(), "the switch is under way: a chunk has not recorded its parts");
-    ledger_script(
-        &p,
-        &format!(
-            "DELETE FROM published WHERE chunk_id = '{switcher}';
+    p.ledger_script(&format!(
+        "DELETE FROM published WHERE chunk_id = '{switcher}';
              UPDATE tasks SET state = 'available', finalized_at = NULL, scheduled_at = 0 WHERE chunk_id = '{switcher}' AND stage = 'load';"
-        ),
-    );
+    ));
     let out = p.command("ferry").args(["skip", "--chunk", &waiting, "--reason", "test"]).output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "a load whose parts are in the table is not skipped: {said}");
     assert!(said.contains("in the table already"), "{said}");
-    ledger_script(
-        &p,
-        &format!(
-            "UPDATE tasks SET state = 'done', finalized_at = 1, epoch = epoch + 1, last_error = 'skipped by an operator: test'
+    p.ledger_script(&format!(
+        "UPDATE tasks SET state = 'done', finalized_at = 1, epoch = epoch + 1, last_error = 'skipped by an operator: test'
                WHERE chunk_id = '{waiting}' AND stage = 'load';
              INSERT INTO skips (chunk_id, stage, reason, skipped_at) VALUES ('{waiting}', 'load', 'test', 1);"
-        ),
-    );
+    ));
     settle(&p);
     all_done_and_verified(&p);
     let skipped = p.count(&format!("SELECT records FROM chunks WHERE id = '{waiting}'"));
@@ -496,7 +478,7 @@ fn a_skip_of_a_load_that_recorded_its_parts_is_refused() {
     settle(&p);
     table_is(&p, &[("data.jsonl", &v2)]);
     let chunk = p.sql("SELECT MIN(chunk_id) FROM published");
-    ledger_script(&p, &format!("UPDATE tasks SET state = 'retryable', finalized_at = NULL WHERE chunk_id = '{chunk}' AND stage = 'load';"));
+    p.ledger_script(&format!("UPDATE tasks SET state = 'retryable', finalized_at = NULL WHERE chunk_id = '{chunk}' AND stage = 'load';"));
     let out = p.command("ferry").args(["skip", "--chunk", &chunk, "--reason", "test"]).output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "a load with rows of its own is not skipped: {said}");
@@ -553,8 +535,7 @@ fn a_version_with_no_rows_stays_in_the_table_when_its_load_is_quarantined_later(
     std::fs::write(p.path("in/data.jsonl"), "").unwrap();
     settle(&p);
     table_is(&p, &[("other.jsonl", &other)]);
-    ledger_script(
-        &p,
+    p.ledger_script(
         "UPDATE tasks SET state = 'quarantined', last_error = 'test: a later failure' WHERE stage = 'load' AND chunk_id IN
            (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.uri LIKE '%/data.jsonl' AND f.version = 2);",
     );
@@ -578,13 +559,10 @@ fn a_skipped_transforms_spool_files_go_with_gc() {
     stage_ok(&p, "ferry-extract");
     stage_ok(&p, "ferry-transform");
     let chunk = p.sql("SELECT MIN(chunk_id) FROM tasks WHERE stage = 'copy'");
-    ledger_script(
-        &p,
-        &format!(
-            "DELETE FROM tasks WHERE chunk_id = '{chunk}' AND stage = 'copy';
+    p.ledger_script(&format!(
+        "DELETE FROM tasks WHERE chunk_id = '{chunk}' AND stage = 'copy';
              UPDATE tasks SET state = 'retryable', finalized_at = NULL WHERE chunk_id = '{chunk}' AND stage = 'transform';"
-        ),
-    );
+    ));
     let spool = p.path(&format!("spool/events/{chunk}"));
     assert!(spool.exists(), "the dead attempt's Parquet is in the spool");
     ferry_ok(&p, &["gc", "--older-than", "0s"]);
@@ -616,13 +594,10 @@ fn with_versions_kept_a_chunk_of_a_reused_name_can_be_skipped() {
     for path in p.sql(&format!("SELECT GROUP_CONCAT(path, char(10)) FROM published WHERE chunk_id = '{chunk}'")).lines() {
         std::fs::remove_file(p.path(&format!("wh/{path}"))).unwrap();
     }
-    ledger_script(
-        &p,
-        &format!(
-            "DELETE FROM published WHERE chunk_id = '{chunk}';
+    p.ledger_script(&format!(
+        "DELETE FROM published WHERE chunk_id = '{chunk}';
              UPDATE tasks SET state = 'quarantined', last_error = 'test' WHERE chunk_id = '{chunk}' AND stage = 'load';"
-        ),
-    );
+    ));
     ferry_ok(&p, &["skip", "--chunk", &chunk, "--reason", "test"]);
     let skipped = p.count(&format!("SELECT records FROM chunks WHERE id = '{chunk}'"));
     assert_eq!(p.table_digest()["rows"], serde_json::json!(600 - skipped), "both files, without the skipped chunk");
@@ -763,7 +738,7 @@ fn a_revert_to_a_version_whose_load_is_withdrawing_it_comes_back_whole() {
         stage_ok(&p, s);
     }
     // Version 2's loads wait while version 3 goes in.
-    ledger_script(&p, "UPDATE tasks SET scheduled_at = 9000000000000 WHERE stage = 'load' AND state <> 'done';");
+    p.ledger_script("UPDATE tasks SET scheduled_at = 9000000000000 WHERE stage = 'load' AND state <> 'done';");
     put_back(&p, &v3);
     for _ in 0..5 {
         run_all(&p);
@@ -772,7 +747,7 @@ fn a_revert_to_a_version_whose_load_is_withdrawing_it_comes_back_whole() {
         }
     }
     table_is(&p, &[("data.jsonl", &v3)]);
-    ledger_script(&p, "UPDATE tasks SET scheduled_at = 0 WHERE scheduled_at = 9000000000000;");
+    p.ledger_script("UPDATE tasks SET scheduled_at = 0 WHERE scheduled_at = 9000000000000;");
     let (load, gate) = held_at_gate(&p, "ferry-load", "FERRY_TEST_WITHDRAW_GATE", |d| d.display().to_string());
     put_back(&p, &v2);
     stage_ok(&p, "ferry-extract");

@@ -8,8 +8,8 @@ use arrow::array::{Array, ArrayRef, BooleanArray, Float64Array, StringArray, UIn
 use arrow::compute::kernels::cmp;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
-use ferry_common::config::TransformSection;
 use ferry_common::paths;
+use ferry_runtime::config::TransformSection;
 
 use crate::{TransformError, bad_input, misconfigured};
 use ferry_formats::decode::arrow_type;

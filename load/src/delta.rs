@@ -1,0 +1,443 @@
+//! load into a Delta Lake table (`[destination] table_format = "delta"`).
+//!
+//! The chunk's parts move into the table directory under content-addressed names, where no
+//! reader sees them, and one commit to the table's log adds them (see `ferry_runtime::delta`
+//! for the log and its commit rule). Each Hive step has its Delta counterpart:
+//!
+//! | Hive layout (renames)                          | Delta (one commit per chunk)                     |
+//! |------------------------------------------------|--------------------------------------------------|
+//! | parts renamed into the table, all or nothing   | `add` actions of every part in one commit        |
+//! | a rerun's earlier output deleted               | `remove` of the chunk's other active files       |
+//! | a version switched in by renames, then the     | the version's `add`s and the older versions'     |
+//! | older version's files deleted                  | `remove`s in the same commit: a reader sees one  |
+//! | a skipped sibling's parts moved back out       | `remove` of its active files                     |
+//! | a superseded chunk's parts moved back out      | nothing is added; a commit that raced a newer    |
+//! |                                                | version is followed by one that removes it       |
+//!
+//! Removed files stay in the directory (a reader of an older version, time travel, still
+//! reads them) until a vacuum past the retention.
+//!
+//! Every commit is planned against the snapshot it will follow, and planned again if another
+//! writer takes that version first: the files of older versions of the source file are read
+//! from the snapshot (by the chunk id in their names), not from the ledger, so a commit that
+//! landed and was not recorded (a crash, a lost reply) is found and counted exactly like a
+//! recorded one. What a crash at each step leaves is in `ferry_runtime::delta`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use ferry_common::paths;
+use ferry_ledger::{Lease, Part, SchemaColumn, Work};
+use ferry_runtime::delta::{self, DeltaError, DeltaLog, Snapshot};
+use ferry_storage::Store;
+use serde_json::Value;
+
+use crate::{LoadError, LoadFailure, Loader, Moving, WAIT_BRIEFLY};
+
+/// The table's log and the newest snapshot this process has read of it.
+pub(crate) struct DeltaTable {
+    log: DeltaLog,
+    /// Commits of this process go one at a time (they would race for the same version
+    /// anyway), each from the snapshot the one before it left.
+    snapshot: tokio::sync::Mutex<Option<Snapshot>>,
+}
+
+impl DeltaTable {
+    pub(crate) fn new(dest: Store, table: &str) -> DeltaTable {
+        DeltaTable { log: DeltaLog::new(dest, table), snapshot: tokio::sync::Mutex::new(None) }
+    }
+}
+
+/// A store's error keeps its class; what the log or the schema refuses is the chunk's.
+fn table_error(e: DeltaError) -> LoadError {
+    match e {
+        DeltaError::Storage(e) => e.into(),
+        other => LoadError::Stage(LoadFailure::Table(other.to_string())),
+    }
+}
+
+/// A part's file name in a Delta table: `part-<chunk>-<first 8 of its blake3>.parquet`, so
+/// that other bytes for the same chunk and partition (a rerun) never take a name an earlier
+/// version of the table still reads.
+pub(crate) fn part_rel(p: &Part) -> String {
+    let stem = p.name.strip_suffix(".parquet").unwrap_or(&p.name);
+    let hash = p.content_hash.get(..8).unwrap_or(&p.content_hash);
+    paths::part_rel(&p.partition, &format!("{stem}-{hash}.parquet"))
+}
+
+/// The chunk id in a Delta table file's name (see [`part_rel`]); None for files of others.
+fn chunk_of(rel: &str) -> Option<&str> {
+    let name = rel.rsplit('/').next()?;
+    let (chunk, hash) = name.strip_prefix("part-")?.strip_suffix(".parquet")?.rsplit_once('-')?;
+    (hash.len() == 8 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(chunk)
+}
+
+/// What one chunk's commit is to bring about, fixed before the log is read.
+struct Plan<'a> {
+    /// Every part going in (the chunk's, and in a version switch its siblings'), by table path.
+    parts: Vec<(String, &'a Part)>,
+    /// The chunks whose parts these are.
+    chunks: HashSet<&'a str>,
+    /// The source file's version, with every chunk of every version of it (versions = replace).
+    version: Option<(i64, HashMap<String, i64>)>,
+    /// Siblings an operator skipped: their files must not stay in the table.
+    skipped: HashSet<String>,
+    /// This version replaces an older one: the older one's files go in the same commit.
+    replaces: bool,
+    columns: Vec<SchemaColumn>,
+    partition_by: Vec<String>,
+    table: String,
+    epoch: i64,
+    pipeline: String,
+    now_ms: i64,
+}
+
+/// What planning found, besides the actions.
+#[derive(Default)]
+struct Found {
+    /// A newer version of the source file is in the table: this chunk must not be.
+    superseded: bool,
+}
+
+impl Plan<'_> {
+    /// The commit's actions against snapshot `s`, or None when there is nothing to write:
+    /// every part is active and nothing is to go (a retry after a commit that landed).
+    fn actions(&self, s: &Snapshot, found: &mut Found) -> Result<Option<Vec<Value>>, DeltaError> {
+        let version_of = |rel: &str| self.version.as_ref().and_then(|(_, all)| all.get(chunk_of(rel)?).copied());
+        if let Some((mine, _)) = &self.version {
+            found.superseded = s.files.keys().any(|f| version_of(f).is_some_and(|v| v > *mine));
+            if found.superseded {
+                return Ok(None);
+            }
+        }
+        let adds: Vec<&(String, &Part)> = self.parts.iter().filter(|(rel, _)| !s.files.contains_key(rel)).collect();
+        let wanted: HashSet<&str> = self.parts.iter().map(|(rel, _)| rel.as_str()).collect();
+        let mut removes: Vec<(&String, i64)> = s
+            .files
+            .iter()
+            .filter(|(f, _)| !wanted.contains(f.as_str()))
+            .filter(|(f, _)| {
+                let Some(c) = chunk_of(f) else { return false };
+                // Earlier output of these chunks (a rerun), a skipped sibling's parts, and, in
+                // a switch, every file of an older version.
+                self.chunks.contains(c)
+                    || self.skipped.contains(c)
+                    || (self.replaces && version_of(f).zip(self.version.as_ref()).is_some_and(|(v, (mine, _))| v < *mine))
+            })
+            .map(|(f, a)| (f, a.size))
+            .collect();
+        removes.sort();
+        let metadata = self.metadata_change(s)?;
+        if adds.is_empty() && removes.is_empty() && metadata.is_none() {
+            return Ok(None);
+        }
+        let mut chunks: Vec<&str> = self.chunks.iter().copied().collect();
+        chunks.sort();
+        let op = if removes.is_empty() { "WRITE" } else { "MERGE" };
+        let mut actions = vec![delta::commit_info(op, &chunks, self.now_ms)];
+        if s.version < 0 || s.protocol.as_ref() != Some(&delta::protocol(&self.columns)["protocol"]) {
+            let needed = delta::protocol(&self.columns);
+            // A table created without timestamp_ntz that gains such a column moves up to
+            // table features; one that has them keeps them.
+            let now = s.protocol.as_ref().and_then(|p| p.get("minWriterVersion")).and_then(Value::as_i64).unwrap_or(0);
+            if needed["protocol"]["minWriterVersion"].as_i64().unwrap_or(0) > now {
+                actions.push(needed);
+            }
+        }
+        actions.extend(metadata);
+        for (rel, p) in adds {
+            actions.push(delta::add(rel, &delta::partition_values(&p.partition), p.bytes, p.records, self.now_ms));
+        }
+        for (rel, size) in removes {
+            let partition = rel.rsplit_once('/').map_or("", |(dir, _)| dir);
+            actions.push(delta::remove(rel, &delta::partition_values(partition), size, self.now_ms));
+        }
+        for c in chunks {
+            actions.push(delta::txn(&format!("ferry:{}:{c}", self.pipeline), self.epoch, self.now_ms));
+        }
+        Ok(Some(actions))
+    }
+
+    /// The metaData action this commit needs: the table's first, or a changed schema (new
+    /// nullable columns, a column that may now be null). A change Delta readers would take
+    /// only with table features Ferry does not write (a column's type widened) is refused.
+    fn metadata_change(&self, s: &Snapshot) -> Result<Option<Value>, DeltaError> {
+        let id = s.metadata.as_ref().and_then(|m| m.get("id")).and_then(Value::as_str).map(str::to_string);
+        let created = s.metadata.as_ref().and_then(|m| m.get("createdTime")).and_then(Value::as_i64).unwrap_or(self.now_ms);
+        let id = id.unwrap_or_else(|| table_id(&self.pipeline, &self.table, self.now_ms));
+        let want = delta::metadata(&id, &self.table, &self.columns, &self.partition_by, created)?;
+        let Some(have) = s.schema_string() else { return Ok(Some(want)) };
+        let want_schema = want["metaData"]["schemaString"].as_str().unwrap_or_default();
+        if have == want_schema {
+            return Ok(None);
+        }
+        let fields = |text: &str| -> HashMap<String, (Value, bool)> {
+            let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+            v["fields"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| Some((f["name"].as_str()?.to_string(), (f["type"].clone(), f["nullable"].as_bool().unwrap_or(true)))))
+                .collect()
+        };
+        let (old, new) = (fields(have), fields(want_schema));
+        for (name, (ty, nullable)) in &old {
+            match new.get(name) {
+                Some((t, n)) if t == ty && (*n || !nullable) => {}
+                // An older chunk loaded after the schema moved on: its files are read with the
+                // table's newer schema; the table's schema stays as it is.
+                Some((t, _)) if t == ty => return Ok(None),
+                Some((t, _)) => {
+                    return Err(DeltaError::Schema(format!(
+                        "column {name:?} changes type from {ty} to {t}: a Delta reader takes that only with the typeWidening \
+                         table feature, which Ferry does not write; widen it in the source's first version, or use \
+                         destination.table_format = \"hive\""
+                    )));
+                }
+                // A column the recorded schema dropped (an older chunk's narrower schema): the
+                // table keeps it.
+                None => return Ok(None),
+            }
+        }
+        if let Some((name, _)) = new.iter().find(|(n, (_, nullable))| !old.contains_key(*n) && !nullable) {
+            return Err(DeltaError::Schema(format!("new column {name:?} is required: a Delta table gains nullable columns only")));
+        }
+        Ok(Some(want))
+    }
+}
+
+/// A table id that stays the table's for life (the first commit's metaData).
+fn table_id(pipeline: &str, table: &str, now_ms: i64) -> String {
+    let h = blake3::hash(format!("{pipeline}/{table}/{now_ms}/{}", std::process::id()).as_bytes()).to_hex();
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+impl Loader {
+    /// Publishes one chunk into a Delta table: its parts into the directory, then one commit.
+    pub(crate) async fn chunk_delta(self: Arc<Self>, lease: Lease, table: &DeltaTable) -> Result<Work, LoadError> {
+        let name = &self.cfg.table.name;
+        let replace = self.cfg.source.versions == ferry_runtime::config::Versions::Replace;
+        let dest = self.dest.isolated()?;
+        if replace && self.ledger.newer_version_published(&lease.chunk_id).await?.is_some() && self.withdraw_delta(&dest, &lease).await? {
+            return Ok(Work::default());
+        }
+        let version = if replace { Some(self.ledger.version_of(&lease.chunk_id).await?) } else { None };
+        let Moving { parts, moving, siblings, switching: _switching } = self.moving(&lease, version.as_ref()).await?;
+        // Into the directory, under names no reader looks at until the commit adds them.
+        for p in &moving {
+            self.place(&dest, p).await?;
+        }
+        let columns = match self.ledger.table_schemas(name).await?.pop() {
+            Some(v) => v.columns,
+            None => return Err(LoadError::Stage(LoadFailure::Table(format!("no schema of table {name} is recorded")))),
+        };
+        let every_version = match &version {
+            Some(v) => Some((v.version, self.ledger.chunks_of_every_version(&lease.chunk_id).await?.into_iter().collect())),
+            None => None,
+        };
+        let skipped = version
+            .as_ref()
+            .filter(|v| v.replaces)
+            .map(|v| v.chunks.iter().filter(|c| c.skipped).map(|c| c.id.clone()).collect())
+            .unwrap_or_default();
+        let plan = Plan {
+            parts: moving.iter().map(|p| (part_rel(p), p)).collect(),
+            chunks: moving.iter().map(|p| p.chunk_id.as_str()).chain([lease.chunk_id.as_str()]).collect(),
+            version: every_version,
+            skipped,
+            replaces: version.as_ref().is_some_and(|v| v.replaces),
+            columns,
+            partition_by: self.cfg.table.partition_by.clone(),
+            table: name.clone(),
+            epoch: lease.epoch,
+            pipeline: self.cfg.pipeline.clone(),
+            now_ms: self.ledger.now_ms(),
+        };
+        let mut found = Found::default();
+        let committed = {
+            let mut cached = table.snapshot.lock().await;
+            table.log.commit(&mut cached, |s| plan.actions(s, &mut found)).await.map_err(table_error)?
+        };
+        if found.superseded {
+            tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file is in the table; not added");
+            if self.withdraw_delta(&dest, &lease).await? {
+                return Ok(Work::default());
+            }
+            return Err(LoadError::Stage(LoadFailure::Waiting {
+                reason: "the table holds a newer version of the source file, the ledger does not yet".into(),
+                after: WAIT_BRIEFLY,
+            }));
+        }
+        if let Some(v) = committed {
+            tracing::debug!(chunk = %lease.chunk_id, table_version = v, parts = moving.len(), "committed to the Delta log");
+        }
+        let published: Vec<(String, Part)> = parts.iter().map(|p| (paths::table_file(name, &part_rel(p)), p.clone())).collect();
+        if !self.ledger.record_published(&lease, name, &published, replace).await? {
+            // A newer version went in between this chunk's look at the ledger and its commit:
+            // its files go back out of the table in a commit of their own.
+            tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file was published meanwhile; taking it back out");
+            let mine: HashSet<String> = published.iter().map(|(_, p)| part_rel(p)).collect();
+            let now_ms = self.ledger.now_ms();
+            let mut cached = table.snapshot.lock().await;
+            table
+                .log
+                .commit(&mut cached, |s| {
+                    let gone: Vec<Value> = s
+                        .files
+                        .iter()
+                        .filter(|(f, _)| mine.contains(*f))
+                        .map(|(f, a)| delta::remove(f, &delta::partition_values(f.rsplit_once('/').map_or("", |(d, _)| d)), a.size, now_ms))
+                        .collect();
+                    Ok((!gone.is_empty()).then_some(gone))
+                })
+                .await
+                .map_err(table_error)?;
+            return Ok(Work::default());
+        }
+        if let Some(v) = &version {
+            // The older versions' files left the table in the commit; their rows go now.
+            let old: Vec<String> = self.ledger.older_versions_published(&lease.chunk_id).await?.into_iter().map(|(p, _)| p).collect();
+            if !old.is_empty() {
+                self.ledger.retract_published(&v.uri, &old).await?;
+            }
+            if !siblings.is_empty() {
+                self.ledger.wake(&siblings, ferry_ledger::Stage::Load).await?;
+            }
+        }
+        Ok(Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum(), ..Work::default() })
+    }
+
+    /// Moves a part's landed file to its name in the table directory (where no reader looks
+    /// until a commit adds it); a retry finds it there already.
+    async fn place(&self, dest: &Store, p: &Part) -> Result<(), LoadError> {
+        let name = &self.cfg.table.name;
+        let landed = paths::landed(name, &p.chunk_id, &p.rel_path());
+        let target = paths::table_file(name, &part_rel(p));
+        if dest.rename_noreplace(&landed, &target).await.or_else(|e| if e.is_not_found() { Ok(false) } else { Err(e) })? {
+            return Ok(());
+        }
+        match ferry_runtime::table::in_table::<LoadFailure>(dest, &target, p).await? {
+            Some(true) => {
+                let _ = dest.delete(&landed).await;
+                Ok(())
+            }
+            Some(false) => Err(self.conflict(dest, &target, &p.chunk_id)),
+            None => Err(self.missing(dest, &landed, &target, &p.chunk_id)),
+        }
+    }
+
+    /// A superseded chunk of a Delta table: recorded as withdrawn, its landed files removed.
+    /// Its parts in the table directory stay: a commit may have added them before a newer
+    /// version removed them, and a reader of that older table version still reads them
+    /// (a vacuum removes them past the retention).
+    async fn withdraw_delta(&self, dest: &Store, lease: &Lease) -> Result<bool, LoadError> {
+        let chunk = lease.chunk_id.as_str();
+        let Some(newer) = self.ledger.begin_withdrawal(lease).await? else { return Ok(false) };
+        tracing::info!(chunk, newer_version = newer, "withdrawing: a newer version of its source file is in the table");
+        for p in self.ledger.parts(chunk).await? {
+            let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
+            if let Err(e) = dest.delete(&landed).await {
+                tracing::debug!(file = %dest.url(&landed), error = %e, "cannot remove a landed file now; gc will");
+            }
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(chunk: &str, partition: &str, hash: &str) -> Part {
+        Part {
+            chunk_id: chunk.into(),
+            partition: partition.into(),
+            name: format!("part-{chunk}.parquet"),
+            records: 3,
+            bytes: 100,
+            content_hash: hash.into(),
+        }
+    }
+
+    #[test]
+    fn names_carry_the_chunk_and_the_bytes() {
+        let p = part("c0ffee11", "dt=2026-11-28", "0123456789abcdef");
+        assert_eq!(part_rel(&p), "dt=2026-11-28/part-c0ffee11-01234567.parquet");
+        assert_eq!(chunk_of(&part_rel(&p)), Some("c0ffee11"));
+        assert_eq!(chunk_of("dt=1/part-00000-3f2a.snappy.parquet"), None, "another writer's file");
+        assert_eq!(chunk_of("part-a-b-0123abcd.parquet"), Some("a-b"));
+    }
+
+    fn plan<'a>(parts: &'a [Part], version: Option<(i64, &[(&str, i64)])>, replaces: bool) -> Plan<'a> {
+        Plan {
+            parts: parts.iter().map(|p| (part_rel(p), p)).collect(),
+            chunks: parts.iter().map(|p| p.chunk_id.as_str()).collect(),
+            version: version.map(|(v, all)| (v, all.iter().map(|(c, v)| (c.to_string(), *v)).collect())),
+            skipped: HashSet::new(),
+            replaces,
+            columns: vec![SchemaColumn { name: "n".into(), hive: "BIGINT".into(), detail: "bigint".into(), nullable: true }],
+            partition_by: vec!["dt".into()],
+            table: "t".into(),
+            epoch: 4,
+            pipeline: "p".into(),
+            now_ms: 1_000,
+        }
+    }
+
+    fn kinds(actions: &[Value]) -> Vec<String> {
+        actions.iter().map(|a| a.as_object().unwrap().keys().next().unwrap().clone()).collect()
+    }
+
+    fn apply(s: &mut Snapshot, actions: &[Value]) {
+        let text: String = actions.iter().map(|a| format!("{a}\n")).collect();
+        s.apply(s.version + 1, &text).unwrap();
+    }
+
+    #[test]
+    fn a_chunk_goes_in_once_a_rerun_swaps_its_files_and_a_new_version_replaces_the_old_whole() {
+        let mut s = Snapshot { version: -1, ..Default::default() };
+        let v1 = [part("aaaa", "dt=1", "11111111ff"), part("aaaa", "dt=2", "22222222ff")];
+        let every = [("aaaa", 1), ("bbbb", 2)];
+        let mut found = Found::default();
+        let first = plan(&v1, Some((1, &every)), false).actions(&s, &mut found).unwrap().unwrap();
+        assert_eq!(kinds(&first), ["commitInfo", "protocol", "metaData", "add", "add", "txn"]);
+        apply(&mut s, &first);
+        assert_eq!(s.files.len(), 2);
+        // The same chunk again (a lost reply): nothing to write.
+        assert!(plan(&v1, Some((1, &every)), false).actions(&s, &mut found).unwrap().is_none());
+        // A rerun with other bytes in one partition: the new name in, the old one out, at once.
+        let rerun = [part("aaaa", "dt=1", "33333333ff"), part("aaaa", "dt=2", "22222222ff")];
+        let swap = plan(&rerun, Some((1, &every)), false).actions(&s, &mut found).unwrap().unwrap();
+        assert_eq!(kinds(&swap), ["commitInfo", "add", "remove", "txn"]);
+        apply(&mut s, &swap);
+        assert!(s.files.contains_key("dt=1/part-aaaa-33333333.parquet") && !s.files.contains_key("dt=1/part-aaaa-11111111.parquet"));
+        // Version 2 of the file replaces version 1: its add and version 1's removes together.
+        let v2 = [part("bbbb", "dt=1", "44444444ff")];
+        let switch = plan(&v2, Some((2, &every)), true).actions(&s, &mut found).unwrap().unwrap();
+        assert_eq!(kinds(&switch), ["commitInfo", "add", "remove", "remove", "txn"]);
+        apply(&mut s, &switch);
+        assert_eq!(s.files.keys().collect::<Vec<_>>(), ["dt=1/part-bbbb-44444444.parquet"]);
+        // Version 1's chunk, late (its commit lost the race to the switch): superseded, nothing written.
+        let mut late = Found::default();
+        assert!(plan(&v1, Some((1, &every)), false).actions(&s, &mut late).unwrap().is_none());
+        assert!(late.superseded);
+    }
+
+    #[test]
+    fn a_type_change_is_refused_and_a_new_nullable_column_is_a_schema_change() {
+        let mut s = Snapshot { version: -1, ..Default::default() };
+        let ps = [part("aaaa", "dt=1", "11111111ff")];
+        let mut found = Found::default();
+        let p = plan(&ps, None, false);
+        let first = p.actions(&s, &mut found).unwrap().unwrap();
+        apply(&mut s, &first);
+        let mut wider = plan(&ps, None, false);
+        wider.columns.push(SchemaColumn { name: "m".into(), hive: "STRING".into(), detail: "string".into(), nullable: true });
+        let change = wider.actions(&s, &mut found).unwrap().unwrap();
+        assert_eq!(kinds(&change), ["commitInfo", "metaData", "txn"]);
+        let mut retyped = plan(&ps, None, false);
+        retyped.columns[0].detail = "string".into();
+        let e = retyped.actions(&s, &mut found).unwrap_err().to_string();
+        assert!(e.contains("\"n\"") && e.contains("typeWidening"), "{e}");
+    }
+}

@@ -1,0 +1,276 @@
+//! `[destination] table_format = "delta"`: the published table read back by delta-rs (the
+//! `deltalake` Python package, an independent reader of the Delta protocol), at its latest
+//! version and at earlier ones (time travel): every record exactly once at every version, a
+//! corrected file switched in one commit, and load killed at every step of its commits, or
+//! run twice at once, still leaving every record once.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ferry_tests::{Pipeline, STAGES, delta_digest, input_digest, output_within};
+
+/// A pipeline whose table is a Delta table.
+fn delta_pipeline(chunk: &str) -> Pipeline {
+    let p = Pipeline::new(chunk, "30s", "0s");
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    let line = format!("url = \"{}/wh\"", p.dir.path().display());
+    assert!(cfg.contains(&line), "the destination line");
+    std::fs::write(&p.config, cfg.replace(&line, &format!("{line}\ntable_format = \"delta\""))).unwrap();
+    p
+}
+
+fn table(p: &Pipeline) -> PathBuf {
+    p.path("wh/events")
+}
+
+/// The log's commits, by version.
+fn commits(dir: &Path) -> Vec<(i64, Vec<serde_json::Value>)> {
+    let mut out: Vec<(i64, Vec<serde_json::Value>)> = std::fs::read_dir(dir.join("_delta_log"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let v = name.strip_suffix(".json")?.parse::<i64>().ok()?;
+                    let text = std::fs::read_to_string(e.path()).unwrap();
+                    Some((v, text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_by_key(|(v, _)| *v);
+    out
+}
+
+fn same(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{what}: {k} ({got} vs {want})");
+    }
+}
+
+/// Every version of the table, as delta-rs reads it: no record twice in any of them.
+fn no_version_doubles(dir: &Path) -> Vec<serde_json::Value> {
+    let versions = commits(dir);
+    let last = versions.last().map_or(-1, |(v, _)| *v);
+    assert_eq!(versions.iter().map(|(v, _)| *v).collect::<Vec<_>>(), (0..=last).collect::<Vec<_>>(), "the log has no gap");
+    (0..=last)
+        .map(|v| {
+            let d = delta_digest(dir, Some(v));
+            assert_eq!(d["rows"], d["distinct"], "version {v} holds a record twice: {d}");
+            assert_eq!(d["bad_dt"], 0, "version {v}: rows in the wrong partition");
+            d
+        })
+        .collect()
+}
+
+fn drained(p: &Pipeline) {
+    p.drain(6);
+    let left =
+        p.sql("SELECT COUNT(*) || ' ' || COALESCE(group_concat(stage || ': ' || last_error, '; '), '') FROM tasks WHERE state <> 'done'");
+    assert_eq!(left.trim(), "0", "every task done");
+}
+
+#[test]
+fn every_record_is_in_the_delta_table_once_at_every_version() {
+    let p = delta_pipeline("16KiB");
+    p.add_jsonl_batch("a", 3, 400, 1);
+    drained(&p);
+    let first = input_digest("jsonl", &p.path("in"));
+    same(&delta_digest(&table(&p), None), &first, "after the first batch");
+    let after_first = commits(&table(&p)).last().unwrap().0;
+    p.add_jsonl_batch("b", 2, 300, 2);
+    drained(&p);
+    same(&delta_digest(&table(&p), None), &input_digest("jsonl", &p.path("in")), "after the second batch");
+    same(&delta_digest(&table(&p), Some(after_first)), &first, "time travel to the first batch's last commit");
+    no_version_doubles(&table(&p));
+
+    // What the log says, read as JSON: the protocol a plain reader takes, the partition
+    // column, and a txn naming its chunk in every commit that adds one.
+    let log = commits(&table(&p));
+    let v0 = &log[0].1;
+    let protocol = v0.iter().find_map(|a| a.get("protocol")).expect("a protocol action");
+    assert_eq!((protocol["minReaderVersion"].as_i64(), protocol["minWriterVersion"].as_i64()), (Some(1), Some(2)));
+    let meta = v0.iter().find_map(|a| a.get("metaData")).expect("a metaData action");
+    assert_eq!(meta["partitionColumns"], serde_json::json!(["dt"]));
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
+    let mut txns = std::collections::BTreeSet::new();
+    for (v, actions) in &log {
+        let adds: Vec<&serde_json::Value> = actions.iter().filter_map(|a| a.get("add")).collect();
+        let apps: Vec<&str> = actions.iter().filter_map(|a| a.get("txn")?.get("appId")?.as_str()).collect();
+        if !adds.is_empty() {
+            assert!(!apps.is_empty() && apps.iter().all(|a| a.starts_with("ferry:default:")), "commit {v}: {apps:?}");
+            for a in &adds {
+                let stats: serde_json::Value = serde_json::from_str(a["stats"].as_str().unwrap()).unwrap();
+                assert!(stats["numRecords"].as_i64().unwrap() > 0, "commit {v}: {a}");
+                assert!(a["partitionValues"]["dt"].as_str().unwrap().starts_with("20"), "commit {v}: {a}");
+            }
+        }
+        txns.extend(apps);
+    }
+    assert_eq!(txns.len() as i64, chunks, "one txn app id per chunk");
+    // The ledger's published files are the table's active ones.
+    let published = p.count("SELECT COUNT(*) FROM published");
+    assert_eq!(published, delta_files(&table(&p)).len() as i64);
+}
+
+/// The table's active files, as delta-rs lists them.
+fn delta_files(dir: &Path) -> Vec<String> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, os, json; from deltalake import DeltaTable; print(json.dumps(DeltaTable(sys.argv[1]).file_uris())); \
+             sys.stdout.flush(); os._exit(0)",
+        ])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `n` event lines whose ids start with `tag`.
+fn events(tag: &str, n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            format!(
+                "{{\"event_id\":\"{tag}-{i:05}\",\"ts\":\"2026-11-{:02}T10:{:02}:00Z\",\"host\":\"h\",\"kind\":\"k\",\"user_id\":{i},\"payload\":\"{}\",\"score\":null}}\n",
+                20 + i % 3,
+                i % 60,
+                "p".repeat(60)
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_corrected_file_switches_in_one_commit_and_earlier_versions_still_read_the_old_rows() {
+    let p = delta_pipeline("16KiB");
+    std::fs::write(p.path("in/data.jsonl"), events("v1", 300)).unwrap();
+    drained(&p);
+    let v1_last = commits(&table(&p)).last().unwrap().0;
+    std::fs::write(p.path("in/.data.jsonl.part"), events("v2", 250)).unwrap();
+    std::fs::rename(p.path("in/.data.jsonl.part"), p.path("in/data.jsonl")).unwrap();
+    drained(&p);
+    assert!(p.count("SELECT COUNT(*) FROM chunks c JOIN source_files f ON f.id = c.file_id WHERE f.version = 2") > 1, "several chunks");
+    let want = |tag: &str, n: usize| {
+        let d = p.path(&format!("expect-{tag}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("data.jsonl"), events(tag, n)).unwrap();
+        input_digest("jsonl", &d)
+    };
+    same(&delta_digest(&table(&p), None), &want("v2", 250), "the correction");
+    same(&delta_digest(&table(&p), Some(v1_last)), &want("v1", 300), "the version before it");
+    // Every version after the first is v1 growing chunk by chunk, then v2 whole: the switch
+    // is one commit, and no version shows a mix.
+    let v2_rows = want("v2", 250)["rows"].clone();
+    let mut switched = 0;
+    for (v, d) in no_version_doubles(&table(&p)).iter().enumerate() {
+        if (v as i64) > v1_last {
+            assert_eq!(d["rows"], v2_rows, "version {v}: the correction whole");
+            switched += 1;
+        } else {
+            assert!(d["rows"].as_i64().unwrap() <= 300, "version {v}: {d}");
+        }
+    }
+    assert_eq!(switched, 1, "one commit switched the correction in");
+    // The old version's files are still in the directory (readers of the older versions need them).
+    let active = delta_files(&table(&p)).len();
+    let on_disk = ferry_tests::files_under(&table(&p)).iter().filter(|f| f.extension().is_some_and(|e| e == "parquet")).count();
+    assert!(on_disk > active, "{on_disk} files on disk, {active} active");
+}
+
+/// Copies `from` into `to` (a directory tree), replacing `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    let out = Command::new("cp").arg("-a").arg(from).arg(to).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn load_killed_at_every_step_leaves_every_record_once() {
+    let p = delta_pipeline("16KiB");
+    std::fs::write(p.path("in/a.jsonl"), events("a", 150)).unwrap();
+    for s in &STAGES[..3] {
+        let o = p.stage(s);
+        assert!(o.status.success(), "{s}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let want = input_digest("jsonl", &p.path("in"));
+    // The state before load, put back before each kill.
+    let saved = p.path("saved");
+    std::fs::create_dir_all(&saved).unwrap();
+    let keep = ["ledger.db", "ledger.db-wal", "ledger.db-shm", "wh"];
+    for k in keep {
+        if p.path(k).exists() {
+            copy_tree(&p.path(k), &saved.join(k));
+        }
+    }
+    let results = p.path("results");
+    std::fs::create_dir_all(&results).unwrap();
+    let mut killed = 0;
+    for at in 1..400 {
+        for k in keep {
+            let _ = std::fs::remove_dir_all(p.path(k));
+            let _ = std::fs::remove_file(p.path(k));
+            if saved.join(k).exists() {
+                copy_tree(&saved.join(k), &p.path(k));
+            }
+        }
+        let o = output_within(
+            p.command("ferry-load").arg("--once").env("FERRY_TEST_CRASH_AT", at.to_string()),
+            std::time::Duration::from_secs(120),
+        );
+        if !String::from_utf8_lossy(&o.stderr).contains("FERRY_TEST_CRASH_AT: killed") {
+            assert!(o.status.success(), "load ran to its end: {}", String::from_utf8_lossy(&o.stderr));
+            break;
+        }
+        killed += 1;
+        // The kill's lease must expire before another load claims the chunk: the ledger's
+        // lease is 30 s, so the test ends the leases instead of waiting.
+        p.ledger_script("UPDATE tasks SET lease_expires_at = 0 WHERE state = 'running'");
+        for _ in 0..3 {
+            let o = p.stage("ferry-load");
+            assert!(
+                o.status.code().is_some_and(|c| c == 0 || c == 3),
+                "load after a kill at step {at}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            if p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load' AND state <> 'done'") == 0 {
+                break;
+            }
+            p.ledger_script("UPDATE tasks SET scheduled_at = 0 WHERE state = 'retryable'");
+        }
+        copy_tree(&table(&p), &results.join(at.to_string()));
+    }
+    assert!(killed > 10, "load was killed at {killed} steps");
+    // Every outcome, read by delta-rs: every record once at the latest version, none twice at any.
+    for e in std::fs::read_dir(&results).unwrap().flatten() {
+        same(&delta_digest(&e.path(), None), &want, &format!("killed at step {}", e.file_name().to_string_lossy()));
+    }
+    for e in std::fs::read_dir(&results).unwrap().flatten().step_by(7) {
+        no_version_doubles(&e.path());
+    }
+}
+
+#[test]
+fn two_loads_on_one_table_commit_every_chunk_once() {
+    let p = delta_pipeline("8KiB");
+    p.add_jsonl_batch("a", 4, 300, 3);
+    for s in &STAGES[..3] {
+        let o = p.stage(s);
+        assert!(o.status.success(), "{s}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let chunks = p.count("SELECT COUNT(*) FROM chunks");
+    assert!(chunks >= 12, "{chunks} chunks");
+    let spawn =
+        || p.command("ferry-load").arg("--once").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let (a, b) = (spawn(), spawn());
+    for c in [a, b] {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    drained(&p);
+    same(&delta_digest(&table(&p), None), &input_digest("jsonl", &p.path("in")), "two loads at once");
+    let log = commits(&table(&p));
+    let adds: usize = log.iter().map(|(_, a)| a.iter().filter(|a| a.get("add").is_some()).count()).sum();
+    assert_eq!(adds as i64, p.count("SELECT COUNT(*) FROM parts"), "every part added once, by one of the two");
+    no_version_doubles(&table(&p));
+}
