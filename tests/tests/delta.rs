@@ -274,3 +274,97 @@ fn two_loads_on_one_table_commit_every_chunk_once() {
     assert_eq!(adds as i64, p.count("SELECT COUNT(*) FROM parts"), "every part added once, by one of the two");
     no_version_doubles(&table(&p));
 }
+
+/// Every stage to the end, several rounds (a chunk whose commit met a fault waits its backoff).
+fn drained_within(p: &Pipeline, what: &str) {
+    for _ in 0..12 {
+        p.drain(1);
+        if p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let left =
+        p.sql("SELECT group_concat(stage || ' ' || state || ': ' || COALESCE(last_error, ''), '; ') FROM tasks WHERE state <> 'done'");
+    panic!("{what}: tasks left: {left}");
+}
+
+/// The table on HDFS (a MiniDFS cluster), load reaching the NameNode through a fault proxy
+/// that resets connections right after a `rename2` (a commit's rename without overwrite, or a
+/// part's move) or a `complete` went out, and swallows some replies to them: commits whose
+/// outcome load cannot know. Read back with Hadoop's own client, then by delta-rs.
+#[test]
+fn a_delta_table_on_hdfs_through_lost_commit_replies_holds_every_record_once() {
+    use ferry_tests::clusters::MiniDfs;
+    use ferry_tests::proxy::{FaultProxy, Faults};
+    let a = MiniDfs::start("A");
+    let proxy = FaultProxy::start(a.addr, 3901);
+    let dest = format!(
+        "[destination]\nurl = \"{}/wh\"\ntable_format = \"delta\"\n[destination.store]\ncall_timeout = \"3s\"\nread_stall = \"10s\"\n",
+        a.url
+    );
+    let p = Pipeline::with_stores("16KiB", "5s", "0s", None, Some(dest));
+    p.stage_env("ferry-load", "FERRY_DESTINATION_URL", &format!("hdfs://{}/wh", proxy.addr));
+    for s in STAGES {
+        p.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", "40");
+    }
+    p.add_jsonl_batch("a", 3, 300, 11);
+    proxy.set(Faults {
+        on_request: vec![(b"rename2".to_vec(), 0.25, true), (b"rename2".to_vec(), 0.15, false), (b"complete".to_vec(), 0.1, false)],
+        ..Faults::default()
+    });
+    drained_within(&p, "HDFS through faults");
+    let c = proxy.counters();
+    let hit = c.pattern_resets.load(std::sync::atomic::Ordering::SeqCst) + c.silences.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(hit > 0, "the proxy cut some of the commits' requests");
+    let local = p.path("readback");
+    a.fs(&["-get", "/wh/events", local.to_str().unwrap()]);
+    same(&delta_digest(&local, None), &input_digest("jsonl", &p.path("in")), "read back from HDFS");
+    no_version_doubles(&local);
+}
+
+/// The table on S3 (the test server over TLS), load through a fault proxy that resets a third
+/// of its connections at a random byte of either direction: a reset in a reply to a log PUT is
+/// a commit that landed with its answer lost, one in the request a commit that did not land
+/// (TLS hides which request a connection carries, so the faults are by byte, not by request).
+/// Downloaded with pyarrow's S3 client, then read by delta-rs.
+#[test]
+fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
+    use ferry_tests::clusters::S3Server;
+    use ferry_tests::proxy::{FaultProxy, Faults};
+    let s3 = S3Server::from_env();
+    let proxy = FaultProxy::start(s3.addr, 3902);
+    let prefix = format!("delta-{}", std::process::id());
+    let dest = s3.destination_toml(&prefix, &format!("https://{}", proxy.addr), 2, "12s").replacen(
+        "[destination.store]",
+        "table_format = \"delta\"\n[destination.store]",
+        1,
+    );
+    let p = Pipeline::with_stores("16KiB", "5s", "0s", None, Some(dest));
+    for s in STAGES {
+        p.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", "40");
+    }
+    p.add_jsonl_batch("a", 3, 300, 12);
+    proxy.set(Faults { reset: 0.35, reset_within: 24 << 10, reset_both_ways: true, ..Faults::default() });
+    drained_within(&p, "S3 through faults");
+    let resets = proxy.counters().resets.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(resets > 0, "the proxy reset some of load's connections");
+    let local = p.path("readback");
+    download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &local);
+    same(&delta_digest(&local, None), &input_digest("jsonl", &p.path("in")), "read back from S3");
+    no_version_doubles(&local);
+}
+
+/// Copies `bucket/prefix` from the S3 test server into `local` with pyarrow's own S3 client.
+fn download_s3(s3: &ferry_tests::clusters::S3Server, path: &str, local: &Path) {
+    let script = "import sys, pyarrow.fs as pfs\n\
+        ep, key, secret, ca, src, dst = sys.argv[1:7]\n\
+        fs = pfs.S3FileSystem(access_key=key, secret_key=secret, endpoint_override=ep.split('//')[1], scheme='https', \
+            region='us-east-1', tls_ca_file_path=ca)\n\
+        pfs.copy_files(src, dst, source_filesystem=fs, destination_filesystem=pfs.LocalFileSystem())\n";
+    let out = Command::new("python3")
+        .args(["-c", script, &s3.endpoint, &s3.access_key, &s3.secret_key, s3.ca.to_str().unwrap(), path, local.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "download: {}", String::from_utf8_lossy(&out.stderr));
+}
