@@ -149,8 +149,7 @@ impl Plan<'_> {
             actions.push(delta::add(rel, &delta::partition_values(&p.partition), p.bytes, p.records, self.now_ms));
         }
         for (rel, size) in removes {
-            let partition = rel.rsplit_once('/').map_or("", |(dir, _)| dir);
-            actions.push(delta::remove(rel, &delta::partition_values(partition), size, self.now_ms));
+            actions.push(delta::remove(rel, size, self.now_ms));
         }
         for c in chunks {
             actions.push(delta::txn(&format!("ferry:{}:{c}", self.pipeline), self.epoch, self.now_ms));
@@ -282,12 +281,8 @@ impl Loader {
             table
                 .log
                 .commit(&mut cached, |s| {
-                    let gone: Vec<Value> = s
-                        .files
-                        .iter()
-                        .filter(|(f, _)| mine.contains(*f))
-                        .map(|(f, a)| delta::remove(f, &delta::partition_values(f.rsplit_once('/').map_or("", |(d, _)| d)), a.size, now_ms))
-                        .collect();
+                    let gone: Vec<Value> =
+                        s.files.iter().filter(|(f, _)| mine.contains(*f)).map(|(f, a)| delta::remove(f, a.size, now_ms)).collect();
                     Ok((!gone.is_empty()).then_some(gone))
                 })
                 .await

@@ -168,17 +168,8 @@ impl DeltaLog {
         DeltaLog { store, table: table.to_string() }
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
     fn commit_path(&self, version: i64) -> String {
         format!("{}/_delta_log/{version:020}.json", self.table)
-    }
-
-    /// The path of `rel` (relative to the table) in the store.
-    pub fn file(&self, rel: &str) -> String {
-        format!("{}/{rel}", self.table)
     }
 
     /// The latest snapshot: the whole log replayed from the start.
@@ -383,8 +374,9 @@ pub fn add(rel: &str, partition_values: &BTreeMap<String, Option<String>>, size:
     }})
 }
 
-/// A `remove` action for table path `rel`.
-pub fn remove(rel: &str, partition_values: &BTreeMap<String, Option<String>>, size: i64, now_ms: i64) -> Value {
+/// A `remove` action for table path `rel`; its partition values are its directory's.
+pub fn remove(rel: &str, size: i64, now_ms: i64) -> Value {
+    let partition_values = partition_values(rel.rsplit_once('/').map_or("", |(dir, _)| dir));
     json!({"remove": {
         "path": encode_path(rel),
         "deletionTimestamp": now_ms,
@@ -536,7 +528,7 @@ mod tests {
             assert_eq!(again, None);
             // Removing takes a file out of the next snapshot; the one read before stays as it was.
             let mut after = Some(s.clone());
-            log.commit(&mut after, |_| Ok(Some(vec![remove("part-3.parquet", &BTreeMap::new(), 10, 3)]))).await.unwrap();
+            log.commit(&mut after, |_| Ok(Some(vec![remove("part-3.parquet", 10, 3)]))).await.unwrap();
             assert!(!after.unwrap().files.contains_key("part-3.parquet") && s.files.contains_key("part-3.parquet"));
         });
     }
