@@ -72,9 +72,12 @@ ferry_stop_postgres() {
 # Python readers used as independent checks of the published tables, and the Kubernetes
 # schema checker for deploy/kubernetes.
 ferry_python_deps() {
-  python3 -c 'import pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate, deltalake' 2>/dev/null && return 0
-  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate, deltalake from PyPI" >&2
-  python3 -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd pyyaml kubernetes-validate deltalake >&2
+  python3 -c 'import pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate, deltalake, pyspark, delta' 2>/dev/null && return 0
+  # pyspark and delta-spark: Delta's reference reader (its jars come from Maven Central when a
+  # test first starts Spark); delta-spark 4.4.0 is built for Spark 4.2.0.
+  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate, deltalake, pyspark, delta-spark from PyPI" >&2
+  python3 -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd pyyaml kubernetes-validate deltalake \
+    'pyspark==4.2.0' 'delta-spark==4.4.0' >&2
 }
 
 # The tools that read what deploy/ ships: Prometheus and promtool (a real scrape in the tests),

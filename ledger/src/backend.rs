@@ -47,6 +47,7 @@ const MIGRATION_FILES: (Embedded, Embedded) = embed_migrations!(
     "0011_published_chunk.sql",
     "0012_keep_and_switches.sql",
     "0013_withdrawn_and_switched.sql",
+    "0014_part_stats_and_table_versions.sql",
 );
 
 static SQLITE_MIGRATIONS: LazyLock<Migrator> = LazyLock::new(|| migrator(MIGRATION_FILES.0));

@@ -17,9 +17,13 @@ pub struct Part {
     pub records: i64,
     pub bytes: i64,
     pub content_hash: String,
+    /// The file's column statistics as Delta's `stats` JSON (row count; min, max and null
+    /// count of the columns whose footer statistics are exact); None for parts recorded by
+    /// binaries before it.
+    pub stats: Option<String>,
 }
 
-from_row!(Part { chunk_id, partition, name, records, bytes, content_hash });
+from_row!(Part { chunk_id, partition, name, records, bytes, content_hash, stats });
 
 impl Part {
     /// `<partition>/<name>`, or just the name when unpartitioned.
@@ -130,8 +134,8 @@ impl Ledger {
                     }
                     for p in parts {
                         sqlx::query(
-                            "INSERT INTO parts (chunk_id, partition, name, records, bytes, content_hash)
-                             VALUES ($1, $2, $3, $4, $5, $6)",
+                            "INSERT INTO parts (chunk_id, partition, name, records, bytes, content_hash, stats)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7)",
                         )
                         .bind(&p.chunk_id)
                         .bind(&p.partition)
@@ -139,6 +143,7 @@ impl Ledger {
                         .bind(p.records)
                         .bind(p.bytes)
                         .bind(&p.content_hash)
+                        .bind(&p.stats)
                         .execute(&mut *tx)
                         .await
                         .map_err(db(op))?;
@@ -167,7 +172,7 @@ impl Ledger {
         self.call("parts", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query_as::<_, Part>(
-                    "SELECT chunk_id, partition, name, records, bytes, content_hash
+                    "SELECT chunk_id, partition, name, records, bytes, content_hash, stats
                      FROM parts WHERE chunk_id = $1 ORDER BY partition",
                 )
                 .bind(chunk_id)
@@ -484,8 +489,16 @@ impl Ledger {
     /// (`source.versions = "replace"`), nothing is recorded and false returned when a newer
     /// version of the chunk's source file has been published meanwhile: the check and the
     /// record are one step (SQLite's write lock; a transaction lock on the file's URI on
-    /// Postgres, which [`Ledger::retract_published`] takes too).
-    pub async fn record_published(&self, lease: &Lease, table: &str, parts: &[(String, Part)], replace: bool) -> Result<bool> {
+    /// Postgres, which [`Ledger::retract_published`] takes too). `table_version` is the Delta
+    /// version whose commit made them visible (None for the Hive layout).
+    pub async fn record_published(
+        &self,
+        lease: &Lease,
+        table: &str,
+        parts: &[(String, Part)],
+        replace: bool,
+        table_version: Option<i64>,
+    ) -> Result<bool> {
         let now = self.now_ms();
         let postgres = self.backend_name() == "postgres";
         let ok = self
@@ -516,8 +529,8 @@ impl Ledger {
                     for (path, p) in parts {
                         sqlx::query(
                             "INSERT INTO published (path, table_name, chunk_id, partition, records, bytes,
-                                content_hash, published_at)
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (path) DO NOTHING",
+                                content_hash, published_at, table_version)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (path) DO NOTHING",
                         )
                         .bind(path)
                         .bind(table)
@@ -527,6 +540,7 @@ impl Ledger {
                         .bind(p.bytes)
                         .bind(&p.content_hash)
                         .bind(now)
+                        .bind(table_version)
                         .execute(&mut *tx)
                         .await
                         .map_err(db(op))?;

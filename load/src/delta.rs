@@ -1,7 +1,7 @@
 //! load into a Delta Lake table (`[destination] table_format = "delta"`).
 //!
 //! The chunk's parts move into the table directory under content-addressed names, where no
-//! reader sees them, and one commit to the table's log adds them (see `ferry_runtime::delta`
+//! reader sees them, and one commit to the table's log adds them (see `ferry_delta`
 //! for the log and its commit rule). Each Hive step has its Delta counterpart:
 //!
 //! | Hive layout (renames)                          | Delta (one commit per chunk)                     |
@@ -21,14 +21,14 @@
 //! writer takes that version first: the files of older versions of the source file are read
 //! from the snapshot (by the chunk id in their names), not from the ledger, so a commit that
 //! landed and was not recorded (a crash, a lost reply) is found and counted exactly like a
-//! recorded one. What a crash at each step leaves is in `ferry_runtime::delta`.
+//! recorded one. What a crash at each step leaves is in `ferry_delta`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ferry_common::paths;
+use ferry_delta::{self as delta, DeltaError, DeltaLog, Snapshot};
 use ferry_ledger::{Lease, Part, SchemaColumn, Work};
-use ferry_runtime::delta::{self, DeltaError, DeltaLog, Snapshot};
 use ferry_storage::Store;
 use serde_json::Value;
 
@@ -146,7 +146,7 @@ impl Plan<'_> {
         }
         actions.extend(metadata);
         for (rel, p) in adds {
-            actions.push(delta::add(rel, &delta::partition_values(&p.partition), p.bytes, p.records, self.now_ms));
+            actions.push(delta::add(rel, &delta::partition_values(&p.partition), p.bytes, p.records, p.stats.as_deref(), self.now_ms));
         }
         for (rel, size) in removes {
             actions.push(delta::remove(rel, size, self.now_ms));
@@ -270,8 +270,14 @@ impl Loader {
         if let Some(v) = committed {
             tracing::debug!(chunk = %lease.chunk_id, table_version = v, parts = moving.len(), "committed to the Delta log");
         }
+        // The version that made the chunk whole in the table: this commit's, or, on a retry
+        // after a commit that landed unrecorded, the one the snapshot says added its files.
+        let table_version = {
+            let cached = table.snapshot.lock().await;
+            cached.as_ref().and_then(|s| parts.iter().filter_map(|p| s.files.get(&part_rel(p)).map(|a| a.added_in)).max())
+        };
         let published: Vec<(String, Part)> = parts.iter().map(|p| (paths::table_file(name, &part_rel(p)), p.clone())).collect();
-        if !self.ledger.record_published(&lease, name, &published, replace).await? {
+        if !self.ledger.record_published(&lease, name, &published, replace, table_version).await? {
             // A newer version went in between this chunk's look at the ledger and its commit:
             // its files go back out of the table in a commit of their own.
             tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file was published meanwhile; taking it back out");
@@ -351,6 +357,7 @@ mod tests {
             records: 3,
             bytes: 100,
             content_hash: hash.into(),
+            stats: None,
         }
     }
 

@@ -500,7 +500,7 @@ impl Loader {
             // The parts are in place but not recorded: the retry finds them there.
             (Ok(_), Err(e)) => return Err(e.into()),
         };
-        if !self.ledger.record_published(&lease, table, &published, replace).await? {
+        if !self.ledger.record_published(&lease, table, &published, replace, None).await? {
             // A newer version went in while these parts moved: they go back out.
             tracing::info!(chunk = %lease.chunk_id, "not publishing: a newer version of its source file was published meanwhile");
             if !self.take_back(&dest, &lease.chunk_id, &moved).await {

@@ -8,7 +8,6 @@
 
 pub mod breaker;
 pub mod config;
-pub mod delta;
 pub mod error;
 #[cfg(debug_assertions)]
 pub mod gate;

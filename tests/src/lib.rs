@@ -406,6 +406,53 @@ pub fn delta_digest(dir: &Path, version: Option<i64>) -> serde_json::Value {
     python(DIGEST, &["delta", dir.to_str().unwrap(), &v])
 }
 
+/// Digests of a Delta table as Spark with delta-spark (Delta's reference implementation)
+/// reads it, one per entry of `versions` (None: the latest; Some: time travel), from one Spark
+/// session. Each version is read through Spark, written out with pyarrow and digested like a
+/// Hive table.
+pub fn spark_delta_digests(dir: &Path, versions: &[Option<i64>]) -> Vec<serde_json::Value> {
+    let work = tempfile::tempdir().unwrap();
+    // Ivy resolves the delta-spark jars from Maven Central alone: its default chain looks in
+    // ~/.m2 first, where a pom without its jar (left by Maven) fails the whole resolution.
+    let ivy = work.path().join("ivysettings.xml");
+    std::fs::write(
+        &ivy,
+        r#"<ivysettings><settings defaultResolver="central"/><resolvers>
+<ibiblio name="central" m2compatible="true" root="https://repo1.maven.org/maven2/"/></resolvers></ivysettings>"#,
+    )
+    .unwrap();
+    let list: Vec<String> = versions.iter().map(|v| v.map(|v| v.to_string()).unwrap_or_default()).collect();
+    let out = Command::new("python3").arg("-c").arg(SPARK_READ).arg(dir).arg(work.path()).arg(&ivy).arg(list.join(",")).output().unwrap();
+    assert!(out.status.success(), "spark: {}", String::from_utf8_lossy(&out.stderr));
+    (0..versions.len())
+        .map(|i| {
+            let d = work.path().join(format!("v{i}"));
+            python(DIGEST, &["table", d.to_str().unwrap()])
+        })
+        .collect()
+}
+
+const SPARK_READ: &str = r#"
+import sys, os
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+table, out, ivy, versions = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+spark = (SparkSession.builder.master("local[2]").appName("ferry-delta-read")
+    .config("spark.jars.packages", "io.delta:delta-spark_2.13:4.4.0").config("spark.jars.ivySettings", ivy)
+    .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "2")
+    .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+    .getOrCreate())
+for i, v in enumerate(versions):
+    r = spark.read.format("delta")
+    if v:
+        r = r.option("versionAsOf", int(v))
+    os.makedirs(f"{out}/v{i}")
+    pq.write_table(r.load(table).toArrow(), f"{out}/v{i}/rows.parquet")
+spark.stop()
+"#;
+
 /// Digest of input files (`fmt` = avro, jsonl or csv) read by Python's own readers.
 pub fn input_digest(fmt: &str, dir: &Path) -> serde_json::Value {
     python(DIGEST, &[fmt, dir.to_str().unwrap()])

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferry_tests::{Pipeline, STAGES, delta_digest, input_digest, output_within};
+use ferry_tests::{Pipeline, STAGES, delta_digest, input_digest, output_within, spark_delta_digests};
 
 /// A pipeline whose table is a Delta table.
 fn delta_pipeline(chunk: &str) -> Pipeline {
@@ -102,14 +102,86 @@ fn every_record_is_in_the_delta_table_once_at_every_version() {
                 let stats: serde_json::Value = serde_json::from_str(a["stats"].as_str().unwrap()).unwrap();
                 assert!(stats["numRecords"].as_i64().unwrap() > 0, "commit {v}: {a}");
                 assert!(a["partitionValues"]["dt"].as_str().unwrap().starts_with("20"), "commit {v}: {a}");
+                // Bounds of the columns a reader skips files by; none of the partition column
+                // (the path holds it) and none of the float (NaN has no place in an order).
+                for c in ["user_id", "event_id", "ts"] {
+                    assert!(stats["minValues"][c].is_number() || stats["minValues"][c].is_string(), "commit {v}: {c} in {stats}");
+                    assert!(stats["maxValues"].get(c).is_some() && stats["nullCount"].get(c).is_some(), "commit {v}: {c} in {stats}");
+                }
+                assert!(stats["minValues"].get("dt").is_none() && stats["minValues"].get("score").is_none(), "{stats}");
             }
         }
         txns.extend(apps);
     }
     assert_eq!(txns.len() as i64, chunks, "one txn app id per chunk");
-    // The ledger's published files are the table's active ones.
+    // The ledger's published files are the table's active ones, each with the version that
+    // added it.
     let published = p.count("SELECT COUNT(*) FROM published");
     assert_eq!(published, delta_files(&table(&p)).len() as i64);
+    let added_in: std::collections::BTreeMap<String, i64> = log
+        .iter()
+        .flat_map(|(v, actions)| actions.iter().filter_map(|a| Some((a.get("add")?["path"].as_str()?.to_string(), *v))))
+        .collect();
+    let rows = p.sql("SELECT path || ' ' || COALESCE(table_version, -1) FROM published");
+    for row in rows.lines() {
+        let (path, v) = row.rsplit_once(' ').unwrap();
+        let rel = path.strip_prefix("events/").unwrap();
+        assert_eq!(added_in.get(rel), Some(&v.parse::<i64>().unwrap()), "{row}");
+    }
+    // Readers skip files by those bounds: delta-rs filtering on them returns exactly the rows a
+    // full scan's filter does.
+    same(&skipping_reads(&table(&p)), &serde_json::json!("ok"), "filtered reads with file skipping");
+
+    // Every tenth commit is followed by a checkpoint, which readers start from; with the
+    // commits before it cleaned up (as a log cleanup does), load goes on from it, and delta-rs
+    // reads the table whole.
+    let last = log.last().unwrap().0;
+    assert!(last >= 10, "{last} commits: too few for a checkpoint");
+    let dir = table(&p).join("_delta_log");
+    let newest = (last / 10) * 10;
+    let pointer: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("_last_checkpoint")).unwrap()).unwrap();
+    assert_eq!(pointer["version"], newest);
+    for v in 0..newest {
+        std::fs::remove_file(dir.join(format!("{v:020}.json"))).unwrap();
+    }
+    let second = input_digest("jsonl", &p.path("in"));
+    p.add_jsonl_batch("c", 2, 300, 3);
+    drained(&p);
+    let all = input_digest("jsonl", &p.path("in"));
+    same(&delta_digest(&table(&p), None), &all, "after a cleanup, from the checkpoint");
+    let published = p.count("SELECT COUNT(*) FROM published");
+    assert_eq!(published, delta_files(&table(&p)).len() as i64);
+    // Spark (delta-spark) reads the same: the latest version, and the second batch's last one
+    // (from the checkpoint and the commits after it).
+    let spark = spark_delta_digests(&table(&p), &[None, Some(last)]);
+    same(&spark[0], &all, "Spark, latest");
+    same(&spark[1], &second, "Spark, time travel to the second batch's last commit");
+}
+
+/// Filtered reads through delta-rs (which skips files by their stats) against the same filter
+/// over a full scan, at several cut points of three columns; "ok" or what differed.
+fn skipping_reads(dir: &Path) -> serde_json::Value {
+    const SCRIPT: &str = r#"
+import sys, os, json
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+dt = DeltaTable(sys.argv[1])
+full = dt.to_pyarrow_table()
+bad = []
+for col in ["user_id", "event_id", "ts"]:
+    vals = sorted(full.column(col).to_pylist())
+    for q in [0, len(vals) // 3, len(vals) // 2, len(vals) - 1]:
+        cut = vals[q]
+        for op, f in [(">", pc.greater), ("<=", pc.less_equal), ("=", pc.equal)]:
+            got = dt.to_pyarrow_table(filters=[(col, op, cut)]).num_rows
+            want = pc.sum(f(full.column(col), cut)).as_py() or 0
+            if got != want:
+                bad.append(f"{col} {op} {cut}: {got} rows, a full scan has {want}")
+print(json.dumps("ok" if not bad else bad)); sys.stdout.flush(); os._exit(0)
+"#;
+    let out = Command::new("python3").arg("-c").arg(SCRIPT).arg(dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The table's active files, as delta-rs lists them.
@@ -321,6 +393,9 @@ fn a_delta_table_on_hdfs_through_lost_commit_replies_holds_every_record_once() {
     a.fs(&["-get", "/wh/events", local.to_str().unwrap()]);
     same(&delta_digest(&local, None), &input_digest("jsonl", &p.path("in")), "read back from HDFS");
     no_version_doubles(&local);
+    // Spark reads the table where it is, through Hadoop's own HDFS client.
+    let spark = spark_delta_digests(Path::new(&format!("{}/wh/events", a.url)), &[None]);
+    same(&spark[0], &input_digest("jsonl", &p.path("in")), "Spark, on HDFS");
 }
 
 /// The table on S3 (the test server over TLS), load through a fault proxy that resets a third
@@ -353,6 +428,7 @@ fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
     download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &local);
     same(&delta_digest(&local, None), &input_digest("jsonl", &p.path("in")), "read back from S3");
     no_version_doubles(&local);
+    same(&spark_delta_digests(&local, &[None])[0], &input_digest("jsonl", &p.path("in")), "Spark, the table read back from S3");
 }
 
 /// Copies `bucket/prefix` from the S3 test server into `local` with pyarrow's own S3 client.

@@ -11,6 +11,7 @@ pub mod encode;
 pub mod exact;
 pub mod ops;
 pub mod schema;
+pub mod stats;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -522,7 +523,15 @@ impl<'a> PartWriters<'a> {
             let hw = w.into_inner(&tmp)?;
             let (bytes, content_hash) = (hw.bytes, hw.hasher.finalize().to_hex().to_string());
             let f = hw.inner.into_inner().map_err(|e| TransformError::io(tmp.display(), e.into_error()))?;
-            let part = Part { chunk_id: self.chunk.clone(), partition, name: name.clone(), records, bytes: bytes as i64, content_hash };
+            let part = Part {
+                chunk_id: self.chunk.clone(),
+                partition,
+                name: name.clone(),
+                records,
+                bytes: bytes as i64,
+                content_hash,
+                stats: None,
+            };
             parts.push(Written { file: f, tmp, part });
         }
         Ok(parts)
@@ -538,11 +547,13 @@ struct Written {
 
 impl Written {
     /// fsync, then the deterministic name: durable before the ledger says so, because copy
-    /// trusts the recorded hash of this file.
-    fn persist(self) -> Result<Part, TransformError> {
+    /// trusts the recorded hash of this file. The part's column statistics are read back from
+    /// the footer written (one read of a file in the page cache), whichever writer wrote it.
+    fn persist(mut self) -> Result<Part, TransformError> {
         self.file.sync_all().map_err(|e| TransformError::io(self.tmp.display(), e))?;
         let fin = self.tmp.with_file_name(&self.part.name);
         std::fs::rename(&self.tmp, &fin).map_err(|e| own_spool_file(&self.tmp, e))?;
+        self.part.stats = Some(stats::of_file(&fin).map_err(|e| TransformError::io(fin.display(), std::io::Error::other(e)))?);
         Ok(self.part)
     }
 }

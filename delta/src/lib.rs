@@ -44,11 +44,14 @@
 //! - the commit's temp file written, not created under its name: a temp file for gc.
 //! - the commit created, the ledger not told: the retry sees the files active and records.
 
-use std::collections::{BTreeMap, HashMap};
+mod actions;
+mod checkpoint;
 
-use ferry_ledger::SchemaColumn;
+use std::collections::HashMap;
+
+pub use actions::*;
 use ferry_storage::Store;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// What went wrong with a table's log.
 #[derive(Debug, thiserror::Error)]
@@ -74,13 +77,30 @@ const FEATURES_READER: i64 = 3;
 const FEATURES_WRITER: i64 = 7;
 /// How long a chunk's `txn` stays in the table's snapshot after its commit.
 pub const TXN_RETENTION: &str = "interval 7 days";
+/// Commits between two checkpoints, unless the table's `delta.checkpointInterval` says.
+pub const CHECKPOINT_INTERVAL: i64 = 10;
+/// How long a removed file stays in checkpoints (so that a vacuum of another writer still knows
+/// it was removed), unless the table's `delta.deletedFileRetentionDuration` says.
+const TOMBSTONE_RETENTION: &str = "interval 1 week";
 
 /// A file the table's current version holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Active {
     pub size: i64,
-    /// The version whose commit added it.
+    /// The version whose commit added it (for files read from a checkpoint: the checkpoint's
+    /// version, an upper bound).
     pub added_in: i64,
+    /// The `add` action itself, which a checkpoint writes again.
+    pub action: Value,
+}
+
+/// An application transaction (`txn`) as the snapshot keeps it: the latest per app id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Txn {
+    pub version: i64,
+    /// The table version whose commit carried it.
+    pub in_version: i64,
+    pub last_updated: Option<i64>,
 }
 
 /// The table as of one version: what a reader of that version sees.
@@ -92,8 +112,9 @@ pub struct Snapshot {
     pub metadata: Option<Value>,
     /// Active files by path (decoded, relative to the table).
     pub files: HashMap<String, Active>,
-    /// appId -> (version, the table version that wrote it).
-    pub txns: HashMap<String, (i64, i64)>,
+    /// Removed files (tombstones) by path, with their `remove` action.
+    pub removed: HashMap<String, Value>,
+    pub txns: HashMap<String, Txn>,
 }
 
 impl Snapshot {
@@ -106,36 +127,51 @@ impl Snapshot {
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             let action: Value = serde_json::from_str(line)
                 .map_err(|e| DeltaError::Log(format!("commit {version}, line {}: not a JSON action ({e})", i + 1)))?;
-            let path = |a: &Value| {
-                a.get("path")
-                    .and_then(Value::as_str)
-                    .map(decode_path)
-                    .ok_or_else(|| DeltaError::Log(format!("commit {version}, line {}: an action without a path", i + 1)))
-            };
-            if let Some(a) = action.get("add") {
-                let size = a.get("size").and_then(Value::as_i64).unwrap_or(0);
-                self.files.insert(path(a)?, Active { size, added_in: version });
-            } else if let Some(r) = action.get("remove") {
-                self.files.remove(&path(r)?);
-            } else if let Some(t) = action.get("txn") {
-                if let (Some(app), Some(v)) = (t.get("appId").and_then(Value::as_str), t.get("version").and_then(Value::as_i64)) {
-                    self.txns.insert(app.to_string(), (v, version));
-                }
-            } else if let Some(p) = action.get("protocol") {
-                check_protocol(p, version)?;
-                self.protocol = Some(p.clone());
-            } else if let Some(m) = action.get("metaData") {
-                self.metadata = Some(m.clone());
-            }
-            // commitInfo, cdc, domainMetadata, ...: nothing a writer of appends must track.
+            self.apply_action(version, action).map_err(|e| DeltaError::Log(format!("commit {version}, line {}: {e}", i + 1)))?;
         }
         self.version = version;
+        Ok(())
+    }
+
+    fn apply_action(&mut self, version: i64, mut action: Value) -> Result<(), String> {
+        let path = |a: &Value| a.get("path").and_then(Value::as_str).map(decode_path).ok_or("an action without a path");
+        if let Some(a) = action.get_mut("add").map(Value::take) {
+            let p = path(&a)?;
+            let size = a.get("size").and_then(Value::as_i64).unwrap_or(0);
+            self.removed.remove(&p);
+            self.files.insert(p, Active { size, added_in: version, action: a });
+        } else if let Some(r) = action.get_mut("remove").map(Value::take) {
+            let p = path(&r)?;
+            self.files.remove(&p);
+            self.removed.insert(p, r);
+        } else if let Some(t) = action.get("txn") {
+            if let (Some(app), Some(v)) = (t.get("appId").and_then(Value::as_str), t.get("version").and_then(Value::as_i64)) {
+                let last_updated = t.get("lastUpdated").and_then(Value::as_i64);
+                self.txns.insert(app.to_string(), Txn { version: v, in_version: version, last_updated });
+            }
+        } else if let Some(p) = action.get("protocol") {
+            check_protocol(p, version).map_err(|e| e.to_string())?;
+            self.protocol = Some(p.clone());
+        } else if let Some(m) = action.get("metaData") {
+            self.metadata = Some(m.clone());
+        }
+        // commitInfo, cdc, domainMetadata, ...: nothing a writer of appends must track.
         Ok(())
     }
 
     /// The table's current schema string, if it has one.
     pub fn schema_string(&self) -> Option<&str> {
         self.metadata.as_ref()?.get("schemaString")?.as_str()
+    }
+
+    /// A table property (`metaData.configuration`), if set.
+    pub fn property(&self, key: &str) -> Option<&str> {
+        self.metadata.as_ref()?.get("configuration")?.get(key)?.as_str()
+    }
+
+    /// Commits between checkpoints: `delta.checkpointInterval`, or [`CHECKPOINT_INTERVAL`].
+    pub fn checkpoint_interval(&self) -> i64 {
+        self.property("delta.checkpointInterval").and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0).unwrap_or(CHECKPOINT_INTERVAL)
     }
 }
 
@@ -155,6 +191,24 @@ fn check_protocol(p: &Value, version: i64) -> Result<()> {
     Ok(())
 }
 
+/// A Delta interval (`interval 7 days`, `interval 12 hours`) in milliseconds.
+pub fn interval_ms(text: &str) -> Option<i64> {
+    let mut words = text.split_whitespace();
+    let first = words.next()?;
+    let n: i64 = if first.eq_ignore_ascii_case("interval") { words.next()? } else { first }.parse().ok()?;
+    let unit = words.next()?.to_ascii_lowercase();
+    let ms = match unit.trim_end_matches('s') {
+        "millisecond" => 1,
+        "second" => 1_000,
+        "minute" => 60_000,
+        "hour" => 3_600_000,
+        "day" => 86_400_000,
+        "week" => 7 * 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(ms)
+}
+
 /// One table's log, read and appended to through a store.
 #[derive(Debug, Clone)]
 pub struct DeltaLog {
@@ -168,22 +222,30 @@ impl DeltaLog {
         DeltaLog { store, table: table.to_string() }
     }
 
-    fn commit_path(&self, version: i64) -> String {
-        format!("{}/_delta_log/{version:020}.json", self.table)
+    fn log_dir(&self) -> String {
+        format!("{}/_delta_log", self.table)
     }
 
-    /// The latest snapshot: the whole log replayed from the start.
+    fn commit_path(&self, version: i64) -> String {
+        format!("{}/{version:020}.json", self.log_dir())
+    }
+
+    /// The latest snapshot: the newest checkpoint, then the commits after it.
     pub async fn snapshot(&self) -> Result<Snapshot> {
-        if let Some(first) = self.first_commit().await?
-            && first > 0
-        {
-            return Err(DeltaError::Log(format!(
-                "{}: the log starts at version {first} (older commits were cleaned up after a checkpoint), \
-                 which this version of Ferry cannot read",
-                self.store.url(&format!("{}/_delta_log", self.table))
-            )));
-        }
+        let names = self.store.children(&self.log_dir()).await?;
+        let first = names.iter().filter_map(|n| n.strip_suffix(".json")?.parse::<i64>().ok()).min();
         let mut s = Snapshot::empty();
+        match checkpoint::latest(&names) {
+            Some(c) => checkpoint::read(&self.store, &self.log_dir(), &c, &mut s).await?,
+            None if first.is_some_and(|f| f > 0) => {
+                return Err(DeltaError::Log(format!(
+                    "{}: the log starts at version {} and has no checkpoint to start from",
+                    self.store.url(&self.log_dir()),
+                    first.unwrap_or_default()
+                )));
+            }
+            None => {}
+        }
         self.catch_up(&mut s).await?;
         Ok(s)
     }
@@ -204,18 +266,13 @@ impl DeltaLog {
         }
     }
 
-    /// The lowest commit version in the log, if any.
-    async fn first_commit(&self) -> Result<Option<i64>> {
-        let names = self.store.children(&format!("{}/_delta_log", self.table)).await?;
-        Ok(names.iter().filter_map(|n| n.strip_suffix(".json")?.parse::<i64>().ok()).min())
-    }
-
     /// Appends one commit: `plan` is asked for its actions against the latest snapshot, and
     /// asked again against each newer one while another writer's commit takes the version it
     /// aimed for. `plan` returning None means nothing is to be written (what it would write is
     /// in the table already, or no longer wanted). `cache` is the snapshot the caller read
     /// last (read whole when None), left as the newest this call saw; returns the version
-    /// written, if any.
+    /// written, if any. A commit whose version is a multiple of the table's checkpoint
+    /// interval is followed by a checkpoint (see [`DeltaLog::checkpoint`]).
     pub async fn commit<F>(&self, cache: &mut Option<Snapshot>, mut plan: F) -> Result<Option<i64>>
     where
         F: FnMut(&Snapshot) -> Result<Option<Vec<Value>>>,
@@ -237,6 +294,14 @@ impl DeltaLog {
             }
             if self.store.create_new(&self.commit_path(version), text.clone().into_bytes()).await? {
                 s.apply(version, &text)?;
+                if version > 0 && version % s.checkpoint_interval() == 0 {
+                    // The commit stands without it: a checkpoint only saves readers a replay,
+                    // and the next interval's writes one again.
+                    let now_ms = actions.iter().find_map(|a| a.get("commitInfo")?.get("timestamp")?.as_i64()).unwrap_or(0);
+                    if let Err(e) = self.checkpoint(s, now_ms).await {
+                        tracing::warn!(table = %self.store.url(&self.table), version, error = %e, "could not write the checkpoint");
+                    }
+                }
                 return Ok(Some(version));
             }
             tracing::debug!(table = %self.table, version, lost, "another writer committed this version first; planning again");
@@ -249,6 +314,20 @@ impl DeltaLog {
             self.store.url(&self.table)
         ))))
     }
+
+    /// Writes the checkpoint of snapshot `s` (`<version>.checkpoint.parquet`: its protocol,
+    /// metadata, active files, the txns and tombstones still within their retention as of
+    /// `now_ms`), then points `_last_checkpoint` at it. Each is written whole under its name
+    /// (temp file, then rename or a single PUT); a checkpoint of a version holds the same
+    /// state whoever writes it, so two writers may both write it.
+    pub async fn checkpoint(&self, s: &Snapshot, now_ms: i64) -> Result<()> {
+        let (bytes, rows) = checkpoint::encode(s, now_ms)?;
+        self.store.put_atomic(&format!("{}/{:020}.checkpoint.parquet", self.log_dir(), s.version), bytes).await?;
+        let last = serde_json::json!({"version": s.version, "size": rows});
+        self.store.put_atomic(&format!("{}/_last_checkpoint", self.log_dir()), last.to_string().into_bytes()).await?;
+        tracing::debug!(table = %self.table, version = s.version, actions = rows, "checkpoint written");
+        Ok(())
+    }
 }
 
 fn rand_ms() -> u64 {
@@ -258,235 +337,13 @@ fn rand_ms() -> u64 {
     h.finish() % 20
 }
 
-/// The protocol action for a table with these columns.
-pub fn protocol(columns: &[SchemaColumn]) -> Value {
-    if columns.iter().any(|c| c.detail.contains("timestamp_ntz")) {
-        json!({"protocol": {
-            "minReaderVersion": FEATURES_READER, "minWriterVersion": FEATURES_WRITER,
-            "readerFeatures": ["timestampNtz"], "writerFeatures": ["timestampNtz"],
-        }})
-    } else {
-        json!({"protocol": {"minReaderVersion": READER_VERSION, "minWriterVersion": WRITER_VERSION}})
-    }
-}
-
-/// The metaData action: the table's id (kept across schema changes), its schema and partition
-/// columns, created at `now_ms`.
-pub fn metadata(id: &str, name: &str, columns: &[SchemaColumn], partition_by: &[String], now_ms: i64) -> Result<Value> {
-    let fields =
-        columns.iter().map(|c| Ok(json!({"name": c.name, "type": delta_type(&c.detail)?, "nullable": c.nullable, "metadata": {}})));
-    let schema = json!({"type": "struct", "fields": fields.collect::<Result<Vec<_>>>()?});
-    Ok(json!({"metaData": {
-        "id": id,
-        "name": name,
-        "format": {"provider": "parquet", "options": {}},
-        "schemaString": schema.to_string(),
-        "partitionColumns": partition_by,
-        "configuration": {"delta.setTransactionRetentionDuration": TXN_RETENTION},
-        "createdTime": now_ms,
-    }}))
-}
-
-/// The Delta type of a column's exact type text (Ferry's `detail`: `bigint`, `timestamp[us]`,
-/// `list<struct<a:string>>`), or why Delta cannot hold it.
-pub fn delta_type(detail: &str) -> Result<Value> {
-    let d = detail.trim();
-    let refuse = |why: &str| Err(DeltaError::Schema(format!("Delta has no type for {d}: {why}")));
-    let (head, inner) = match d.find(['<', '[', '(']) {
-        Some(i) => (&d[..i], &d[i..]),
-        None => (d, ""),
-    };
-    Ok(match (head, inner) {
-        ("string", "") => json!("string"),
-        ("boolean", "") => json!("boolean"),
-        ("tinyint", "") => json!("byte"),
-        ("smallint", "") => json!("short"),
-        ("int", "") => json!("integer"),
-        ("bigint", "") => json!("long"),
-        ("float", "") => json!("float"),
-        ("double", "") => json!("double"),
-        ("date", "") => json!("date"),
-        ("binary", "") => json!("binary"),
-        ("fixed", _) => json!("binary"),
-        ("decimal", p) => {
-            let (prec, scale) = p.trim_matches(['(', ')']).split_once(',').unwrap_or(("", ""));
-            match (prec.trim().parse::<u32>(), scale.trim().parse::<u32>()) {
-                (Ok(p), Ok(s)) if (1..=38).contains(&p) && s <= p => json!(format!("decimal({p},{s})")),
-                _ => return refuse("Delta decimals have a precision of 1 to 38"),
-            }
-        }
-        ("timestamp", "[ms]" | "[us]") => json!("timestamp"),
-        ("timestamp_ntz", "[ms]" | "[us]") => json!("timestamp_ntz"),
-        ("timestamp" | "timestamp_ntz", _) => return refuse("Delta timestamps hold microseconds; use timestamp_us or timestamp_ms"),
-        ("time", _) => return refuse("Delta has no time of day; cast it to long or string"),
-        ("list", t) => json!({"type": "array", "elementType": delta_type(unwrap(t, d)?)?, "containsNull": true}),
-        ("map", t) => {
-            let kv = split_top(unwrap(t, d)?);
-            let [k, v] = kv.as_slice() else { return refuse("a map needs a key and a value type") };
-            json!({"type": "map", "keyType": delta_type(k)?, "valueType": delta_type(v)?, "valueContainsNull": true})
-        }
-        ("struct", t) => {
-            let fields = split_top(unwrap(t, d)?)
-                .into_iter()
-                .map(|f| {
-                    let (name, ty) = f.split_once(':').ok_or_else(|| DeltaError::Schema(format!("cannot read field {f:?} of {d}")))?;
-                    Ok(json!({"name": name, "type": delta_type(ty)?, "nullable": true, "metadata": {}}))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            json!({"type": "struct", "fields": fields})
-        }
-        _ => return refuse("not a type Ferry writes to Delta tables"),
-    })
-}
-
-/// `<...>` without its brackets.
-fn unwrap<'a>(t: &'a str, whole: &str) -> Result<&'a str> {
-    t.strip_prefix('<').and_then(|t| t.strip_suffix('>')).ok_or_else(|| DeltaError::Schema(format!("cannot read type {whole}")))
-}
-
-/// Splits `a,b<c,d>,e` at the commas outside brackets.
-fn split_top(s: &str) -> Vec<&str> {
-    let (mut depth, mut start, mut out) = (0i32, 0usize, Vec::new());
-    for (i, c) in s.char_indices() {
-        match c {
-            '<' | '(' | '[' => depth += 1,
-            '>' | ')' | ']' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
-
-/// An `add` action for a part at table path `rel` (relative to the table).
-pub fn add(rel: &str, partition_values: &BTreeMap<String, Option<String>>, size: i64, records: i64, now_ms: i64) -> Value {
-    json!({"add": {
-        "path": encode_path(rel),
-        "partitionValues": partition_values,
-        "size": size,
-        "modificationTime": now_ms,
-        "dataChange": true,
-        "stats": json!({"numRecords": records}).to_string(),
-    }})
-}
-
-/// A `remove` action for table path `rel`; its partition values are its directory's.
-pub fn remove(rel: &str, size: i64, now_ms: i64) -> Value {
-    let partition_values = partition_values(rel.rsplit_once('/').map_or("", |(dir, _)| dir));
-    json!({"remove": {
-        "path": encode_path(rel),
-        "deletionTimestamp": now_ms,
-        "dataChange": true,
-        "extendedFileMetadata": true,
-        "partitionValues": partition_values,
-        "size": size,
-    }})
-}
-
-pub fn txn(app_id: &str, version: i64, now_ms: i64) -> Value {
-    json!({"txn": {"appId": app_id, "version": version, "lastUpdated": now_ms}})
-}
-
-pub fn commit_info(operation: &str, chunks: &[&str], now_ms: i64) -> Value {
-    json!({"commitInfo": {
-        "timestamp": now_ms,
-        "operation": operation,
-        "operationParameters": {"mode": "Append", "chunks": chunks.join(",")},
-        "engineInfo": concat!("ferry/", env!("CARGO_PKG_VERSION")),
-        "isBlindAppend": operation == "WRITE",
-    }})
-}
-
-/// A Hive partition path (`dt=2026-11-28/h=%2F`) as Delta's partition values: the column
-/// names, and the values unescaped (Hive's default partition is null).
-pub fn partition_values(partition: &str) -> BTreeMap<String, Option<String>> {
-    partition
-        .split('/')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), ferry_common::paths::unescape_partition_value(v)))
-        .collect()
-}
-
-/// A table path as the relative URI an action holds: every byte but unreserved ones, `/` and
-/// `=` percent-encoded (so the `%` of a Hive-escaped value becomes `%25`).
-pub fn encode_path(rel: &str) -> String {
-    let mut out = String::with_capacity(rel.len());
-    for b in rel.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/=".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// The inverse of [`encode_path`], for any writer's paths (a `+` stays a `+`).
-pub fn decode_path(uri: &str) -> String {
-    let b = uri.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && i + 2 < b.len()
-            && let Ok(v) = u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
-        {
-            out.push(v);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use ferry_ledger::SchemaColumn;
+
     use super::*;
-
-    #[test]
-    fn paths_survive_the_round_trip_and_hive_escapes_are_escaped_again() {
-        for p in ["dt=2026-11-28/part-c1-0a1b2c3d.parquet", "k=a%2Fb/part-x.parquet", "k=a b:c/p.parquet", "k=é/p.parquet"] {
-            assert_eq!(decode_path(&encode_path(p)), p);
-        }
-        assert_eq!(encode_path("k=a%2Fb/p.parquet"), "k=a%252Fb/p.parquet");
-        assert_eq!(decode_path("k=a%20b/x%2"), "k=a b/x%2");
-    }
-
-    #[test]
-    fn types_delta_holds_and_those_it_does_not() {
-        assert_eq!(delta_type("bigint").unwrap(), json!("long"));
-        assert_eq!(delta_type("decimal(20,0)").unwrap(), json!("decimal(20,0)"));
-        assert_eq!(delta_type("timestamp[ms]").unwrap(), json!("timestamp"));
-        assert_eq!(
-            delta_type("map<string,list<struct<a:int,b:timestamp_ntz[us]>>>").unwrap(),
-            json!({"type": "map", "keyType": "string", "valueContainsNull": true, "valueType": {
-            "type": "array", "containsNull": true, "elementType": {"type": "struct", "fields": [
-                {"name": "a", "type": "integer", "nullable": true, "metadata": {}},
-                {"name": "b", "type": "timestamp_ntz", "nullable": true, "metadata": {}},
-            ]}}})
-        );
-        for (bad, why) in
-            [("timestamp[ns]", "microseconds"), ("time[ms]", "time of day"), ("decimal(40,2)", "38"), ("Utf8View", "not a type")]
-        {
-            let e = delta_type(bad).unwrap_err().to_string();
-            assert!(e.contains(bad) && e.contains(why), "{e}");
-        }
-    }
-
-    #[test]
-    fn partition_values_are_unescaped_and_the_default_partition_is_null() {
-        let v = partition_values("dt=2026-11-28/k=a%2Fb/n=__HIVE_DEFAULT_PARTITION__");
-        assert_eq!(v["dt"].as_deref(), Some("2026-11-28"));
-        assert_eq!(v["k"].as_deref(), Some("a/b"));
-        assert_eq!(v["n"], None);
-        assert!(partition_values("").is_empty());
-    }
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
@@ -512,7 +369,7 @@ mod tests {
                     let path = format!("part-{i}.parquet");
                     log.commit(&mut None, |s| {
                         Ok((!s.files.contains_key(&path))
-                            .then(|| vec![add(&path, &BTreeMap::new(), 10, 1, 2), txn(&format!("ferry:p:{i}"), 1, 2)]))
+                            .then(|| vec![add(&path, &BTreeMap::new(), 10, 1, None, 2), txn(&format!("ferry:p:{i}"), 1, 2)]))
                     })
                     .await
                     .unwrap()
@@ -531,5 +388,80 @@ mod tests {
             log.commit(&mut after, |_| Ok(Some(vec![remove("part-3.parquet", 10, 3)]))).await.unwrap();
             assert!(!after.unwrap().files.contains_key("part-3.parquet") && s.files.contains_key("part-3.parquet"));
         });
+    }
+
+    #[test]
+    fn a_snapshot_starts_from_the_newest_checkpoint_and_reads_the_same_as_a_whole_replay() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::from_url(&d.path().display().to_string()).unwrap();
+        let log = DeltaLog::new(store, "t");
+        let day = 86_400_000;
+        rt().block_on(async {
+            let cols = vec![SchemaColumn { name: "a".into(), hive: "BIGINT".into(), detail: "bigint".into(), nullable: true }];
+            let mut cache = None;
+            log.commit(&mut cache, |_| Ok(Some(vec![protocol(&cols), metadata("id-1", "t", &cols, &[], 1).unwrap()]))).await.unwrap();
+            // 24 commits, each adding a file and removing the one before it; the first txns and
+            // removes are 30 days old by the time of the last commit.
+            for i in 1..=24i64 {
+                let now = if i < 5 { 1 } else { 30 * day };
+                let pv: BTreeMap<String, Option<String>> = [("k".to_string(), Some(format!("v{i}")))].into();
+                log.commit(&mut cache, |_| {
+                    let mut a = vec![
+                        commit_info("WRITE", &[], now),
+                        add(&format!("k=v{i}/f{i}.parquet"), &pv, 10 + i, i, Some(r#"{"numRecords":7,"minValues":{"a":-1}}"#), now),
+                        txn(&format!("ferry:p:{i}"), i, now),
+                    ];
+                    if i % 2 == 0 {
+                        a.push(remove(&format!("k=v{}/f{}.parquet", i - 1, i - 1), 9 + i, now));
+                    }
+                    Ok(Some(a))
+                })
+                .await
+                .unwrap();
+            }
+            let mut whole = Snapshot::empty();
+            log.catch_up(&mut whole).await.unwrap();
+            let dir = d.path().join("t/_delta_log");
+            for v in [10, 20] {
+                assert!(dir.join(format!("{v:020}.checkpoint.parquet")).exists(), "checkpoint {v}");
+            }
+            let last: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("_last_checkpoint")).unwrap()).unwrap();
+            assert_eq!(last["version"], 20);
+            // The commits a cleanup would remove go; the snapshot starts at the checkpoint.
+            for v in 0..20 {
+                std::fs::remove_file(dir.join(format!("{v:020}.json"))).unwrap();
+            }
+            let from = log.snapshot().await.unwrap();
+            assert_eq!(from.version, 24);
+            assert_eq!(from.files.keys().collect::<std::collections::BTreeSet<_>>(), whole.files.keys().collect());
+            for (path, a) in &whole.files {
+                let b = &from.files[path];
+                assert_eq!(
+                    (a.size, &a.action["stats"], &a.action["partitionValues"]),
+                    (b.size, &b.action["stats"], &b.action["partitionValues"])
+                );
+            }
+            assert_eq!((from.metadata.as_ref(), from.protocol.as_ref()), (whole.metadata.as_ref(), whole.protocol.as_ref()));
+            // Txns and tombstones older than their retention are not in the checkpoint.
+            assert_eq!(whole.txns.len(), 24);
+            assert_eq!(from.txns.len(), 24 - 4);
+            assert!(from.txns.keys().all(|k| k != "ferry:p:1"));
+            assert_eq!((whole.removed.len(), from.removed.len()), (12, 10), "{:?}", from.removed.keys());
+            // Without a checkpoint, a log that does not start at 0 cannot be read.
+            for v in [10, 20] {
+                std::fs::remove_file(dir.join(format!("{v:020}.checkpoint.parquet"))).unwrap();
+            }
+            let e = log.snapshot().await.unwrap_err().to_string();
+            assert!(e.contains("starts at version 20"), "{e}");
+        });
+    }
+
+    #[test]
+    fn intervals_read_as_delta_writes_them() {
+        assert_eq!(interval_ms("interval 7 days"), Some(7 * 86_400_000));
+        assert_eq!(interval_ms("interval 1 week"), Some(7 * 86_400_000));
+        assert_eq!(interval_ms("12 hours"), Some(12 * 3_600_000));
+        assert_eq!(interval_ms("interval 1 fortnight"), None);
+        assert_eq!(interval_ms("soon"), None);
     }
 }
