@@ -1,6 +1,7 @@
 //! What the `ferry` admin binary does beyond calling the ledger: the sample generator, and
 //! the one error type of the admin commands.
 
+pub mod delta;
 pub mod doctor;
 pub mod sample;
 pub mod status;

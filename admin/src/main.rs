@@ -7,7 +7,7 @@ use ferry_admin::{doctor, status};
 use ferry_common::cli::{self, CommonArgs, exit};
 use ferry_common::error::ConfigError;
 use ferry_ledger::{Ledger, LedgerOptions, RequeueFilter, Stage};
-use ferry_runtime::config::{Config, Format, LedgerUrl, Versions, redact_url};
+use ferry_runtime::config::{Config, Format, LedgerUrl, TableFormat, Versions, redact_url};
 use ferry_runtime::sweeps::{Places, Sweep};
 use ferry_storage::Store;
 
@@ -176,13 +176,31 @@ enum Cmd {
         dry_run: bool,
     },
     /// Compare the table on the destination with what the ledger says this pipeline
-    /// published: files missing, of the wrong size, or there without the ledger knowing.
-    /// Exits 3 when anything differs.
+    /// published: files missing, of the wrong size, or there without the ledger knowing. For a
+    /// Delta table (table_format = "delta"), the ledger against the files the table's latest
+    /// version names, each of which must be on the store at its size. Exits 3 when anything
+    /// differs.
     Verify {
         /// Run the chunks of missing or wrong files again from transform (their staged copy
         /// must still be there: transform.keep_staged).
         #[arg(long)]
         requeue: bool,
+    },
+    /// Delta tables: delete the files that the table's commits removed more than RETAIN ago,
+    /// which only readers of older versions (time travel) still read. Files the latest
+    /// version names are never touched. Needs --config.
+    Vacuum {
+        /// How long removed files stay for readers of older versions; at least the table's
+        /// `delta.deletedFileRetentionDuration` (default 1 week) unless --allow-short-retention.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        retain: Option<std::time::Duration>,
+        /// Take a RETAIN shorter than the table's retention (readers of versions within it
+        /// then fail on the deleted files).
+        #[arg(long)]
+        allow_short_retention: bool,
+        /// Say what would be deleted, delete nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Can Ferry reach everything this configuration names, with its settings? For the
     /// ledger and each store (source, archive, staging, spool, destination) it connects with
@@ -365,6 +383,10 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             let ledger = existing_ledger(&url).await?;
             return verify(&cfg, &ledger, requeue).await;
         }
+        Cmd::Vacuum { retain, allow_short_retention, dry_run } => {
+            let cfg = Config::load(config()?)?;
+            return vacuum(&cfg, retain, allow_short_retention, dry_run).await;
+        }
         Cmd::Prune { older_than, dry_run } => {
             let ledger = existing_ledger(&url).await?;
             let cutoff = chrono::Utc::now().timestamp_millis() - std::time::Duration::from(older_than).as_millis() as i64;
@@ -387,8 +409,17 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             // it would leave them there with no row naming them. What the ledger can tell (a
             // sibling's switch, its own rows) `Ledger::skip` checks in its transaction.
             let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-            let visible = ferry_runtime::table::unrecorded_in_table::<AdminFailure>(&ledger, &cfg.table.name, &dest, &chunk).await?;
-            if let Some((_, path)) = visible.first() {
+            let visible: Vec<String> = if cfg.destination.table_format == TableFormat::Delta {
+                // In a Delta table, "in the table" is "active in the latest version".
+                ferry_admin::delta::unrecorded_active(&dest, &ledger, &cfg.table.name, &chunk).await?
+            } else {
+                ferry_runtime::table::unrecorded_in_table::<AdminFailure>(&ledger, &cfg.table.name, &dest, &chunk)
+                    .await?
+                    .into_iter()
+                    .map(|(_, path)| path)
+                    .collect()
+            };
+            if let Some(path) = visible.first() {
                 return Err(ConfigError::new(
                     "--chunk",
                     format!(
@@ -430,43 +461,16 @@ async fn durable(ledger: &Ledger, dry_run: bool) -> Result<(), Error> {
 async fn verify(cfg: &Config, ledger: &Ledger, requeue: bool) -> Result<i32, Error> {
     let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
     let table = &cfg.table.name;
-    let want = ledger.published_files(table).await?;
-    let have: std::collections::HashMap<String, u64> = dest
-        .list(table)
-        .await?
-        .into_iter()
-        .map(|e| (e.rel, e.size))
-        .filter(|(rel, _)| !rel.contains("/_ferry/") && !rel.rsplit('/').next().unwrap_or_default().starts_with('.'))
-        .collect();
-    let (mut missing, mut wrong, mut bad_chunks) = (0, 0, std::collections::BTreeSet::new());
-    for (path, chunk, bytes) in &want {
-        match have.get(path) {
-            None => {
-                missing += 1;
-                bad_chunks.insert(chunk.clone());
-                println!("missing  {path} (chunk {chunk})");
-            }
-            Some(&size) if size != *bytes as u64 => {
-                wrong += 1;
-                bad_chunks.insert(chunk.clone());
-                println!("size     {path}: {size} bytes, the ledger says {bytes} (chunk {chunk})");
-            }
-            Some(_) => {}
-        }
+    let found = if cfg.destination.table_format == TableFormat::Delta {
+        ferry_admin::delta::verify(&dest, ledger, table).await?
+    } else {
+        verify_hive(&dest, ledger, table).await?
+    };
+    for line in &found.lines {
+        println!("{line}");
     }
-    let known: std::collections::HashSet<&str> = want.iter().map(|(p, _, _)| p.as_str()).collect();
-    let mut extra = 0;
-    for path in have.keys().filter(|p| p.ends_with(".parquet") && !known.contains(p.as_str())) {
-        extra += 1;
-        println!("extra    {path} (not published by pipeline {} as far as the ledger knows)", ledger.pipeline());
-    }
-    println!(
-        "pipeline {}, table {table}: {} file(s) published, {missing} missing, {wrong} of the wrong size, {extra} extra",
-        ledger.pipeline(),
-        want.len()
-    );
     if requeue {
-        for chunk in &bad_chunks {
+        for chunk in &found.bad_chunks {
             match ledger.rerun(chunk, ferry_ledger::Stage::Transform, false).await {
                 Ok(plan) => {
                     println!("chunk {chunk} will run again: {}", plan_text(&plan))
@@ -475,7 +479,87 @@ async fn verify(cfg: &Config, ledger: &Ledger, requeue: bool) -> Result<i32, Err
             }
         }
     }
-    Ok(if missing + wrong + extra > 0 { exit::QUARANTINED } else { exit::OK })
+    Ok(if found.problems > 0 { exit::QUARANTINED } else { exit::OK })
+}
+
+/// A Hive-layout table: the ledger's published files against the directory.
+async fn verify_hive(dest: &Store, ledger: &Ledger, table: &str) -> Result<ferry_admin::delta::Verified, Error> {
+    let mut out = ferry_admin::delta::Verified::default();
+    let want = ledger.published_files(table).await?;
+    let have: std::collections::HashMap<String, u64> = dest
+        .list(table)
+        .await?
+        .into_iter()
+        .map(|e| (e.rel, e.size))
+        .filter(|(rel, _)| !rel.contains("/_ferry/") && !rel.rsplit('/').next().unwrap_or_default().starts_with('.'))
+        .collect();
+    let (mut missing, mut wrong) = (0, 0);
+    for (path, chunk, bytes) in &want {
+        match have.get(path) {
+            None => {
+                missing += 1;
+                out.bad_chunks.insert(chunk.clone());
+                out.lines.push(format!("missing  {path} (chunk {chunk})"));
+            }
+            Some(&size) if size != *bytes as u64 => {
+                wrong += 1;
+                out.bad_chunks.insert(chunk.clone());
+                out.lines.push(format!("size     {path}: {size} bytes, the ledger says {bytes} (chunk {chunk})"));
+            }
+            Some(_) => {}
+        }
+    }
+    let known: std::collections::HashSet<&str> = want.iter().map(|(p, _, _)| p.as_str()).collect();
+    let mut extra = 0;
+    for path in have.keys().filter(|p| p.ends_with(".parquet") && !known.contains(p.as_str())) {
+        extra += 1;
+        out.lines.push(format!("extra    {path} (not published by pipeline {} as far as the ledger knows)", ledger.pipeline()));
+    }
+    out.lines.push(format!(
+        "pipeline {}, table {table}: {} file(s) published, {missing} missing, {wrong} of the wrong size, {extra} extra",
+        ledger.pipeline(),
+        want.len()
+    ));
+    out.problems = missing + wrong + extra;
+    Ok(out)
+}
+
+/// `ferry vacuum`: a Delta table's removed files past the retention.
+async fn vacuum(cfg: &Config, retain: Option<std::time::Duration>, allow_short: bool, dry_run: bool) -> Result<i32, Error> {
+    if cfg.destination.table_format != TableFormat::Delta {
+        return Err(ConfigError::new(
+            "destination.table_format",
+            "ferry vacuum is for Delta tables; a Hive table's replaced files are removed when a version switches",
+        )
+        .into());
+    }
+    let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
+    let table = &cfg.table.name;
+    let table_ms = ferry_admin::delta::retention_ms(&dest, table).await?;
+    let retain_ms = retain.map_or(table_ms, |d| d.as_millis().min(i64::MAX as u128) as i64);
+    if retain_ms < table_ms && !allow_short {
+        return Err(ConfigError::new(
+            "--retain",
+            format!(
+                "{} is shorter than the table's delta.deletedFileRetentionDuration ({}): readers of versions within it would \
+                 fail; pass --allow-short-retention to do it anyway",
+                humantime::format_duration(std::time::Duration::from_millis(retain_ms as u64)),
+                humantime::format_duration(std::time::Duration::from_millis(table_ms as u64))
+            ),
+        )
+        .into());
+    }
+    let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(retain_ms);
+    let v = ferry_admin::delta::vacuum(&dest, table, cutoff, dry_run).await?;
+    let verb = if dry_run { "would delete" } else { "deleted" };
+    for f in &v.deleted {
+        println!("{verb} {f}");
+    }
+    println!(
+        "Delta table {table} at version {}: {verb} {} removed file(s), {} bytes; {} removed file(s) within the retention kept",
+        v.version, v.files, v.bytes, v.kept
+    );
+    Ok(exit::OK)
 }
 
 /// `--sweep NAME`: one of [`Sweep::ALL`] by its name.

@@ -77,7 +77,8 @@ pub fn text(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> String
     if !partitions.is_empty() {
         let _ = writeln!(out, "published:");
         for p in partitions {
-            let _ = writeln!(out, "  {}/{:<24} {:>5} files {:>10} rows", p.table, p.partition, p.files, p.records);
+            let version = p.table_version.map_or(String::new(), |v| format!("  (table version {v})"));
+            let _ = writeln!(out, "  {}/{:<24} {:>5} files {:>10} rows{version}", p.table, p.partition, p.files, p.records);
         }
     }
     let _ = writeln!(out, "open outages: {}", o.outages.len());
@@ -181,7 +182,7 @@ pub fn to_json(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> ser
         "quarantined": o.quarantined.iter().map(|q| json!({"kind": q.kind, "what": q.what, "reason": q.reason})).collect::<Vec<_>>(),
         "skipped": o.skipped.iter().map(|(c, st, r)| json!({"chunk": c, "stage": st, "reason": r})).collect::<Vec<_>>(),
         "arrived_again": o.arrived_again.iter().map(|(u, n, at)| json!({"uri": u, "times": n, "last_unix_ms": at})).collect::<Vec<_>>(),
-        "published": partitions.iter().map(|p| json!({"table": p.table, "partition": p.partition, "files": p.files, "records": p.records})).collect::<Vec<_>>(),
+        "published": partitions.iter().map(|p| json!({"table": p.table, "partition": p.partition, "files": p.files, "records": p.records, "table_version": p.table_version})).collect::<Vec<_>>(),
     })
 }
 

@@ -159,6 +159,14 @@ pub fn commit_info(operation: &str, chunks: &[&str], now_ms: i64) -> Value {
     }})
 }
 
+/// The chunk id in the name of a table file Ferry wrote (`part-<chunk>-<first 8 of its
+/// blake3>.parquet`); None for files of other writers.
+pub fn chunk_of(rel: &str) -> Option<&str> {
+    let name = rel.rsplit('/').next()?;
+    let (chunk, hash) = name.strip_prefix("part-")?.strip_suffix(".parquet")?.rsplit_once('-')?;
+    (hash.len() == 8 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(chunk)
+}
+
 /// A Hive partition path (`dt=2026-11-28/h=%2F`) as Delta's partition values: the column
 /// names, and the values unescaped (Hive's default partition is null).
 pub fn partition_values(partition: &str) -> BTreeMap<String, Option<String>> {

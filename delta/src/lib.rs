@@ -250,6 +250,24 @@ impl DeltaLog {
         Ok(s)
     }
 
+    /// The latest snapshot with every tombstone the log holds: replayed from version 0 while
+    /// the log still has it (a checkpoint drops tombstones past their retention, which a
+    /// vacuum still needs to find), else from the newest checkpoint.
+    pub async fn snapshot_with_history(&self) -> Result<Snapshot> {
+        let names = self.store.children(&self.log_dir()).await?;
+        if !names.iter().any(|n| n == &format!("{:020}.json", 0)) {
+            return self.snapshot().await;
+        }
+        let mut s = Snapshot::empty();
+        self.catch_up(&mut s).await?;
+        Ok(s)
+    }
+
+    /// The version of the newest checkpoint in the log, if any.
+    pub async fn checkpoint_version(&self) -> Result<Option<i64>> {
+        Ok(checkpoint::latest(&self.store.children(&self.log_dir()).await?).map(|c| c.version))
+    }
+
     /// Brings `s` up to date by reading the commits after it, one by one. Replaying a commit
     /// twice changes nothing, so a read that fails part-way leaves `s` fit to go on from.
     pub async fn catch_up(&self, s: &mut Snapshot) -> Result<()> {

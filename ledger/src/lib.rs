@@ -308,7 +308,7 @@ pub const COMPAT: &[(i64, i64, &str)] = &[
     (11, 10, "additive: an index on published.chunk_id"),
     (12, 10, "additive: source_files.arrived_again, switches, syncs"),
     (13, 13, "a version with no rows is in the table once recorded (source_files.switched_at), which older binaries do not write"),
-    (14, 13, "additive: parts.stats, published.table_version"),
+    (14, 13, "additive: parts.stats, published.table_version, table_partitions.table_version"),
 ];
 
 /// The pipeline of a config without `pipeline`, and of every row from before pipelines.

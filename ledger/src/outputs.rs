@@ -44,9 +44,11 @@ pub struct PartitionStats {
     pub partition: String,
     pub files: i64,
     pub records: i64,
+    /// Delta tables: the newest table version that brought a file of the partition.
+    pub table_version: Option<i64>,
 }
 
-from_row!(PartitionStats { table = "table_name", partition, files, records });
+from_row!(PartitionStats { table = "table_name", partition, files, records, table_version });
 
 /// Locks the task row at the caller's epoch inside `$tx`, or returns Ok(false).
 macro_rules! fence {
@@ -561,7 +563,7 @@ impl Ledger {
         self.call("table_partitions", || async move {
             on_backend!(self, |pool, begin| {
                 sqlx::query_as::<_, PartitionStats>(
-                    "SELECT table_name, partition, files, records FROM table_partitions WHERE pipeline = $1
+                    "SELECT table_name, partition, files, records, table_version FROM table_partitions WHERE pipeline = $1
                      ORDER BY table_name, partition",
                 )
                 .bind(self.pipeline())

@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ferry_common::paths;
-use ferry_delta::{self as delta, DeltaError, DeltaLog, Snapshot};
+use ferry_delta::{self as delta, DeltaError, DeltaLog, Snapshot, chunk_of};
 use ferry_ledger::{Lease, Part, SchemaColumn, Work};
 use ferry_storage::Store;
 use serde_json::Value;
@@ -63,13 +63,6 @@ pub(crate) fn part_rel(p: &Part) -> String {
     let stem = p.name.strip_suffix(".parquet").unwrap_or(&p.name);
     let hash = p.content_hash.get(..8).unwrap_or(&p.content_hash);
     paths::part_rel(&p.partition, &format!("{stem}-{hash}.parquet"))
-}
-
-/// The chunk id in a Delta table file's name (see [`part_rel`]); None for files of others.
-fn chunk_of(rel: &str) -> Option<&str> {
-    let name = rel.rsplit('/').next()?;
-    let (chunk, hash) = name.strip_prefix("part-")?.strip_suffix(".parquet")?.rsplit_once('-')?;
-    (hash.len() == 8 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(chunk)
 }
 
 /// What one chunk's commit is to bring about, fixed before the log is read.

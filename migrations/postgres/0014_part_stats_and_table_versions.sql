@@ -11,6 +11,14 @@ ALTER TABLE parts ADD COLUMN stats TEXT;
 -- the Hive layout, which has no versions.
 ALTER TABLE published ADD COLUMN table_version BIGINT;
 
+-- Per partition, the newest table version that brought a file of it (NULL for Hive tables).
+DROP VIEW IF EXISTS table_partitions;
+CREATE VIEW table_partitions AS
+SELECT p.table_name, p.partition, COUNT(*) AS files, CAST(SUM(p.records) AS BIGINT) AS records,
+       CAST(SUM(p.bytes) AS BIGINT) AS bytes, f.pipeline, MAX(p.table_version) AS table_version
+FROM published p JOIN chunks c ON c.id = p.chunk_id JOIN source_files f ON f.id = c.file_id
+GROUP BY f.pipeline, p.table_name, p.partition;
+
 INSERT INTO ledger_compat (version, oldest_binary, note) VALUES
-    (14, 13, 'additive: parts.stats, published.table_version')
+    (14, 13, 'additive: parts.stats, published.table_version, table_partitions.table_version')
 ON CONFLICT (version) DO NOTHING;

@@ -24,7 +24,8 @@ pub enum Sweep {
     /// Temp files and unfinished multipart uploads that crashed or cancelled copies left at
     /// the destination.
     AbandonedUploads,
-    /// Temp files of the table's metadata (manifests, DDL) that a crashed load left.
+    /// Temp files of the table's metadata (manifests, DDL, a Delta table's log) that a crashed
+    /// load left.
     TableMetaTemps,
     /// Temp part files of transforms that crashed, in the spool.
     SpoolTemps,
@@ -76,7 +77,7 @@ impl Sweep {
         match self {
             Sweep::StagingTemps => "staging temp files",
             Sweep::AbandonedUploads => "destination temp files and uploads",
-            Sweep::TableMetaTemps => "destination table metadata temp files",
+            Sweep::TableMetaTemps => "destination table metadata and Delta log temp files",
             Sweep::SpoolTemps => "spool temp files",
             Sweep::SpentSpool => "spool directories of copied chunks",
             Sweep::StrayLanded => "landed copies no load will read",
@@ -100,7 +101,20 @@ impl Sweep {
         match self {
             Sweep::StagingTemps => at.store(at.staging, "staging")?.remove_stale_temps(table, cutoff).await,
             Sweep::AbandonedUploads => abandoned_uploads(at.ledger, at.store(at.destination, "destination")?, table, cutoff).await,
-            Sweep::TableMetaTemps => at.store(at.destination, "destination")?.remove_stale_temps(&paths::table_meta(table), cutoff).await,
+            Sweep::TableMetaTemps => {
+                let dest = at.store(at.destination, "destination")?;
+                let mut n = dest.remove_stale_temps(&paths::table_meta(table), cutoff).await?;
+                // A Delta commit is written to a temp name in the log and renamed to its version
+                // without replacing (local dirs, HDFS): a load killed between the two leaves it.
+                if at.cfg.destination.table_format == crate::config::TableFormat::Delta {
+                    match dest.remove_stale_temps(&format!("{table}/_delta_log"), cutoff).await {
+                        Ok(k) => n += k,
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(n)
+            }
             Sweep::SpoolTemps => at.store(at.spool, "spool")?.remove_stale_temps(table, cutoff).await,
             Sweep::SpentSpool => {
                 let chunks = at.ledger.spool_spent().await.map_err(ledger_error)?;
