@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The randomized model test of exactly once (tests/tests/model.rs), for as long as asked:
 # random histories of arrivals, corrections, reverts, duplicates, kill -9, reruns, skips, gc, prune
-# and (on Postgres) ledger restarts, each checked against the model, on four setups: SQLite,
-# Postgres, the table on S3 through faults, and staging and table on two MiniDFS clusters
-# (hdfs_pair, not in the suite). Prints every seed, the
+# and (on Postgres) ledger restarts, each checked against the model, on five setups: SQLite,
+# Postgres, the table on S3 through faults, staging and table on two MiniDFS clusters
+# (hdfs_pair, not in the suite), and a Delta table on local dirs (delta). Prints every seed, the
 # steps run and, on a failure, the seed, the history and the shortest failing prefix.
 #
 #   bench/model.sh                 # an hour on each setup, one after the other
 #   MINUTES=10 STEPS=500 SETUPS="postgres s3_through_faults" bench/model.sh
-#   PARALLEL=1 bench/model.sh      # the four side by side, an hour each
+#   PARALLEL=1 bench/model.sh      # the five side by side, an hour each
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
@@ -35,7 +35,7 @@ one() {
 }
 # PARALLEL=1 runs the setups side by side (each gets the whole time; they share the cores).
 pids=()
-for s in ${SETUPS:-sqlite postgres s3_through_faults hdfs_pair}; do
+for s in ${SETUPS:-sqlite postgres s3_through_faults hdfs_pair delta}; do
   if [ "${PARALLEL:-0}" = 1 ]; then
     one "$s" & pids+=($!)
   else

@@ -171,6 +171,9 @@ enum Setup {
     /// Staging on one MiniDFS cluster and the table on another (the second seed's case), two
     /// clusters of its own per run; SQLite ledger.
     HdfsPair,
+    /// Local dirs and a SQLite ledger, the table a Delta table (`table_format = "delta"`), read
+    /// back by delta-rs.
+    Delta,
 }
 
 /// How the source is configured for one seed (drawn from it on the local setups): every
@@ -230,6 +233,7 @@ fn content(tag: &str, n: usize, bad: usize) -> Vec<u8> {
 
 struct Run {
     p: Pipeline,
+    setup: Setup,
     source: Source,
     pg: Option<ferry_tests::postgres::Postgres>,
     s3: Option<OnS3>,
@@ -263,6 +267,14 @@ impl Run {
                 let p = Pipeline::with_stores("16KiB", "3s", "0s", Some(staging), Some(dest));
                 let mut cfg = std::fs::read_to_string(&p.config).unwrap();
                 cfg.push_str("\n[copy]\ndeadline = \"60s\"\nstall_timeout = \"10s\"\n");
+                std::fs::write(&p.config, cfg).unwrap();
+                p
+            }
+            (None, None) if setup == Setup::Delta => {
+                let dest = format!("[destination]\nurl = \"{}\"\ntable_format = \"delta\"\n", "WH");
+                let p = Pipeline::with_stores("16KiB", "2s", "0s", None, Some(dest));
+                let cfg =
+                    std::fs::read_to_string(&p.config).unwrap().replace("url = \"WH\"", &format!("url = \"{}\"", p.path("wh").display()));
                 std::fs::write(&p.config, cfg).unwrap();
                 p
             }
@@ -320,6 +332,7 @@ impl Run {
         eprintln!("model: seed {seed}: {setup:?}, {source:?}");
         Run {
             p,
+            setup,
             source,
             pg,
             s3,
@@ -769,6 +782,12 @@ impl Run {
                 ferry_tests::table_digest(&local)
             }
             _ if !self.destination_path("events").exists() => none,
+            (None, None) if self.setup == Setup::Delta => {
+                if !self.destination_path("events/_delta_log").exists() {
+                    return none;
+                }
+                ferry_tests::delta_digest(&self.destination_path("events"), None)
+            }
             (None, None) => self.p.table_digest(),
             (Some(o), _) => s3_table_digest(&format!("{}/{}/events", o.server.bucket, o.prefix)),
         }
@@ -915,6 +934,7 @@ impl Setup {
             Setup::Postgres => "random_histories_keep_every_file_exactly_once_on_postgres",
             Setup::S3Faults => "random_histories_keep_every_file_exactly_once_on_s3_through_faults",
             Setup::HdfsPair => "random_histories_keep_every_file_exactly_once_on_hdfs_pair",
+            Setup::Delta => "random_histories_keep_every_file_exactly_once_on_delta",
         }
     }
 }
@@ -1064,6 +1084,13 @@ fn random_histories_keep_every_file_exactly_once_on_s3_through_faults() {
     // 1962077335: a table file no `published` row named (a skip during a version's switch).
     // 2535677154: a killed transform's Parquet stayed in the spool after its chunk was skipped.
     model_test(Setup::S3Faults, 200, &[1962077335, 2535677154]);
+}
+
+/// The same into a Delta table on local dirs: every history's table read by delta-rs.
+#[test]
+fn random_histories_keep_every_file_exactly_once_on_delta() {
+    // 3183263688: versions = "replace" (switches in one commit), disposition = "archive".
+    model_test(Setup::Delta, 200, &[3183263688]);
 }
 
 /// The same with staging on one MiniDFS cluster and the table on another (the second seed's
