@@ -496,8 +496,18 @@ fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
     p.add_jsonl_batch("a", 3, 300, 12);
     proxy.set(Faults { reset: 0.35, reset_within: 24 << 10, reset_both_ways: true, ..Faults::default() });
     drained_within(&p, "S3 through faults");
-    let resets = proxy.counters().resets.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(resets > 0, "the proxy reset some of load's connections");
+    // Resets are drawn per connection, and a run that pools its connections may open only a
+    // few: more batches, each through new processes and connections, until some were reset
+    // (0.65^n of a run with n connections meets none).
+    let resets = || proxy.counters().resets.load(std::sync::atomic::Ordering::SeqCst);
+    for round in 0..8u64 {
+        if resets() > 0 {
+            break;
+        }
+        p.add_jsonl_batch(&format!("more{round}"), 1, 200, 40 + round);
+        drained_within(&p, "S3 through faults, another batch");
+    }
+    assert!(resets() > 0, "the proxy reset some of the stages' connections");
     let local = p.path("readback");
     download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &local);
     same(&delta_digest(&local, None), &input_digest("jsonl", &p.path("in")), "read back from S3");
