@@ -124,10 +124,7 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
 /// them: a load committed them and ended before recording them. `ferry skip` refuses to close
 /// such a load (the rows are visible), as it does for a Hive table's unrecorded parts.
 pub async fn unrecorded_active(dest: &Store, ledger: &Ledger, table: &str, chunk: &str) -> Result<Vec<String>, Error> {
-    let s = DeltaLog::new(dest.clone(), table).snapshot().await.map_err(|e| match e {
-        DeltaError::Storage(e) => Error::from(e),
-        other => Error::internal(other.to_string()),
-    })?;
+    let s = DeltaLog::new(dest.clone(), table).snapshot().await.map_err(log_error)?;
     let recorded: HashSet<String> = ledger.published_of(chunk).await?.into_iter().map(|(p, _)| p).collect();
     let mut found: Vec<String> = s
         .files
@@ -138,6 +135,15 @@ pub async fn unrecorded_active(dest: &Store, ledger: &Ledger, table: &str, chunk
         .collect();
     found.sort();
     Ok(found)
+}
+
+/// A store's error keeps its class (a store that cannot be reached); what the log itself
+/// refuses is reported as it is.
+fn log_error(e: DeltaError) -> Error {
+    match e {
+        DeltaError::Storage(e) => e.into(),
+        other => Error::internal(other.to_string()),
+    }
 }
 
 /// What `ferry vacuum` did (or would do, dry).
@@ -157,10 +163,7 @@ pub struct Vacuumed {
 /// counts them. A file already gone counts as deleted.
 pub async fn vacuum(dest: &Store, table: &str, cutoff_ms: i64, dry_run: bool) -> Result<Vacuumed, Error> {
     let log = DeltaLog::new(dest.clone(), table);
-    let s = log.snapshot_with_history().await.map_err(|e| match e {
-        DeltaError::Storage(e) => Error::from(e),
-        other => Error::internal(format!("{}: {other}", dest.url(&format!("{table}/_delta_log")))),
-    })?;
+    let s = log.snapshot_with_history().await.map_err(log_error)?;
     let mut out = Vacuumed { version: s.version, ..Default::default() };
     let live: HashSet<&str> = s.files.keys().map(String::as_str).collect();
     let mut gone: Vec<(&String, i64)> = Vec::new();
@@ -194,9 +197,6 @@ pub async fn vacuum(dest: &Store, table: &str, cutoff_ms: i64, dry_run: bool) ->
 
 /// The retention a table asks for (`delta.deletedFileRetentionDuration`), in ms, or 1 week.
 pub async fn retention_ms(dest: &Store, table: &str) -> Result<i64, Error> {
-    let s = DeltaLog::new(dest.clone(), table).snapshot().await.map_err(|e| match e {
-        DeltaError::Storage(e) => Error::from(e),
-        other => Error::internal(other.to_string()),
-    })?;
+    let s = DeltaLog::new(dest.clone(), table).snapshot().await.map_err(log_error)?;
     Ok(s.property("delta.deletedFileRetentionDuration").and_then(ferry_delta::interval_ms).unwrap_or(7 * 86_400_000))
 }
