@@ -6,9 +6,11 @@
 //! is on the store at its size), and vacuum deletes only files that a commit removed more than
 //! the retention ago and that the latest version does not name again.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use ferry_delta::{DeltaError, DeltaLog, Snapshot};
+use bytes::Bytes;
+
+use ferry_delta::{Active, DeltaError, DeltaLog, Input, Snapshot};
 use ferry_ledger::Ledger;
 use ferry_storage::Store;
 
@@ -49,30 +51,34 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
     let v = s.version;
     let prefix = format!("{table}/");
     let want = ledger.published_files(table).await?;
+    // Parts by table path, whether a file of their own or held by a compacted file.
+    let parts: HashMap<&str, (i64, Option<&str>)> = s.parts().map(|(rel, size, file)| (rel, (size, file))).collect();
     let mut chunk_of: HashMap<&str, &str> = HashMap::new();
     for (path, chunk, bytes) in &want {
         let rel = path.strip_prefix(&prefix).unwrap_or(path);
         chunk_of.insert(rel, chunk);
-        match s.files.get(rel) {
+        match parts.get(rel).map(|(size, _)| size) {
             None => {
                 out.problems += 1;
                 out.bad_chunks.insert(chunk.clone());
                 out.lines.push(format!("missing  {path} (chunk {chunk}): not in table version {v}"));
             }
-            Some(a) if a.size != *bytes => {
+            Some(size) if size != bytes => {
                 out.problems += 1;
                 out.bad_chunks.insert(chunk.clone());
-                out.lines.push(format!("size     {path}: {} bytes in table version {v}, the ledger says {bytes} (chunk {chunk})", a.size));
+                out.lines.push(format!("size     {path}: {size} bytes in table version {v}, the ledger says {bytes} (chunk {chunk})"));
             }
             Some(_) => {}
         }
     }
-    let mut extra: Vec<&String> = s.files.keys().filter(|rel| !chunk_of.contains_key(rel.as_str())).collect();
+    let mut extra: Vec<(&str, Option<&str>)> =
+        parts.iter().filter(|(rel, _)| !chunk_of.contains_key(*rel)).map(|(rel, (_, file))| (*rel, *file)).collect();
     extra.sort();
-    for rel in extra {
+    for (rel, file) in extra {
         out.problems += 1;
+        let held = file.map(|f| format!(" (held by {prefix}{f})")).unwrap_or_default();
         out.lines.push(format!(
-            "extra    {prefix}{rel}: in table version {v}, not published by pipeline {} as far as the ledger knows",
+            "extra    {prefix}{rel}{held}: in table version {v}, not published by pipeline {} as far as the ledger knows",
             ledger.pipeline()
         ));
     }
@@ -88,22 +94,29 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
     let mut active: Vec<(&String, i64)> = s.files.iter().map(|(rel, a)| (rel, a.size)).collect();
     active.sort();
     for (rel, size) in active {
-        let chunk = chunk_of.get(rel.as_str()).map_or_else(|| "unknown".to_string(), |c| c.to_string());
+        // A compacted file stands for each of its members' chunks.
+        let chunks: Vec<&str> = match &s.files[rel].members[..] {
+            [] => vec![chunk_of.get(rel.as_str()).copied().unwrap_or("unknown")],
+            ms => ms.iter().map(|m| chunk_of.get(m.rel.as_str()).copied().unwrap_or("unknown")).collect(),
+        };
+        let chunk = chunks.join(", ");
+        let bad = |out: &mut Verified| out.bad_chunks.extend(chunks.iter().map(|c| c.to_string()));
         match on_store.get(rel) {
             None => {
                 out.problems += 1;
-                out.bad_chunks.insert(chunk.clone());
+                bad(&mut out);
                 out.lines.push(format!("gone     {prefix}{rel}: table version {v} names it, the store has no such file (chunk {chunk})"));
             }
             Some(&n) if n != size as u64 => {
                 out.problems += 1;
-                out.bad_chunks.insert(chunk.clone());
+                bad(&mut out);
                 out.lines.push(format!("size     {prefix}{rel}: {n} bytes on the store, table version {v} says {size} (chunk {chunk})"));
             }
             Some(_) => {}
         }
     }
     out.bad_chunks.remove("unknown");
+    let compacted = s.files.values().filter(|a| !a.members.is_empty()).count();
     let kept = on_store.keys().filter(|rel| rel.ends_with(".parquet") && !s.files.contains_key(*rel)).count();
     let checkpoint = log
         .checkpoint_version()
@@ -111,10 +124,13 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
         .map_err(|e| Error::internal(e.to_string()))?
         .map_or("no checkpoint".to_string(), |c| format!("checkpoint at {c}"));
     out.lines.push(format!(
-        "pipeline {}, Delta table {table}: version {v} ({checkpoint}), {} active file(s), {} published in the ledger, \
-         {kept} file(s) on the store no longer in the table (removed by a commit; `ferry vacuum` deletes them past the retention)",
+        "pipeline {}, Delta table {table}: version {v} ({checkpoint}), {} active file(s) ({compacted} compacted, holding {} \
+         part(s)), {} part(s) in all, {} published in the ledger, {kept} file(s) on the store not in the table (removed by a \
+         commit, or never committed; `ferry vacuum` deletes them past the retention)",
         ledger.pipeline(),
         s.files.len(),
+        s.members.len(),
+        parts.len(),
         want.len(),
     ));
     Ok(out)
@@ -127,8 +143,8 @@ pub async fn unrecorded_active(dest: &Store, ledger: &Ledger, table: &str, chunk
     let s = DeltaLog::new(dest.clone(), table).snapshot().await.map_err(log_error)?;
     let recorded: HashSet<String> = ledger.published_of(chunk).await?.into_iter().map(|(p, _)| p).collect();
     let mut found: Vec<String> = s
-        .files
-        .keys()
+        .parts()
+        .map(|(rel, _, _)| rel)
         .filter(|rel| ferry_delta::chunk_of(rel) == Some(chunk))
         .map(|rel| format!("{table}/{rel}"))
         .filter(|path| !recorded.contains(path))
@@ -153,30 +169,58 @@ pub struct Vacuumed {
     pub deleted: Vec<String>,
     pub files: usize,
     pub bytes: i64,
+    /// Of those, files no version of the table names (never committed).
+    pub untracked: usize,
     /// Removed files still within the retention, kept.
     pub kept: usize,
     pub version: i64,
 }
 
 /// Deletes the files of `table` that a commit removed before `cutoff_ms` and that the latest
-/// version does not name (a file removed and added again is live). With `dry_run`, only
-/// counts them. A file already gone counts as deleted.
-pub async fn vacuum(dest: &Store, table: &str, cutoff_ms: i64, dry_run: bool) -> Result<Vacuumed, Error> {
+/// version does not name (a file removed and added again is live), and Ferry's files that no
+/// version names, written before `cutoff_ms` (parts a load placed and never committed, a
+/// compacted file whose commit lost), but for parts of chunks the ledger does not show settled:
+/// a load at work on them may commit them yet. With `dry_run`, only counts them. A file
+/// already gone counts as deleted.
+pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, dry_run: bool) -> Result<Vacuumed, Error> {
+    let prefix = format!("{table}/");
+    // In this order: the listing, the ledger, the log. A part listed here whose chunk the
+    // ledger then shows settled had its commit (if any) before that, so the log read after
+    // names it; a part placed after the listing is not a candidate.
+    let listed: Vec<(String, u64, i64)> = dest
+        .list(table)
+        .await?
+        .into_iter()
+        .filter_map(|e| Some((e.rel.strip_prefix(&prefix)?.to_string(), e.size, e.mtime_ms)))
+        .filter(|(rel, _, mtime)| *mtime < cutoff_ms && is_ferry_file(rel))
+        .collect();
+    let chunks: Vec<String> = listed.iter().filter_map(|(rel, _, _)| ferry_delta::chunk_of(rel).map(str::to_string)).collect();
+    let settled = ledger.settled_chunks(&chunks).await?;
     let log = DeltaLog::new(dest.clone(), table);
     let s = log.snapshot_with_history().await.map_err(log_error)?;
     let mut out = Vacuumed { version: s.version, ..Default::default() };
     let live: HashSet<&str> = s.files.keys().map(String::as_str).collect();
-    let mut gone: Vec<(&String, i64)> = Vec::new();
+    let mut gone: Vec<(String, i64)> = Vec::new();
     for (rel, r) in &s.removed {
         if live.contains(rel.as_str()) {
             continue;
         }
         let at = r.get("deletionTimestamp").and_then(serde_json::Value::as_i64).unwrap_or(i64::MAX);
         if at < cutoff_ms {
-            gone.push((rel, r.get("size").and_then(serde_json::Value::as_i64).unwrap_or(0)));
+            gone.push((rel.clone(), r.get("size").and_then(serde_json::Value::as_i64).unwrap_or(0)));
         } else {
             out.kept += 1;
         }
+    }
+    for (rel, size, _) in listed {
+        if live.contains(rel.as_str()) || s.removed.contains_key(&rel) {
+            continue;
+        }
+        if ferry_delta::chunk_of(&rel).is_some_and(|c| !settled.contains(c)) {
+            continue;
+        }
+        out.untracked += 1;
+        gone.push((rel, size as i64));
     }
     gone.sort();
     for (rel, size) in gone {
@@ -193,6 +237,135 @@ pub async fn vacuum(dest: &Store, table: &str, cutoff_ms: i64, dry_run: bool) ->
         out.bytes += size;
     }
     Ok(out)
+}
+
+/// A data file of Ferry's in a table directory: a part (`part-<chunk>-<8 hex>.parquet`) or a
+/// compacted file (`compact-<16 hex>.parquet`), outside the log and Ferry's own directories.
+fn is_ferry_file(rel: &str) -> bool {
+    if rel.starts_with("_delta_log/") || rel.starts_with("_ferry/") || rel.contains("/_ferry/") {
+        return false;
+    }
+    let name = rel.rsplit('/').next().unwrap_or(rel);
+    let compacted = name
+        .strip_prefix("compact-")
+        .and_then(|n| n.strip_suffix(".parquet"))
+        .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    compacted || ferry_delta::chunk_of(rel).is_some()
+}
+
+/// What `ferry compact` did (or would do, dry).
+#[derive(Debug, Default)]
+pub struct Compacted {
+    /// One line per merge: the files in, the file out.
+    pub lines: Vec<String>,
+    pub merges: usize,
+    pub files_in: usize,
+    pub bytes_in: i64,
+    /// Merges given up: their inputs changed before the commit (a load took a part out).
+    pub lost: usize,
+    pub version: i64,
+}
+
+/// Merges the small files of each partition of `table` (those under `target` bytes) into files
+/// of up to `target` bytes, one commit per merge (see `ferry_delta`'s compaction: row groups
+/// copied whole, every part still found by its chunk). A merge whose inputs a commit changed
+/// meanwhile is not written; files of other writers are left alone.
+pub async fn compact(dest: &Store, table: &str, target: i64, dry_run: bool, now_ms: i64) -> Result<Compacted, Error> {
+    let log = DeltaLog::new(dest.clone(), table);
+    let start = log.snapshot().await.map_err(log_error)?;
+    let mut out = Compacted { version: start.version, ..Default::default() };
+    let mut by_dir: BTreeMap<&str, Vec<(&str, &Active)>> = BTreeMap::new();
+    for (rel, a) in &start.files {
+        if a.size < target && (!a.members.is_empty() || ferry_delta::chunk_of(rel).is_some()) {
+            by_dir.entry(rel.rsplit_once('/').map_or("", |(d, _)| d)).or_default().push((rel, a));
+        }
+    }
+    let mut cache = Some(start.clone());
+    for files in by_dir.values_mut() {
+        // Oldest first: files of one schema come together, and a merge's members keep the
+        // order they were loaded in.
+        files.sort_by_key(|(rel, a)| (a.added_in, *rel));
+        let mut bin: Vec<(&str, &Active, Bytes)> = Vec::new();
+        let mut bin_key = String::new();
+        for (rel, a) in files.iter() {
+            let size: i64 = bin.iter().map(|(_, a, _)| a.size).sum();
+            if !bin.is_empty() && size + a.size > target {
+                merge_bin(&log, &mut cache, &mut bin, dry_run, now_ms, &mut out).await?;
+            }
+            let bytes = Bytes::from(dest.read(&format!("{table}/{rel}")).await?);
+            let key = match ferry_delta::compatibility(rel, &bytes) {
+                Ok(k) => k,
+                Err(e) => {
+                    out.lines.push(format!("skipped  {table}/{rel}: {e}"));
+                    continue;
+                }
+            };
+            if key != bin_key {
+                merge_bin(&log, &mut cache, &mut bin, dry_run, now_ms, &mut out).await?;
+                bin_key = key;
+            }
+            bin.push((rel, a, bytes));
+        }
+        merge_bin(&log, &mut cache, &mut bin, dry_run, now_ms, &mut out).await?;
+    }
+    out.version = cache.map_or(out.version, |s| s.version);
+    Ok(out)
+}
+
+/// One merge of [`compact`]: `bin`'s files (two or more) into one, written, then committed if
+/// every input is still active. Empties `bin`.
+async fn merge_bin(
+    log: &DeltaLog,
+    cache: &mut Option<Snapshot>,
+    bin: &mut Vec<(&str, &Active, Bytes)>,
+    dry_run: bool,
+    now_ms: i64,
+    out: &mut Compacted,
+) -> Result<(), Error> {
+    let inputs: Vec<(&str, &Active, Bytes)> = std::mem::take(bin);
+    if inputs.len() < 2 {
+        return Ok(());
+    }
+    let merged = ferry_delta::merge(
+        &inputs.iter().map(|(rel, active, bytes)| Input { rel, active, bytes: bytes.clone() }).collect::<Vec<_>>(),
+        now_ms,
+    )
+    .map_err(log_error)?;
+    let names: Vec<&str> = inputs.iter().map(|(rel, _, _)| *rel).collect();
+    let bytes_in: i64 = inputs.iter().map(|(_, a, _)| a.size).sum();
+    let verb = if dry_run { "would merge" } else { "merged" };
+    if !dry_run {
+        let table = log.table();
+        log.store().create_new(&format!("{table}/{}", merged.rel), merged.bytes.clone()).await?;
+        let mut stale = false;
+        let written = log
+            .commit(cache, |s| {
+                stale = names.iter().any(|rel| !s.files.contains_key(*rel));
+                if stale {
+                    return Ok(None);
+                }
+                let mut actions = vec![ferry_delta::commit_info("OPTIMIZE", &[], now_ms)];
+                for (rel, a, _) in &inputs {
+                    let mut r = ferry_delta::remove(rel, a.size, now_ms);
+                    r["remove"]["dataChange"] = false.into();
+                    actions.push(r);
+                }
+                actions.push(merged.add.clone());
+                Ok(Some(actions))
+            })
+            .await
+            .map_err(log_error)?;
+        if stale || written.is_none() {
+            out.lost += 1;
+            out.lines.push(format!("lost     {} file(s) into {}: a commit changed them first", names.len(), merged.rel));
+            return Ok(());
+        }
+    }
+    out.merges += 1;
+    out.files_in += names.len();
+    out.bytes_in += bytes_in;
+    out.lines.push(format!("{verb} {} file(s), {bytes_in} bytes -> {} ({} bytes)", names.len(), merged.rel, merged.bytes.len()));
+    Ok(())
 }
 
 /// The retention a table asks for (`delta.deletedFileRetentionDuration`), in ms, or 1 week.

@@ -202,6 +202,18 @@ enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Delta tables: merge each partition's small files (under TARGET_SIZE) into files of up
+    /// to TARGET_SIZE, one commit per merge. Row groups are copied whole (no value is decoded
+    /// again); a later rerun, switch or skip of a merged chunk rewrites the merged file
+    /// without it. The merged files leave the directory with `ferry vacuum`. Needs --config.
+    Compact {
+        /// Files under this size are merged, into files of up to this size.
+        #[arg(long, default_value = "128MiB", value_parser = parse_size)]
+        target_size: u64,
+        /// Say what would be merged, write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Can Ferry reach everything this configuration names, with its settings? For the
     /// ledger and each store (source, archive, staging, spool, destination) it connects with
     /// the configured auth and TLS, lists, and (where Ferry writes) writes a probe file under
@@ -385,7 +397,12 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
         Cmd::Vacuum { retain, allow_short_retention, dry_run } => {
             let cfg = Config::load(config()?)?;
-            return vacuum(&cfg, retain, allow_short_retention, dry_run).await;
+            let ledger = existing_ledger(&url).await?;
+            return vacuum(&cfg, &ledger, retain, allow_short_retention, dry_run).await;
+        }
+        Cmd::Compact { target_size, dry_run } => {
+            let cfg = Config::load(config()?)?;
+            return compact(&cfg, target_size, dry_run).await;
         }
         Cmd::Prune { older_than, dry_run } => {
             let ledger = existing_ledger(&url).await?;
@@ -525,7 +542,13 @@ async fn verify_hive(dest: &Store, ledger: &Ledger, table: &str) -> Result<ferry
 }
 
 /// `ferry vacuum`: a Delta table's removed files past the retention.
-async fn vacuum(cfg: &Config, retain: Option<std::time::Duration>, allow_short: bool, dry_run: bool) -> Result<i32, Error> {
+async fn vacuum(
+    cfg: &Config,
+    ledger: &Ledger,
+    retain: Option<std::time::Duration>,
+    allow_short: bool,
+    dry_run: bool,
+) -> Result<i32, Error> {
     if cfg.destination.table_format != TableFormat::Delta {
         return Err(ConfigError::new(
             "destination.table_format",
@@ -550,16 +573,54 @@ async fn vacuum(cfg: &Config, retain: Option<std::time::Duration>, allow_short: 
         .into());
     }
     let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(retain_ms);
-    let v = ferry_admin::delta::vacuum(&dest, table, cutoff, dry_run).await?;
+    let v = ferry_admin::delta::vacuum(&dest, ledger, table, cutoff, dry_run).await?;
     let verb = if dry_run { "would delete" } else { "deleted" };
     for f in &v.deleted {
         println!("{verb} {f}");
     }
     println!(
-        "Delta table {table} at version {}: {verb} {} removed file(s), {} bytes; {} removed file(s) within the retention kept",
-        v.version, v.files, v.bytes, v.kept
+        "Delta table {table} at version {}: {verb} {} removed file(s) and {} file(s) no version names, {} bytes; {} removed \
+         file(s) within the retention kept",
+        v.version,
+        v.files - v.untracked,
+        v.untracked,
+        v.bytes,
+        v.kept
     );
     Ok(exit::OK)
+}
+
+/// `ferry compact`: a Delta table's small files merged.
+async fn compact(cfg: &Config, target: u64, dry_run: bool) -> Result<i32, Error> {
+    if cfg.destination.table_format != TableFormat::Delta {
+        return Err(ConfigError::new(
+            "destination.table_format",
+            "ferry compact is for Delta tables; a Hive table's files are read by name, and merging them would change what \
+             each partition's files hold",
+        )
+        .into());
+    }
+    if target < 2 {
+        return Err(ConfigError::new("--target-size", "must be at least 2 bytes").into());
+    }
+    let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
+    let table = &cfg.table.name;
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let c = ferry_admin::delta::compact(&dest, table, target.min(i64::MAX as u64) as i64, dry_run, now_ms).await?;
+    for l in &c.lines {
+        println!("{l}");
+    }
+    let verb = if dry_run { "would merge" } else { "merged" };
+    println!(
+        "Delta table {table} at version {}: {verb} {} file(s), {} bytes, in {} merge(s); {} merge(s) lost to another commit",
+        c.version, c.files_in, c.bytes_in, c.merges, c.lost
+    );
+    Ok(exit::OK)
+}
+
+/// `--target-size 128MiB`.
+fn parse_size(s: &str) -> Result<u64, String> {
+    ferry_common::config::ByteSize::parse(s).map(|b| b.0)
 }
 
 /// `--sweep NAME`: one of [`Sweep::ALL`] by its name.

@@ -180,8 +180,9 @@ pub(crate) async fn read(store: &Store, dir: &str, c: &Checkpoint, s: &mut Snaps
         let bytes = bytes::Bytes::from(store.read(&path).await?);
         let err = |e: &dyn std::fmt::Display| DeltaError::Log(format!("{}: {e}", store.url(&path)));
         let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| err(&e))?;
-        // Only what replay uses: other writers' checkpoints carry more (parsed stats, tags,
-        // deletion vectors), in types the JSON encoder below need not know.
+        // Only what replay uses: other writers' checkpoints carry more (parsed stats, deletion
+        // vectors), in types the JSON encoder below need not know. The tags hold a compacted
+        // file's members.
         let wanted = [
             "add.path",
             "add.partitionValues",
@@ -189,6 +190,7 @@ pub(crate) async fn read(store: &Store, dir: &str, c: &Checkpoint, s: &mut Snaps
             "add.modificationTime",
             "add.dataChange",
             "add.stats",
+            "add.tags",
             "remove.path",
             "remove.deletionTimestamp",
             "remove.dataChange",

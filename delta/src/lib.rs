@@ -46,10 +46,13 @@
 
 mod actions;
 mod checkpoint;
+mod compact;
+pub mod stats;
 
 use std::collections::HashMap;
 
 pub use actions::*;
+pub use compact::{Change, Input, MEMBERS_TAG, Member, Rewrite, compatibility, members_of, merge};
 use ferry_storage::Store;
 use serde_json::Value;
 
@@ -92,6 +95,8 @@ pub struct Active {
     pub added_in: i64,
     /// The `add` action itself, which a checkpoint writes again.
     pub action: Value,
+    /// For a compacted file, the parts it holds (see `compact`); empty for any other.
+    pub members: Vec<Member>,
 }
 
 /// An application transaction (`txn`) as the snapshot keeps it: the latest per app id.
@@ -115,6 +120,8 @@ pub struct Snapshot {
     /// Removed files (tombstones) by path, with their `remove` action.
     pub removed: HashMap<String, Value>,
     pub txns: HashMap<String, Txn>,
+    /// The compacted file that holds each part compacted away, by the part's path.
+    pub members: HashMap<String, String>,
 }
 
 impl Snapshot {
@@ -138,11 +145,19 @@ impl Snapshot {
         if let Some(a) = action.get_mut("add").map(Value::take) {
             let p = path(&a)?;
             let size = a.get("size").and_then(Value::as_i64).unwrap_or(0);
+            let members = members_of(&a)?;
             self.removed.remove(&p);
-            self.files.insert(p, Active { size, added_in: version, action: a });
+            for m in &members {
+                self.members.insert(m.rel.clone(), p.clone());
+            }
+            if let Some(old) = self.files.insert(p.clone(), Active { size, added_in: version, action: a, members }) {
+                self.forget_members(&p, &old);
+            }
         } else if let Some(r) = action.get_mut("remove").map(Value::take) {
             let p = path(&r)?;
-            self.files.remove(&p);
+            if let Some(old) = self.files.remove(&p) {
+                self.forget_members(&p, &old);
+            }
             self.removed.insert(p, r);
         } else if let Some(t) = action.get("txn") {
             if let (Some(app), Some(v)) = (t.get("appId").and_then(Value::as_str), t.get("version").and_then(Value::as_i64)) {
@@ -157,6 +172,17 @@ impl Snapshot {
         }
         // commitInfo, cdc, domainMetadata, ...: nothing a writer of appends must track.
         Ok(())
+    }
+
+    /// Drops the members of `old` (once at `rel`) that no other file holds now.
+    fn forget_members(&mut self, rel: &str, old: &Active) {
+        for m in &old.members {
+            if self.members.get(&m.rel).is_some_and(|f| f == rel)
+                && !self.files.get(rel).is_some_and(|a| a.members.iter().any(|n| n.rel == m.rel))
+            {
+                self.members.remove(&m.rel);
+            }
+        }
     }
 
     /// The table's current schema string, if it has one.
@@ -220,6 +246,15 @@ pub struct DeltaLog {
 impl DeltaLog {
     pub fn new(store: Store, table: &str) -> DeltaLog {
         DeltaLog { store, table: table.to_string() }
+    }
+
+    /// The store the table is in, and the table's directory in it.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
     }
 
     fn log_dir(&self) -> String {

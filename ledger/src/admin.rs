@@ -550,6 +550,35 @@ impl Ledger {
         Ok(ours)
     }
 
+    /// Which of `chunks` are this pipeline's and settled: loaded (or withdrawn or skipped) and
+    /// no task of theirs pending, so no stage is about to write or commit their files. A file of
+    /// such a chunk that the table does not name is nobody's (what `ferry vacuum` may remove).
+    pub async fn settled_chunks(&self, chunks: &[String]) -> Result<std::collections::HashSet<String>> {
+        let mut settled = std::collections::HashSet::new();
+        for c in chunks.iter().collect::<std::collections::BTreeSet<_>>() {
+            let n: i64 = self
+                .call("settled_chunks", || async move {
+                    on_backend!(self, |pool, begin| {
+                        sqlx::query_scalar(
+                            "SELECT COUNT(*) FROM tasks t JOIN chunks c ON c.id = t.chunk_id JOIN source_files f ON f.id = c.file_id
+                             WHERE t.chunk_id = $1 AND f.pipeline = $2 AND t.stage = 'load' AND t.state = 'done'
+                               AND NOT EXISTS (SELECT 1 FROM tasks u WHERE u.chunk_id = t.chunk_id AND u.state <> 'done')",
+                        )
+                        .bind(c)
+                        .bind(self.pipeline())
+                        .fetch_one(pool)
+                        .await
+                        .map_err(db("settled_chunks"))
+                    })
+                })
+                .await?;
+            if n > 0 {
+                settled.insert(c.clone());
+            }
+        }
+        Ok(settled)
+    }
+
     /// Where each of these chunks of this pipeline is staged, as the ledger records it (chunks
     /// it does not know are left out).
     pub async fn chunk_locations(&self, chunks: &[String]) -> Result<std::collections::HashMap<String, String>> {

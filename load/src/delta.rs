@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ferry_common::paths;
-use ferry_delta::{self as delta, DeltaError, DeltaLog, Snapshot, chunk_of};
+use ferry_delta::{self as delta, Change, DeltaError, DeltaLog, Snapshot, chunk_of};
 use ferry_ledger::{Lease, Part, SchemaColumn, Work};
 use ferry_storage::Store;
 use serde_json::Value;
@@ -93,23 +93,25 @@ struct Found {
 }
 
 impl Plan<'_> {
-    /// The commit's actions against snapshot `s`, or None when there is nothing to write:
-    /// every part is active and nothing is to go (a retry after a commit that landed).
-    fn actions(&self, s: &Snapshot, found: &mut Found) -> Result<Option<Vec<Value>>, DeltaError> {
+    /// The commit's actions against snapshot `s` and the parts it takes out, or None when there
+    /// is nothing to write: every part is in and nothing is to go (a retry after a commit that
+    /// landed).
+    fn actions(&self, s: &Snapshot, found: &mut Found) -> Result<Option<Change>, DeltaError> {
         let version_of = |rel: &str| self.version.as_ref().and_then(|(_, all)| all.get(chunk_of(rel)?).copied());
         if let Some((mine, _)) = &self.version {
-            found.superseded = s.files.keys().any(|f| version_of(f).is_some_and(|v| v > *mine));
+            found.superseded = s.parts().any(|(f, _, _)| version_of(f).is_some_and(|v| v > *mine));
             if found.superseded {
                 return Ok(None);
             }
         }
-        let adds: Vec<&(String, &Part)> = self.parts.iter().filter(|(rel, _)| !s.files.contains_key(rel)).collect();
+        // A part counts as in whether its own file is active or a compacted file holds it.
+        let adds: Vec<&(String, &Part)> = self.parts.iter().filter(|(rel, _)| !s.has_part(rel)).collect();
         let wanted: HashSet<&str> = self.parts.iter().map(|(rel, _)| rel.as_str()).collect();
-        let mut removes: Vec<(&String, i64)> = s
-            .files
-            .iter()
-            .filter(|(f, _)| !wanted.contains(f.as_str()))
-            .filter(|(f, _)| {
+        let mut drop: Vec<String> = s
+            .parts()
+            .map(|(f, _, _)| f)
+            .filter(|f| !wanted.contains(f))
+            .filter(|f| {
                 let Some(c) = chunk_of(f) else { return false };
                 // Earlier output of these chunks (a rerun), a skipped sibling's parts, and, in
                 // a switch, every file of an older version.
@@ -117,16 +119,16 @@ impl Plan<'_> {
                     || self.skipped.contains(c)
                     || (self.replaces && version_of(f).zip(self.version.as_ref()).is_some_and(|(v, (mine, _))| v < *mine))
             })
-            .map(|(f, a)| (f, a.size))
+            .map(str::to_string)
             .collect();
-        removes.sort();
+        drop.sort();
         let metadata = self.metadata_change(s)?;
-        if adds.is_empty() && removes.is_empty() && metadata.is_none() {
+        if adds.is_empty() && drop.is_empty() && metadata.is_none() {
             return Ok(None);
         }
         let mut chunks: Vec<&str> = self.chunks.iter().copied().collect();
         chunks.sort();
-        let op = if removes.is_empty() { "WRITE" } else { "MERGE" };
+        let op = if drop.is_empty() { "WRITE" } else { "MERGE" };
         let mut actions = vec![delta::commit_info(op, &chunks, self.now_ms)];
         if s.version < 0 || s.protocol.as_ref() != Some(&delta::protocol(&self.columns)["protocol"]) {
             let needed = delta::protocol(&self.columns);
@@ -141,13 +143,10 @@ impl Plan<'_> {
         for (rel, p) in adds {
             actions.push(delta::add(rel, &delta::partition_values(&p.partition), p.bytes, p.records, p.stats.as_deref(), self.now_ms));
         }
-        for (rel, size) in removes {
-            actions.push(delta::remove(rel, size, self.now_ms));
-        }
         for c in chunks {
             actions.push(delta::txn(&format!("ferry:{}:{c}", self.pipeline), self.epoch, self.now_ms));
         }
-        Ok(Some(actions))
+        Ok(Some(Change { actions, drop }))
     }
 
     /// The metaData action this commit needs: the table's first, or a changed schema (new
@@ -248,7 +247,7 @@ impl Loader {
         let mut found = Found::default();
         let committed = {
             let mut cached = table.snapshot.lock().await;
-            table.log.commit(&mut cached, |s| plan.actions(s, &mut found)).await.map_err(table_error)?
+            table.log.commit_parts(&mut cached, plan.now_ms, |s| plan.actions(s, &mut found)).await.map_err(table_error)?
         };
         if found.superseded {
             tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file is in the table; not added");
@@ -267,22 +266,22 @@ impl Loader {
         // after a commit that landed unrecorded, the one the snapshot says added its files.
         let table_version = {
             let cached = table.snapshot.lock().await;
-            cached.as_ref().and_then(|s| parts.iter().filter_map(|p| s.files.get(&part_rel(p)).map(|a| a.added_in)).max())
+            cached.as_ref().and_then(|s| parts.iter().filter_map(|p| s.part_added_in(&part_rel(p))).max())
         };
         let published: Vec<(String, Part)> = parts.iter().map(|p| (paths::table_file(name, &part_rel(p)), p.clone())).collect();
         if !self.ledger.record_published(&lease, name, &published, replace, table_version).await? {
             // A newer version went in between this chunk's look at the ledger and its commit:
             // its files go back out of the table in a commit of their own.
             tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file was published meanwhile; taking it back out");
-            let mine: HashSet<String> = published.iter().map(|(_, p)| part_rel(p)).collect();
+            let mine: Vec<String> = published.iter().map(|(_, p)| part_rel(p)).collect();
             let now_ms = self.ledger.now_ms();
             let mut cached = table.snapshot.lock().await;
             table
                 .log
-                .commit(&mut cached, |s| {
-                    let gone: Vec<Value> =
-                        s.files.iter().filter(|(f, _)| mine.contains(*f)).map(|(f, a)| delta::remove(f, a.size, now_ms)).collect();
-                    Ok((!gone.is_empty()).then_some(gone))
+                .commit_parts(&mut cached, now_ms, |s| {
+                    let drop: Vec<String> = mine.iter().filter(|f| s.has_part(f)).cloned().collect();
+                    let chunk = [lease.chunk_id.as_str()];
+                    Ok((!drop.is_empty()).then(|| Change { actions: vec![delta::commit_info("DELETE", &chunk, now_ms)], drop }))
                 })
                 .await
                 .map_err(table_error)?;
@@ -383,6 +382,14 @@ mod tests {
         actions.iter().map(|a| a.as_object().unwrap().keys().next().unwrap().clone()).collect()
     }
 
+    /// A plan's change as the commit writes it when no part is in a compacted file: a remove
+    /// per part that leaves.
+    fn written(s: &Snapshot, c: Change) -> Vec<Value> {
+        let mut actions = c.actions;
+        actions.extend(c.drop.iter().map(|rel| delta::remove(rel, s.files[rel].size, 1_000)));
+        actions
+    }
+
     fn apply(s: &mut Snapshot, actions: &[Value]) {
         let text: String = actions.iter().map(|a| format!("{a}\n")).collect();
         s.apply(s.version + 1, &text).unwrap();
@@ -394,7 +401,7 @@ mod tests {
         let v1 = [part("aaaa", "dt=1", "11111111ff"), part("aaaa", "dt=2", "22222222ff")];
         let every = [("aaaa", 1), ("bbbb", 2)];
         let mut found = Found::default();
-        let first = plan(&v1, Some((1, &every)), false).actions(&s, &mut found).unwrap().unwrap();
+        let first = plan(&v1, Some((1, &every)), false).actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         assert_eq!(kinds(&first), ["commitInfo", "protocol", "metaData", "add", "add", "txn"]);
         apply(&mut s, &first);
         assert_eq!(s.files.len(), 2);
@@ -402,14 +409,14 @@ mod tests {
         assert!(plan(&v1, Some((1, &every)), false).actions(&s, &mut found).unwrap().is_none());
         // A rerun with other bytes in one partition: the new name in, the old one out, at once.
         let rerun = [part("aaaa", "dt=1", "33333333ff"), part("aaaa", "dt=2", "22222222ff")];
-        let swap = plan(&rerun, Some((1, &every)), false).actions(&s, &mut found).unwrap().unwrap();
-        assert_eq!(kinds(&swap), ["commitInfo", "add", "remove", "txn"]);
+        let swap = plan(&rerun, Some((1, &every)), false).actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        assert_eq!(kinds(&swap), ["commitInfo", "add", "txn", "remove"]);
         apply(&mut s, &swap);
         assert!(s.files.contains_key("dt=1/part-aaaa-33333333.parquet") && !s.files.contains_key("dt=1/part-aaaa-11111111.parquet"));
         // Version 2 of the file replaces version 1: its add and version 1's removes together.
         let v2 = [part("bbbb", "dt=1", "44444444ff")];
-        let switch = plan(&v2, Some((2, &every)), true).actions(&s, &mut found).unwrap().unwrap();
-        assert_eq!(kinds(&switch), ["commitInfo", "add", "remove", "remove", "txn"]);
+        let switch = plan(&v2, Some((2, &every)), true).actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        assert_eq!(kinds(&switch), ["commitInfo", "add", "txn", "remove", "remove"]);
         apply(&mut s, &switch);
         assert_eq!(s.files.keys().collect::<Vec<_>>(), ["dt=1/part-bbbb-44444444.parquet"]);
         // Version 1's chunk, late (its commit lost the race to the switch): superseded, nothing written.
@@ -424,11 +431,11 @@ mod tests {
         let ps = [part("aaaa", "dt=1", "11111111ff")];
         let mut found = Found::default();
         let p = plan(&ps, None, false);
-        let first = p.actions(&s, &mut found).unwrap().unwrap();
+        let first = p.actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         apply(&mut s, &first);
         let mut wider = plan(&ps, None, false);
         wider.columns.push(SchemaColumn { name: "m".into(), hive: "STRING".into(), detail: "string".into(), nullable: true });
-        let change = wider.actions(&s, &mut found).unwrap().unwrap();
+        let change = wider.actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         assert_eq!(kinds(&change), ["commitInfo", "metaData", "txn"]);
         let mut retyped = plan(&ps, None, false);
         retyped.columns[0].detail = "string".into();

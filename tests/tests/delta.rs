@@ -260,7 +260,12 @@ fn a_corrected_file_switches_in_one_commit_and_earlier_versions_still_read_the_o
     let o = ferry(&["verify"]);
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     assert_eq!(o.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&o.stderr));
-    assert!(text.contains(&format!("{active} active file(s), {active} published in the ledger")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "{active} active file(s) (0 compacted, holding 0 part(s)), {active} part(s) in all, {active} published in the ledger"
+        )),
+        "{text}"
+    );
     // `ferry status` shows the table version each partition's newest file came in.
     let o = ferry(&["status"]);
     let last = commits(&table(&p)).last().unwrap().0;
@@ -270,7 +275,7 @@ fn a_corrected_file_switches_in_one_commit_and_earlier_versions_still_read_the_o
     // Vacuum: nothing is past the table's retention (a week); a shorter one is refused unless
     // asked for, and then the old version's files go and the latest version reads the same.
     let o = ferry(&["vacuum"]);
-    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("deleted 0 removed file(s)"), "{o:?}");
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("deleted 0 removed file(s) and 0 file(s)"), "{o:?}");
     let o = ferry(&["vacuum", "--retain", "0s"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--allow-short-retention"), "{o:?}");
     let o = ferry(&["vacuum", "--retain", "0s", "--allow-short-retention", "--dry-run"]);
@@ -300,6 +305,102 @@ fn a_corrected_file_switches_in_one_commit_and_earlier_versions_still_read_the_o
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     assert_eq!(o.status.code(), Some(3), "{text}");
     assert!(text.contains("gone ") && text.contains(victim.file_name().unwrap().to_str().unwrap()), "{text}");
+}
+
+/// `ferry compact` merges each partition's small files; the merged table reads the same
+/// (delta-rs with file skipping, Spark), a version switch of a source file whose chunks were
+/// merged takes exactly their rows out (the merged file rewritten without them, in the
+/// switch's one commit), a second compaction merges merged files, and vacuum leaves the files
+/// the latest version names and the parts of chunks still at work.
+#[test]
+fn compacted_files_hold_every_part_once_through_a_switch_a_second_compaction_and_vacuum() {
+    let p = delta_pipeline("16KiB");
+    p.add_jsonl_batch("a", 3, 300, 1);
+    // keep.jsonl shares its partitions with data.jsonl, which is corrected below.
+    std::fs::write(p.path("in/keep.jsonl"), events("keep", 300)).unwrap();
+    std::fs::write(p.path("in/data.jsonl"), events("v1", 300)).unwrap();
+    drained(&p);
+    let ferry = |args: &[&str]| output_within(p.command("ferry").args(args), std::time::Duration::from_secs(120));
+    let expect = |v2: bool| {
+        let d = p.path(&format!("expect-{v2}"));
+        let _ = std::fs::remove_dir_all(&d);
+        copy_tree(&p.path("in"), &d);
+        std::fs::write(d.join("data.jsonl"), if v2 { events("v2", 250) } else { events("v1", 300) }).unwrap();
+        input_digest("jsonl", &d)
+    };
+    let before = delta_files(&table(&p)).len();
+    let o = ferry(&["compact", "--target-size", "64MiB", "--dry-run"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("would merge"), "{o:?}");
+    assert_eq!(delta_files(&table(&p)).len(), before, "a dry run merges nothing");
+    let o = ferry(&["compact", "--target-size", "64MiB"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    let partitions = p.count("SELECT COUNT(DISTINCT partition) FROM parts");
+    let after = delta_files(&table(&p));
+    assert_eq!(after.len() as i64, partitions, "one file per partition: {text}");
+    assert!(after.iter().all(|f| f.contains("/compact-")), "{after:?}");
+    same(&delta_digest(&table(&p), None), &expect(false), "after the compaction");
+    let compacted_at = commits(&table(&p)).last().unwrap().0;
+    let compaction = &commits(&table(&p))[compacted_at as usize].1;
+    assert!(compaction.iter().filter_map(|a| a.get("add")).all(|a| a["dataChange"] == false), "a compaction changes no data");
+    same(&skipping_reads(&table(&p)), &serde_json::json!("ok"), "filtered reads over merged files' stats");
+    let o = ferry(&["verify"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{text} {:?}", commits(&table(&p)).last());
+    assert!(text.contains(&format!("({partitions} compacted, holding")), "{text}");
+
+    // data.jsonl corrected: its chunks' rows leave the merged files in the switch's commit.
+    std::fs::write(p.path("in/.data.jsonl.part"), events("v2", 250)).unwrap();
+    std::fs::rename(p.path("in/.data.jsonl.part"), p.path("in/data.jsonl")).unwrap();
+    drained(&p);
+    let all = expect(true);
+    same(&delta_digest(&table(&p), None), &all, "the switch through merged files");
+    let log = commits(&table(&p));
+    let rewrote = log[compacted_at as usize + 1..].iter().any(|(_, actions)| {
+        actions.iter().any(|a| a.get("remove").is_some_and(|r| r["path"].as_str().unwrap().contains("/compact-")))
+            && actions.iter().any(|a| a.get("add").is_some_and(|r| r["path"].as_str().unwrap().contains("/compact-")))
+    });
+    assert!(rewrote, "a merged file rewritten without the old version's parts: {:?}", &log[compacted_at as usize..]);
+    no_version_doubles(&table(&p));
+    assert_eq!(ferry(&["verify"]).status.code(), Some(0));
+
+    // Merged files merge again with the switch's new parts.
+    let o = ferry(&["compact", "--target-size", "64MiB"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(delta_files(&table(&p)).len() as i64, p.count("SELECT COUNT(DISTINCT partition) FROM parts"));
+    same(&delta_digest(&table(&p), None), &all, "after the second compaction");
+    assert_eq!(ferry(&["verify"]).status.code(), Some(0));
+
+    // Spark reads the merged files (latest), and the version before the first compaction.
+    let spark = spark_delta_digests(&table(&p), &[None, Some(compacted_at - 1)]);
+    same(&spark[0], &all, "Spark, latest");
+    same(&spark[1], &expect(false), "Spark, before the compaction");
+
+    // Vacuum: removed files, and files no version names: a settled chunk's stray part goes, a
+    // part of a chunk the ledger does not know stays.
+    let dir = std::fs::read_dir(table(&p))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|d| d.file_name().unwrap().to_string_lossy().starts_with("dt="))
+        .unwrap();
+    let settled = p.sql("SELECT id FROM chunks LIMIT 1").trim().to_string();
+    let stray = dir.join(format!("part-{settled}-deadbeef.parquet"));
+    let foreign = dir.join("part-nosuchchunk-deadbeef.parquet");
+    std::fs::write(&stray, b"x").unwrap();
+    std::fs::write(&foreign, b"x").unwrap();
+    let o = ferry(&["vacuum", "--retain", "0s", "--allow-short-retention"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("and 1 file(s) no version names"), "{o:?}");
+    assert!(!stray.exists() && foreign.exists());
+    std::fs::remove_file(&foreign).unwrap();
+    let data_files: Vec<_> = ferry_tests::files_under(&table(&p))
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "parquet") && !f.to_string_lossy().contains("_delta_log"))
+        .collect();
+    assert_eq!(data_files.len(), delta_files(&table(&p)).len(), "{data_files:?}");
+    same(&delta_digest(&table(&p), None), &all, "after the vacuum");
+    assert_eq!(ferry(&["verify"]).status.code(), Some(0));
 }
 
 /// Copies `from` into `to` (a directory tree), replacing `to`.

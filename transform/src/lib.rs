@@ -11,7 +11,6 @@ pub mod encode;
 pub mod exact;
 pub mod ops;
 pub mod schema;
-pub mod stats;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -553,7 +552,7 @@ impl Written {
         self.file.sync_all().map_err(|e| TransformError::io(self.tmp.display(), e))?;
         let fin = self.tmp.with_file_name(&self.part.name);
         std::fs::rename(&self.tmp, &fin).map_err(|e| own_spool_file(&self.tmp, e))?;
-        self.part.stats = Some(stats::of_file(&fin).map_err(|e| TransformError::io(fin.display(), std::io::Error::other(e)))?);
+        self.part.stats = Some(ferry_delta::stats::of_file(&fin).map_err(|e| TransformError::io(fin.display(), std::io::Error::other(e)))?);
         Ok(self.part)
     }
 }

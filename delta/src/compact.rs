@@ -1,0 +1,313 @@
+//! Compaction: the small files of one partition merged into one, and taken apart again when
+//! some of what they hold must leave the table.
+//!
+//! A compacted file is its inputs' row groups copied whole, byte for byte, one input after the
+//! other (no value is decoded or encoded again, so none can change); its `add` names each
+//! input in the tag `ferry.members` (`[{"path", "size", "records", "rowGroups"}]`), in the
+//! order of their row groups. Everything that reads the table in Ferry's terms (which chunk's
+//! part is in, which must leave) reads through those members: a part compacted away is in the
+//! table exactly as if its own file were active. When a part must leave (a rerun with other
+//! bytes, a newer version of its source file, a skip), the commit that takes it out removes
+//! the compacted file and adds one with the other members' row groups: the same copy, without
+//! that member's range. Inputs of a merge must share the Parquet schema and key-value metadata
+//! (schema changes start a new file).
+//!
+//! ```text
+//!  <table>/<k=v>/compact-<blake3 16>.parquet   content-addressed: a merge of the same inputs
+//!                                             is the same file, wherever it is written from
+//! ```
+//!
+//! A crash leaves at worst a compacted file no commit names: it is invisible, and `ferry
+//! vacuum` removes it past the retention.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parquet::bloom_filter::Sbbf;
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
+use serde_json::{Value, json};
+
+use crate::{Active, DeltaError, DeltaLog, Result, Snapshot, remove, stats};
+
+/// The `add` tag that lists a compacted file's members.
+pub const MEMBERS_TAG: &str = "ferry.members";
+
+/// One input of a compacted file: the part (by table path) whose row groups it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub rel: String,
+    /// The part's own size and records, as its own `add` had them.
+    pub size: i64,
+    pub records: i64,
+    /// How many row groups of the compacted file are this part's (they follow the members
+    /// before it).
+    pub row_groups: usize,
+}
+
+/// The members an `add` names (empty for a file of its own).
+pub fn members_of(add: &Value) -> std::result::Result<Vec<Member>, String> {
+    let Some(text) = add.get("tags").and_then(|t| t.get(MEMBERS_TAG)).and_then(Value::as_str) else { return Ok(vec![]) };
+    let list: Vec<Value> = serde_json::from_str(text).map_err(|e| format!("tag {MEMBERS_TAG} is not a JSON list ({e})"))?;
+    list.iter()
+        .map(|m| {
+            let (Some(rel), Some(size), Some(records), Some(rgs)) = (
+                m.get("path").and_then(Value::as_str),
+                m.get("size").and_then(Value::as_i64),
+                m.get("records").and_then(Value::as_i64),
+                m.get("rowGroups").and_then(Value::as_u64),
+            ) else {
+                return Err(format!("tag {MEMBERS_TAG}: a member without path, size, records or rowGroups: {m}"));
+            };
+            Ok(Member { rel: rel.to_string(), size, records, row_groups: rgs as usize })
+        })
+        .collect()
+}
+
+/// A file to write into the table and the `add` that makes it visible.
+#[derive(Debug, Clone)]
+pub struct Rewrite {
+    pub rel: String,
+    pub bytes: Vec<u8>,
+    pub add: Value,
+}
+
+/// One input of [`merge`]: an active file and its bytes.
+pub struct Input<'a> {
+    pub rel: &'a str,
+    pub active: &'a Active,
+    pub bytes: Bytes,
+}
+
+fn footer(rel: &str, bytes: &Bytes) -> Result<ParquetMetaData> {
+    ParquetMetaDataReader::new()
+        .with_page_index_policy(PageIndexPolicy::Optional)
+        .parse_and_finish(bytes)
+        .map_err(|e| DeltaError::Log(format!("{rel}: not a Parquet file Ferry can compact ({e})")))
+}
+
+/// What inputs must share to be merged: the Parquet schema and the key-value metadata
+/// (Arrow's schema among them).
+pub fn compatibility(rel: &str, bytes: &Bytes) -> Result<String> {
+    let meta = footer(rel, bytes)?;
+    let f = meta.file_metadata();
+    Ok(format!("{:?}|{:?}", f.schema_descr().root_schema(), f.key_value_metadata()))
+}
+
+/// The row groups of `inputs` (each with the indices to copy) as one Parquet file.
+fn concat(inputs: &[(&str, &Bytes, Vec<usize>)]) -> Result<Vec<u8>> {
+    let metas = inputs.iter().map(|(rel, b, _)| footer(rel, b)).collect::<Result<Vec<_>>>()?;
+    let first = metas.first().ok_or_else(|| DeltaError::Log("nothing to compact".into()))?;
+    let fm = first.file_metadata();
+    for ((rel, _, _), m) in inputs.iter().zip(&metas).skip(1) {
+        if m.file_metadata().schema_descr().root_schema() != fm.schema_descr().root_schema()
+            || m.file_metadata().key_value_metadata() != fm.key_value_metadata()
+        {
+            return Err(DeltaError::Log(format!("{rel}: its Parquet schema differs from {}'s; not merged", inputs[0].0)));
+        }
+    }
+    let mut props = WriterProperties::builder().set_key_value_metadata(fm.key_value_metadata().cloned());
+    if let Some(by) = fm.created_by() {
+        props = props.set_created_by(by.to_string());
+    }
+    let mut out = Vec::new();
+    let mut w = SerializedFileWriter::new(&mut out, fm.schema_descr().root_schema_ptr(), Arc::new(props.build()))
+        .map_err(|e| DeltaError::Log(format!("compacting: {e}")))?;
+    let err = |e: parquet::errors::ParquetError| DeltaError::Log(format!("compacting: {e}"));
+    for ((_, bytes, groups), meta) in inputs.iter().zip(&metas) {
+        let page_index = meta.page_index();
+        for &g in groups {
+            let rg = meta.row_group(g);
+            let mut out_rg = w.next_row_group().map_err(err)?;
+            for (c, column) in rg.columns().iter().enumerate() {
+                let result = ColumnCloseResult {
+                    bytes_written: column.compressed_size() as u64,
+                    rows_written: rg.num_rows() as u64,
+                    metadata: column.clone(),
+                    bloom_filter: Sbbf::read_from_column_chunk(column, *bytes).ok().flatten(),
+                    column_index: page_index.and_then(|pi| pi.column_index(g, c)).cloned(),
+                    offset_index: page_index.and_then(|pi| pi.offset_index(g, c)).cloned(),
+                };
+                out_rg.append_column(*bytes, result).map_err(err)?;
+            }
+            out_rg.close().map_err(err)?;
+        }
+    }
+    w.close().map_err(err)?;
+    Ok(out)
+}
+
+/// The compacted file of `members` written from `inputs`, in partition directory `dir`, with
+/// its statistics read back from what was written. `data_change`: false for a merge (the
+/// rows do not change), true when members were dropped.
+fn build(dir: &str, members: &[Member], inputs: &[(&str, &Bytes, Vec<usize>)], data_change: bool, now_ms: i64) -> Result<Rewrite> {
+    let bytes = concat(inputs)?;
+    let b = Bytes::from(bytes);
+    let meta = footer("the compacted file", &b)?;
+    let records: i64 = members.iter().map(|m| m.records).sum();
+    if meta.file_metadata().num_rows() != records {
+        return Err(DeltaError::Log(format!(
+            "compacting: the merged file holds {} rows, its members {records}",
+            meta.file_metadata().num_rows()
+        )));
+    }
+    let stats = stats::of_metadata(&meta).map_err(|e| DeltaError::Log(format!("compacting: {e}")))?;
+    let name = format!("compact-{}.parquet", &blake3::hash(&b).to_hex()[..16]);
+    let rel = if dir.is_empty() { name } else { format!("{dir}/{name}") };
+    let list: Vec<Value> =
+        members.iter().map(|m| json!({"path": m.rel, "size": m.size, "records": m.records, "rowGroups": m.row_groups})).collect();
+    let mut add = crate::add(&rel, &crate::partition_values(dir), b.len() as i64, records, Some(&stats), now_ms);
+    add["add"]["dataChange"] = json!(data_change);
+    add["add"]["tags"] = json!({MEMBERS_TAG: Value::Array(list).to_string()});
+    Ok(Rewrite { rel, bytes: b.to_vec(), add })
+}
+
+fn dir_of(rel: &str) -> &str {
+    rel.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
+/// The files `inputs` (all of one partition) merged into one: their members (a compacted
+/// input's members, a part's itself) in order.
+pub fn merge(inputs: &[Input<'_>], now_ms: i64) -> Result<Rewrite> {
+    let dir = inputs.first().map(|i| dir_of(i.rel)).unwrap_or_default();
+    let mut members = Vec::new();
+    let mut copy = Vec::new();
+    for i in inputs {
+        if dir_of(i.rel) != dir {
+            return Err(DeltaError::Log(format!("{} and {} are in different partitions", inputs[0].rel, i.rel)));
+        }
+        let meta = footer(i.rel, &i.bytes)?;
+        let groups = meta.num_row_groups();
+        if i.active.members.is_empty() {
+            let records = meta.file_metadata().num_rows();
+            members.push(Member { rel: i.rel.to_string(), size: i.active.size, records, row_groups: groups });
+        } else {
+            if i.active.members.iter().map(|m| m.row_groups).sum::<usize>() != groups {
+                return Err(DeltaError::Log(format!("{}: its members name other row groups than it has", i.rel)));
+            }
+            members.extend(i.active.members.iter().cloned());
+        }
+        copy.push((i.rel, &i.bytes, (0..groups).collect()));
+    }
+    build(dir, &members, &copy, false, now_ms)
+}
+
+/// Compacted file `rel` (`bytes`) without the members in `drop`; None when none is left.
+pub fn without(rel: &str, active: &Active, bytes: &Bytes, drop: &BTreeSet<String>, now_ms: i64) -> Result<Option<Rewrite>> {
+    let meta = footer(rel, bytes)?;
+    if active.members.iter().map(|m| m.row_groups).sum::<usize>() != meta.num_row_groups() {
+        return Err(DeltaError::Log(format!("{rel}: its members name other row groups than it has")));
+    }
+    let (mut kept, mut groups, mut at) = (Vec::new(), Vec::new(), 0);
+    for m in &active.members {
+        if !drop.contains(&m.rel) {
+            kept.push(m.clone());
+            groups.extend(at..at + m.row_groups);
+        }
+        at += m.row_groups;
+    }
+    if kept.is_empty() {
+        return Ok(None);
+    }
+    build(dir_of(rel), &kept, &[(rel, bytes, groups)], true, now_ms).map(Some)
+}
+
+/// What a plan asks of [`DeltaLog::commit_parts`]: actions to write, and Ferry's parts (by
+/// table path) to take out of the table, whether each is a file of its own or a member of a
+/// compacted file.
+#[derive(Debug, Default)]
+pub struct Change {
+    pub actions: Vec<Value>,
+    pub drop: Vec<String>,
+}
+
+impl Snapshot {
+    /// Is Ferry's part `rel` in this version, as a file or in a compacted one?
+    pub fn has_part(&self, rel: &str) -> bool {
+        self.members.contains_key(rel) || self.files.get(rel).is_some_and(|a| a.members.is_empty())
+    }
+
+    /// Every part this version holds: (table path, its size, the compacted file holding it).
+    pub fn parts(&self) -> impl Iterator<Item = (&str, i64, Option<&str>)> {
+        self.files.iter().flat_map(|(rel, a)| {
+            let own = a.members.is_empty().then_some((rel.as_str(), a.size, None));
+            own.into_iter().chain(a.members.iter().map(move |m| (m.rel.as_str(), m.size, Some(rel.as_str()))))
+        })
+    }
+
+    /// The version that made part `rel` visible (for a compacted one: its compaction's).
+    pub fn part_added_in(&self, rel: &str) -> Option<i64> {
+        let file = self.members.get(rel).map_or(rel, String::as_str);
+        self.files.get(file).map(|a| a.added_in)
+    }
+}
+
+impl DeltaLog {
+    /// A commit as [`DeltaLog::commit`] makes it, where the plan may also name parts to take
+    /// out: a part that is a file of its own gets a `remove`; a compacted file holding any
+    /// gets a `remove`, and an `add` of a file of its other members, which is written (outside
+    /// the plan, since the plan is planned again on every lost race) before the plan is asked
+    /// again. Returns the version written, if any.
+    pub async fn commit_parts<F>(&self, cache: &mut Option<Snapshot>, now_ms: i64, mut plan: F) -> Result<Option<i64>>
+    where
+        F: FnMut(&Snapshot) -> Result<Option<Change>>,
+    {
+        let mut ready: HashMap<String, (BTreeSet<String>, Option<Rewrite>)> = HashMap::new();
+        // Each round writes the rewrites the last plan asked for; a compaction or another
+        // writer's split between rounds asks for others, a few times at most.
+        for _ in 0..16 {
+            let mut needed: HashMap<String, BTreeSet<String>> = HashMap::new();
+            let version = self
+                .commit(cache, |s| {
+                    needed.clear();
+                    let Some(Change { mut actions, drop }) = plan(s)? else { return Ok(None) };
+                    let mut split: HashMap<&str, BTreeSet<String>> = HashMap::new();
+                    for rel in drop {
+                        match (s.files.get(&rel), s.members.get(&rel)) {
+                            (Some(a), _) if a.members.is_empty() => actions.push(remove(&rel, a.size, now_ms)),
+                            (_, Some(file)) => {
+                                split.entry(file.as_str()).or_default().insert(rel);
+                            }
+                            // Not in this version: nothing to take out.
+                            _ => {}
+                        }
+                    }
+                    for (file, dropped) in split {
+                        match ready.get(file) {
+                            Some((d, rewrite)) if *d == dropped => {
+                                actions.push(remove(file, s.files[file].size, now_ms));
+                                actions.extend(rewrite.as_ref().map(|r| r.add.clone()));
+                            }
+                            _ => {
+                                needed.insert(file.to_string(), dropped);
+                            }
+                        }
+                    }
+                    Ok(needed.is_empty().then_some(actions))
+                })
+                .await?;
+            if needed.is_empty() {
+                return Ok(version);
+            }
+            let s = cache.as_ref().expect("commit leaves the snapshot it read");
+            for (file, dropped) in needed {
+                let Some(active) = s.files.get(&file) else { continue };
+                let bytes = Bytes::from(self.store.read(&format!("{}/{file}", self.table)).await?);
+                let rewrite = without(&file, active, &bytes, &dropped, now_ms)?;
+                if let Some(r) = &rewrite {
+                    // Content-addressed: a file already there under the name is these bytes.
+                    self.store.create_new(&format!("{}/{}", self.table, r.rel), r.bytes.clone()).await?;
+                    tracing::debug!(table = %self.table, from = %file, to = %r.rel, dropped = dropped.len(), "compacted file rewritten without parts leaving");
+                }
+                ready.insert(file, (dropped, rewrite));
+            }
+        }
+        Err(DeltaError::Storage(ferry_storage::Error::Other(format!(
+            "{}: the compacted files holding parts to take out kept changing; retried later",
+            self.store.url(&self.table)
+        ))))
+    }
+}
