@@ -69,6 +69,9 @@ pub(crate) fn part_rel(p: &Part) -> String {
 struct Plan<'a> {
     /// Every part going in (the chunk's, and in a version switch its siblings'), by table path.
     parts: Vec<(String, &'a Part)>,
+    /// Of those, the ones not placed in the directory: a merged file held them when load
+    /// looked (their own file may be vacuumed since), so they cannot be added.
+    held: HashSet<String>,
     /// The chunks whose parts these are.
     chunks: HashSet<&'a str>,
     /// The source file's version, with every chunk of every version of it (versions = replace).
@@ -90,6 +93,8 @@ struct Plan<'a> {
 struct Found {
     /// A newer version of the source file is in the table: this chunk must not be.
     superseded: bool,
+    /// A part to add was not placed (a merged file held it when load looked, and no longer).
+    unplaced: bool,
 }
 
 impl Plan<'_> {
@@ -106,6 +111,10 @@ impl Plan<'_> {
         }
         // A part counts as in whether its own file is active or a compacted file holds it.
         let adds: Vec<&(String, &Part)> = self.parts.iter().filter(|(rel, _)| !s.has_part(rel)).collect();
+        if adds.iter().any(|(rel, _)| self.held.contains(rel)) {
+            found.unplaced = true;
+            return Ok(None);
+        }
         let wanted: HashSet<&str> = self.parts.iter().map(|(rel, _)| rel.as_str()).collect();
         let mut drop: Vec<String> = s
             .parts()
@@ -214,8 +223,28 @@ impl Loader {
         }
         let version = if replace { Some(self.ledger.version_of(&lease.chunk_id).await?) } else { None };
         let Moving { parts, moving, siblings, switching: _switching } = self.moving(&lease, version.as_ref()).await?;
-        // Into the directory, under names no reader looks at until the commit adds them.
+        // Into the directory, under names no reader looks at until the commit adds them; not
+        // the parts a merged file holds (`ferry compact`): they are in, and their own files
+        // may be gone with a vacuum.
+        let held: HashSet<String> = {
+            let mut cached = table.snapshot.lock().await;
+            match cached.as_mut() {
+                Some(s) => table.log.catch_up(s).await.map_err(table_error)?,
+                None => *cached = Some(table.log.snapshot().await.map_err(table_error)?),
+            }
+            let s = cached.as_ref().expect("read above");
+            moving.iter().map(|p| part_rel(p)).filter(|rel| s.members.contains_key(rel)).collect()
+        };
         for p in &moving {
+            if held.contains(&part_rel(p)) {
+                let landed = paths::landed(name, &p.chunk_id, &p.rel_path());
+                if let Err(e) = dest.delete(&landed).await
+                    && !e.is_not_found()
+                {
+                    tracing::debug!(file = %dest.url(&landed), error = %e, "cannot remove a landed file now; gc will");
+                }
+                continue;
+            }
             self.place(&dest, p).await?;
         }
         let columns = match self.ledger.table_schemas(name).await?.pop() {
@@ -233,6 +262,7 @@ impl Loader {
             .unwrap_or_default();
         let plan = Plan {
             parts: moving.iter().map(|p| (part_rel(p), p)).collect(),
+            held,
             chunks: moving.iter().map(|p| p.chunk_id.as_str()).chain([lease.chunk_id.as_str()]).collect(),
             version: every_version,
             skipped,
@@ -249,6 +279,12 @@ impl Loader {
             let mut cached = table.snapshot.lock().await;
             table.log.commit_parts(&mut cached, plan.now_ms, |s| plan.actions(s, &mut found)).await.map_err(table_error)?
         };
+        if found.unplaced {
+            return Err(LoadError::Stage(LoadFailure::Waiting {
+                reason: "a merged file that held some of its parts was rewritten meanwhile; placing them again".into(),
+                after: WAIT_BRIEFLY,
+            }));
+        }
         if found.superseded {
             tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file is in the table; not added");
             if self.withdraw_delta(&dest, &lease).await? {
@@ -365,6 +401,7 @@ mod tests {
     fn plan<'a>(parts: &'a [Part], version: Option<(i64, &[(&str, i64)])>, replaces: bool) -> Plan<'a> {
         Plan {
             parts: parts.iter().map(|p| (part_rel(p), p)).collect(),
+            held: HashSet::new(),
             chunks: parts.iter().map(|p| p.chunk_id.as_str()).collect(),
             version: version.map(|(v, all)| (v, all.iter().map(|(c, v)| (c.to_string(), *v)).collect())),
             skipped: HashSet::new(),

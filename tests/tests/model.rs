@@ -146,6 +146,9 @@ enum Op {
     /// and trickling connections, 2 every open connection cut (a server that went away).
     StoreFaults(u8),
     Heal,
+    /// Delta tables: `ferry compact` (small target: every partition merged), alone or
+    /// `after_ms` into a `--once` run of load; then, if true, `ferry vacuum` with no retention.
+    Compact(Option<u64>, bool),
     Settle,
 }
 
@@ -393,7 +396,13 @@ impl Run {
         let stage = STAGES[self.rng.random_range(0..STAGES.len())].to_string();
         loop {
             // On S3 a sixth more: faults between Ferry and the store come and go.
-            let top = if self.s3.is_some() { 119 } else { 113 };
+            let top = if self.s3.is_some() {
+                119
+            } else if self.setup == Setup::Delta {
+                117
+            } else {
+                113
+            };
             let roll = self.rng.random_range(0..top);
             let pick = |rng: &mut StdRng, v: &[String]| v[rng.random_range(0..v.len())].clone();
             return match roll {
@@ -463,6 +472,10 @@ impl Run {
                     Op::GrowDuring(name, self.rng.random_range(1..200), self.rng.random_range(0..200))
                 }
                 111..113 if !present.is_empty() => Op::DeleteDuring(pick(&mut self.rng, &present), self.rng.random_range(0..200)),
+                113..117 if self.setup == Setup::Delta => {
+                    let beside = self.rng.random_bool(0.5).then(|| self.rng.random_range(0..300));
+                    Op::Compact(beside, self.rng.random_bool(0.4))
+                }
                 113..115 if self.s3.as_ref().is_some_and(|o| o.faulty) => Op::Heal,
                 113..119 => Op::StoreFaults(self.rng.random_range(0..3)),
                 _ => continue,
@@ -675,6 +688,33 @@ impl Run {
                 }
             }
             Op::Heal => self.heal(),
+            Op::Compact(beside, vacuum) => {
+                let load = beside.map(|after_ms| {
+                    let load = self.spawn_once("ferry-load");
+                    std::thread::sleep(Duration::from_millis(after_ms));
+                    load
+                });
+                let out = self.ferry(&["compact", "--target-size", "1MiB"]);
+                if !out.status.success() {
+                    return Err(format!("compact: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+                }
+                if let Some(load) = load {
+                    let out = load.wait_with_output().unwrap();
+                    if !out.status.code().is_some_and(|c| c == 0 || c == 3 || c == 4) {
+                        return Err(format!(
+                            "load --once beside compact: {:?}: {}",
+                            out.status.code(),
+                            String::from_utf8_lossy(&out.stderr)
+                        ));
+                    }
+                }
+                if *vacuum {
+                    let out = self.ferry(&["vacuum", "--retain", "0s", "--allow-short-retention"]);
+                    if !out.status.success() {
+                        return Err(format!("vacuum: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+                    }
+                }
+            }
             Op::Settle => self.settle_and_check()?,
         }
         Ok(())
