@@ -233,7 +233,7 @@ impl Loader {
                 None => *cached = Some(table.log.snapshot().await.map_err(table_error)?),
             }
             let s = cached.as_ref().expect("read above");
-            moving.iter().map(|p| part_rel(p)).filter(|rel| s.members.contains_key(rel)).collect()
+            moving.iter().map(part_rel).filter(|rel| s.members.contains_key(rel)).collect()
         };
         for p in &moving {
             if held.contains(&part_rel(p)) {
