@@ -311,3 +311,103 @@ impl DeltaLog {
         ))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use arrow::array::{Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    use super::*;
+
+    /// A Parquet file of `n` rows from `from`, three rows a row group, with bloom filters.
+    fn part(from: i64, n: i64) -> Bytes {
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false), Field::new("s", DataType::Utf8, true)]));
+        let ids: Vec<i64> = (from..from + n).collect();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from(ids.clone())), Arc::new(StringArray::from_iter(ids.iter().map(|i| Some(format!("v{i}")))))],
+        )
+        .unwrap();
+        let props = WriterProperties::builder().set_max_row_group_row_count(Some(3)).set_bloom_filter_enabled(true).build();
+        let mut out = Vec::new();
+        let mut w = ArrowWriter::try_new(&mut out, schema, Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        Bytes::from(out)
+    }
+
+    fn rows(b: &[u8]) -> Vec<i64> {
+        let r = ParquetRecordBatchReaderBuilder::try_new(Bytes::copy_from_slice(b)).unwrap().build().unwrap();
+        r.flat_map(|batch| batch.unwrap().column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec()).collect()
+    }
+
+    fn active(size: usize, members: Vec<Member>) -> Active {
+        Active { size: size as i64, added_in: 1, action: Value::Null, members }
+    }
+
+    #[test]
+    fn merged_row_groups_read_back_whole_and_a_member_leaves_with_its_rows() {
+        let (a, b, c) = (part(0, 7), part(100, 4), part(200, 2));
+        let (aa, ab, ac) = (active(a.len(), vec![]), active(b.len(), vec![]), active(c.len(), vec![]));
+        let inputs = [
+            Input { rel: "k=1/part-a-00000000.parquet", active: &aa, bytes: a.clone() },
+            Input { rel: "k=1/part-b-00000000.parquet", active: &ab, bytes: b.clone() },
+        ];
+        let m = merge(&inputs, 5).unwrap();
+        assert!(m.rel.starts_with("k=1/compact-") && m.rel.ends_with(".parquet"), "{}", m.rel);
+        assert_eq!(rows(&m.bytes), [rows(&a), rows(&b)].concat());
+        let members = members_of(&m.add["add"]).unwrap();
+        assert_eq!(members.iter().map(|m| (m.records, m.row_groups)).collect::<Vec<_>>(), [(7, 3), (4, 2)]);
+        assert_eq!(m.add["add"]["dataChange"], false);
+        assert_eq!(m.add["add"]["partitionValues"], serde_json::json!(BTreeMap::from([("k", "1")])));
+        let stats: Value = serde_json::from_str(m.add["add"]["stats"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            (stats["numRecords"].as_i64(), stats["minValues"]["n"].as_i64(), stats["maxValues"]["n"].as_i64()),
+            (Some(11), Some(0), Some(103))
+        );
+        // A merged file merges again with a part: the members flatten, in order.
+        let am = active(m.bytes.len(), members);
+        let merged = Bytes::from(m.bytes.clone());
+        let again = merge(
+            &[
+                Input { rel: &m.rel, active: &am, bytes: merged.clone() },
+                Input { rel: "k=1/part-c-00000000.parquet", active: &ac, bytes: c.clone() },
+            ],
+            6,
+        )
+        .unwrap();
+        let all = members_of(&again.add["add"]).unwrap();
+        assert_eq!(
+            all.iter().map(|m| m.rel.as_str()).collect::<Vec<_>>(),
+            ["k=1/part-a-00000000.parquet", "k=1/part-b-00000000.parquet", "k=1/part-c-00000000.parquet"]
+        );
+        // The middle member leaves: the others' rows, exactly.
+        let ag = active(again.bytes.len(), all);
+        let drop = BTreeSet::from(["k=1/part-b-00000000.parquet".to_string()]);
+        let w = without(&again.rel, &ag, &Bytes::from(again.bytes.clone()), &drop, 7).unwrap().unwrap();
+        assert_eq!(rows(&w.bytes), [rows(&a), rows(&c)].concat());
+        assert_eq!(w.add["add"]["dataChange"], true);
+        assert_eq!(members_of(&w.add["add"]).unwrap().len(), 2);
+        // Every member leaving leaves nothing to add.
+        let every: BTreeSet<String> = ag.members.iter().map(|m| m.rel.clone()).collect();
+        assert!(without(&again.rel, &ag, &Bytes::from(again.bytes.clone()), &every, 7).unwrap().is_none());
+        // Files of another schema are not merged.
+        let other = {
+            let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+            let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1]))]).unwrap();
+            let mut out = Vec::new();
+            let mut w = ArrowWriter::try_new(&mut out, schema, None).unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            Bytes::from(out)
+        };
+        assert_ne!(compatibility("a", &a).unwrap(), compatibility("x", &other).unwrap());
+        let ao = active(other.len(), vec![]);
+        let e = merge(&[Input { rel: "k=1/a", active: &aa, bytes: a }, Input { rel: "k=1/x", active: &ao, bytes: other }], 1).unwrap_err();
+        assert!(e.to_string().contains("schema differs"), "{e}");
+    }
+}

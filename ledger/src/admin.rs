@@ -550,9 +550,10 @@ impl Ledger {
         Ok(ours)
     }
 
-    /// Which of `chunks` are this pipeline's and settled: loaded (or withdrawn or skipped) and
-    /// no task of theirs pending, so no stage is about to write or commit their files. A file of
-    /// such a chunk that the table does not name is nobody's (what `ferry vacuum` may remove).
+    /// Which of `chunks` are this pipeline's and settled: every task of theirs done (or pruned:
+    /// a chunk's next task is inserted in the transaction that finishes the one before), so no
+    /// stage is about to write or commit their files. A file of such a chunk that the table
+    /// does not name is nobody's (what `ferry vacuum` may remove).
     pub async fn settled_chunks(&self, chunks: &[String]) -> Result<std::collections::HashSet<String>> {
         let mut settled = std::collections::HashSet::new();
         for c in chunks.iter().collect::<std::collections::BTreeSet<_>>() {
@@ -560,9 +561,9 @@ impl Ledger {
                 .call("settled_chunks", || async move {
                     on_backend!(self, |pool, begin| {
                         sqlx::query_scalar(
-                            "SELECT COUNT(*) FROM tasks t JOIN chunks c ON c.id = t.chunk_id JOIN source_files f ON f.id = c.file_id
-                             WHERE t.chunk_id = $1 AND f.pipeline = $2 AND t.stage = 'load' AND t.state = 'done'
-                               AND NOT EXISTS (SELECT 1 FROM tasks u WHERE u.chunk_id = t.chunk_id AND u.state <> 'done')",
+                            "SELECT COUNT(*) FROM chunks c JOIN source_files f ON f.id = c.file_id
+                             WHERE c.id = $1 AND f.pipeline = $2
+                               AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.chunk_id = c.id AND t.state <> 'done')",
                         )
                         .bind(c)
                         .bind(self.pipeline())
