@@ -411,6 +411,20 @@ pub fn delta_digest(dir: &Path, version: Option<i64>) -> serde_json::Value {
 /// session. Each version is read through Spark, written out with pyarrow and digested like a
 /// Hive table.
 pub fn spark_delta_digests(dir: &Path, versions: &[Option<i64>]) -> Vec<serde_json::Value> {
+    spark_read(dir.to_str().unwrap(), versions, None)
+}
+
+/// [`spark_delta_digests`] of the table at `path` (`bucket/prefix/table`) on the S3 test server,
+/// read where it is through Hadoop's S3A connector (hadoop-aws of the Hadoop that pyspark
+/// ships, and the AWS SDK bundle, from Maven Central), trusting the server's test CA.
+pub fn spark_delta_digests_s3(s3: &clusters::S3Server, path: &str, versions: &[Option<i64>]) -> Vec<serde_json::Value> {
+    let s3 = serde_json::json!({
+        "endpoint": s3.endpoint, "key": s3.access_key, "secret": s3.secret_key, "ca": s3.ca.to_str().unwrap(),
+    });
+    spark_read(&format!("s3a://{path}"), versions, Some(s3))
+}
+
+fn spark_read(table: &str, versions: &[Option<i64>], s3: Option<serde_json::Value>) -> Vec<serde_json::Value> {
     let work = tempfile::tempdir().unwrap();
     // Ivy resolves the delta-spark jars from Maven Central alone: its default chain looks in
     // ~/.m2 first, where a pom without its jar (left by Maven) fails the whole resolution.
@@ -422,7 +436,16 @@ pub fn spark_delta_digests(dir: &Path, versions: &[Option<i64>]) -> Vec<serde_js
     )
     .unwrap();
     let list: Vec<String> = versions.iter().map(|v| v.map(|v| v.to_string()).unwrap_or_default()).collect();
-    let out = Command::new("python3").arg("-c").arg(SPARK_READ).arg(dir).arg(work.path()).arg(&ivy).arg(list.join(",")).output().unwrap();
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(SPARK_READ)
+        .arg(table)
+        .arg(work.path())
+        .arg(&ivy)
+        .arg(list.join(","))
+        .arg(s3.map(|v| v.to_string()).unwrap_or_default())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "spark: {}", String::from_utf8_lossy(&out.stderr));
     (0..versions.len())
         .map(|i| {
@@ -433,17 +456,38 @@ pub fn spark_delta_digests(dir: &Path, versions: &[Option<i64>]) -> Vec<serde_js
 }
 
 const SPARK_READ: &str = r#"
-import sys, os
+import sys, os, glob, json, shutil, subprocess
 import pyarrow.parquet as pq
+import pyspark
 from pyspark.sql import SparkSession
-table, out, ivy, versions = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
-spark = (SparkSession.builder.master("local[2]").appName("ferry-delta-read")
-    .config("spark.jars.packages", "io.delta:delta-spark_2.13:4.4.0").config("spark.jars.ivySettings", ivy)
+table, out, ivy, versions, s3 = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(","), sys.argv[5]
+packages = ["io.delta:delta-spark_2.13:4.4.0"]
+b = (SparkSession.builder.master("local[2]").appName("ferry-delta-read")
+    .config("spark.jars.ivySettings", ivy)
     .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
     .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "2")
-    .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-    .getOrCreate())
+    .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
+if s3:
+    s3 = json.loads(s3)
+    # S3A of the Hadoop pyspark ships (its hadoop-client-api jar names the version).
+    api = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar"))[0]
+    packages.append("org.apache.hadoop:hadoop-aws:" + os.path.basename(api)[len("hadoop-client-api-"):-len(".jar")])
+    # The JVM's own trust anchors (Maven Central's) and the test server's CA.
+    java = os.path.realpath(shutil.which("java"))
+    home = os.environ.get("JAVA_HOME") or os.path.dirname(os.path.dirname(java))
+    trust = os.path.join(out, "trust.p12")
+    subprocess.run(["keytool", "-importkeystore", "-noprompt", "-srckeystore", os.path.join(home, "lib", "security", "cacerts"),
+        "-srcstorepass", "changeit", "-destkeystore", trust, "-deststoretype", "PKCS12", "-deststorepass", "changeit"],
+        check=True, capture_output=True)
+    subprocess.run(["keytool", "-importcert", "-noprompt", "-alias", "ferry-test-ca", "-file", s3["ca"], "-keystore", trust,
+        "-storetype", "PKCS12", "-storepass", "changeit"], check=True, capture_output=True)
+    b = (b.config("spark.driver.extraJavaOptions", f"-Djavax.net.ssl.trustStore={trust} -Djavax.net.ssl.trustStorePassword=changeit "
+            "-Djavax.net.ssl.trustStoreType=PKCS12")
+        .config("spark.hadoop.fs.s3a.endpoint", s3["endpoint"]).config("spark.hadoop.fs.s3a.endpoint.region", "us-east-1")
+        .config("spark.hadoop.fs.s3a.path.style.access", "true")
+        .config("spark.hadoop.fs.s3a.access.key", s3["key"]).config("spark.hadoop.fs.s3a.secret.key", s3["secret"]))
+spark = b.config("spark.jars.packages", ",".join(packages)).getOrCreate()
 for i, v in enumerate(versions):
     r = spark.read.format("delta")
     if v:

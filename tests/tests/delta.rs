@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferry_tests::{Pipeline, STAGES, delta_digest, input_digest, output_within, spark_delta_digests};
+use ferry_tests::{Pipeline, STAGES, delta_digest, input_digest, output_within, spark_delta_digests, spark_delta_digests_s3};
 
 /// A pipeline whose table is a Delta table.
 fn delta_pipeline(chunk: &str) -> Pipeline {
@@ -577,7 +577,7 @@ fn a_delta_table_on_hdfs_through_lost_commit_replies_holds_every_record_once() {
 /// of its connections at a random byte of either direction: a reset in a reply to a log PUT is
 /// a commit that landed with its answer lost, one in the request a commit that did not land
 /// (TLS hides which request a connection carries, so the faults are by byte, not by request).
-/// Downloaded with pyarrow's S3 client, then read by delta-rs.
+/// Downloaded with pyarrow's S3 client, then read by delta-rs; and read in place by Spark.
 #[test]
 fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
     use ferry_tests::clusters::S3Server;
@@ -613,6 +613,12 @@ fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
     download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &local);
     same(&delta_digest(&local, None), &input_digest("jsonl", &p.path("in")), "read back from S3");
     no_version_doubles(&local);
+    // Spark reads the table where it is, through Hadoop's S3A connector (the latest version and
+    // the first commit that added files).
+    let first = commits(&local).iter().find(|(_, a)| a.iter().any(|a| a.get("add").is_some())).unwrap().0;
+    let spark = spark_delta_digests_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &[None, Some(first)]);
+    same(&spark[0], &input_digest("jsonl", &p.path("in")), "Spark, on S3");
+    same(&spark[1], &delta_digest(&local, Some(first)), "Spark, on S3, its first version with files");
 }
 
 /// Copies `bucket/prefix` from the S3 test server into `local` with pyarrow's own S3 client.
