@@ -179,11 +179,12 @@ pub struct Vacuumed {
 /// Deletes the files of `table` that a commit removed before `cutoff_ms` and that the latest
 /// version does not name (a file removed and added again is live), and Ferry's files that no
 /// version names, written before `cutoff_ms` (parts a load placed and never committed, a
-/// compacted file whose commit lost), but for parts of chunks the ledger does not show settled:
-/// a load at work on them may commit them yet. With `dry_run`, only counts them. A file
+/// compacted file whose commit lost), but for parts of chunks the ledger does not show settled
+/// (a load at work on them may commit them yet) and merged files younger than an hour. With `dry_run`, only counts them. A file
 /// already gone counts as deleted.
 pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, dry_run: bool) -> Result<Vacuumed, Error> {
     let prefix = format!("{table}/");
+    let now_ms = chrono::Utc::now().timestamp_millis();
     // In this order: the listing, the ledger, the log. A part listed here whose chunk the
     // ledger then shows settled had its commit (if any) before that, so the log read after
     // names it; a part placed after the listing is not a candidate.
@@ -193,6 +194,10 @@ pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, 
         .into_iter()
         .filter_map(|e| Some((e.rel.strip_prefix(&prefix)?.to_string(), e.size, e.mtime_ms)))
         .filter(|(rel, _, mtime)| *mtime < cutoff_ms && is_ferry_file(rel))
+        // A merged file no version names may be one a compaction or a load is about to commit
+        // (nothing in the ledger says so): those younger than an hour stay, whatever the
+        // retention.
+        .filter(|(rel, _, mtime)| ferry_delta::chunk_of(rel).is_some() || *mtime < now_ms - MERGE_IN_FLIGHT_MS)
         .collect();
     let chunks: Vec<String> = listed.iter().filter_map(|(rel, _, _)| ferry_delta::chunk_of(rel).map(str::to_string)).collect();
     let settled = ledger.settled_chunks(&chunks).await?;
@@ -238,6 +243,9 @@ pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, 
     }
     Ok(out)
 }
+
+/// How long a merged file no version names may still be on its way into a commit.
+const MERGE_IN_FLIGHT_MS: i64 = 3_600_000;
 
 /// A data file of Ferry's in a table directory: a part (`part-<chunk>-<8 hex>.parquet`) or a
 /// compacted file (`compact-<16 hex>.parquet`), outside the log and Ferry's own directories.
@@ -336,7 +344,9 @@ async fn merge_bin(
     let verb = if dry_run { "would merge" } else { "merged" };
     if !dry_run {
         let table = log.table();
-        log.store().create_new(&format!("{table}/{}", merged.rel), merged.bytes.clone()).await?;
+        if !log.store().create_new(&format!("{table}/{}", merged.rel), merged.bytes.clone()).await? {
+            return Err(Error::internal(format!("{table}/{}: a file has the new name already", merged.rel)));
+        }
         let mut stale = false;
         let written = log
             .commit(cache, |s| {

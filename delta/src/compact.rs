@@ -13,8 +13,8 @@
 //! (schema changes start a new file).
 //!
 //! ```text
-//!  <table>/<k=v>/compact-<blake3 16>.parquet   content-addressed: a merge of the same inputs
-//!                                             is the same file, wherever it is written from
+//!  <table>/<k=v>/compact-<16 hex>.parquet   of its bytes and a nonce: every write a new name,
+//!                                          so no commit adds a name an older version removed
 //! ```
 //!
 //! A crash leaves at worst a compacted file no commit names: it is invisible, and `ferry
@@ -155,7 +155,7 @@ fn build(dir: &str, members: &[Member], inputs: &[(&str, &Bytes, Vec<usize>)], d
         )));
     }
     let stats = stats::of_metadata(&meta).map_err(|e| DeltaError::Log(format!("compacting: {e}")))?;
-    let name = format!("compact-{}.parquet", &blake3::hash(&b).to_hex()[..16]);
+    let name = format!("compact-{}.parquet", unique_stem(&b));
     let rel = if dir.is_empty() { name } else { format!("{dir}/{name}") };
     let list: Vec<Value> =
         members.iter().map(|m| json!({"path": m.rel, "size": m.size, "records": m.records, "rowGroups": m.row_groups})).collect();
@@ -163,6 +163,22 @@ fn build(dir: &str, members: &[Member], inputs: &[(&str, &Bytes, Vec<usize>)], d
     add["add"]["dataChange"] = json!(data_change);
     add["add"]["tags"] = json!({MEMBERS_TAG: Value::Array(list).to_string()});
     Ok(Rewrite { rel, bytes: b.to_vec(), add })
+}
+
+/// 16 hex digits naming a merged file: of its bytes and a nonce, so that no two writes share a
+/// name. A name is never committed twice: a merged file rebuilt with the same bytes as one an
+/// older version named (a merge taken apart again) gets a new name, so a vacuum deleting the
+/// old one cannot delete what a new commit adds.
+fn unique_stem(bytes: &[u8]) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = blake3::Hasher::new();
+    h.update(bytes);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    h.update(&nanos.to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    h.finalize().to_hex()[..16].to_string()
 }
 
 fn dir_of(rel: &str) -> &str {
@@ -298,8 +314,9 @@ impl DeltaLog {
                 let bytes = Bytes::from(self.store.read(&format!("{}/{file}", self.table)).await?);
                 let rewrite = without(&file, active, &bytes, &dropped, now_ms)?;
                 if let Some(r) = &rewrite {
-                    // Content-addressed: a file already there under the name is these bytes.
-                    self.store.create_new(&format!("{}/{}", self.table, r.rel), r.bytes.clone()).await?;
+                    if !self.store.create_new(&format!("{}/{}", self.table, r.rel), r.bytes.clone()).await? {
+                        return Err(DeltaError::Log(format!("{}: a file has the new name already", r.rel)));
+                    }
                     tracing::debug!(table = %self.table, from = %file, to = %r.rel, dropped = dropped.len(), "compacted file rewritten without parts leaving");
                 }
                 ready.insert(file, (dropped, rewrite));
@@ -359,6 +376,11 @@ mod tests {
         ];
         let m = merge(&inputs, 5).unwrap();
         assert!(m.rel.starts_with("k=1/compact-") && m.rel.ends_with(".parquet"), "{}", m.rel);
+        // The same inputs merged again: the same bytes under a new name (a name is never
+        // committed twice).
+        let twice = merge(&inputs, 5).unwrap();
+        assert_eq!(twice.bytes, m.bytes);
+        assert_ne!(twice.rel, m.rel);
         assert_eq!(rows(&m.bytes), [rows(&a), rows(&b)].concat());
         let members = members_of(&m.add["add"]).unwrap();
         assert_eq!(members.iter().map(|m| (m.records, m.row_groups)).collect::<Vec<_>>(), [(7, 3), (4, 2)]);

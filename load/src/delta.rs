@@ -235,16 +235,7 @@ impl Loader {
             let s = cached.as_ref().expect("read above");
             moving.iter().map(part_rel).filter(|rel| s.members.contains_key(rel)).collect()
         };
-        for p in &moving {
-            if held.contains(&part_rel(p)) {
-                let landed = paths::landed(name, &p.chunk_id, &p.rel_path());
-                if let Err(e) = dest.delete(&landed).await
-                    && !e.is_not_found()
-                {
-                    tracing::debug!(file = %dest.url(&landed), error = %e, "cannot remove a landed file now; gc will");
-                }
-                continue;
-            }
+        for p in moving.iter().filter(|p| !held.contains(&part_rel(p))) {
             self.place(&dest, p).await?;
         }
         let columns = match self.ledger.table_schemas(name).await?.pop() {
@@ -305,7 +296,18 @@ impl Loader {
             cached.as_ref().and_then(|s| parts.iter().filter_map(|p| s.part_added_in(&part_rel(p))).max())
         };
         let published: Vec<(String, Part)> = parts.iter().map(|p| (paths::table_file(name, &part_rel(p)), p.clone())).collect();
-        if !self.ledger.record_published(&lease, name, &published, replace, table_version).await? {
+        let recorded = self.ledger.record_published(&lease, name, &published, replace, table_version).await?;
+        // The landed copies of parts a merged file held are not needed once the ledger
+        // answered (until then they were what a retry would place if the merged file changed).
+        for p in moving.iter().filter(|p| plan.held.contains(&part_rel(p))) {
+            let landed = paths::landed(name, &p.chunk_id, &p.rel_path());
+            if let Err(e) = dest.delete(&landed).await
+                && !e.is_not_found()
+            {
+                tracing::debug!(file = %dest.url(&landed), error = %e, "cannot remove a landed file now; gc will");
+            }
+        }
+        if !recorded {
             // A newer version went in between this chunk's look at the ledger and its commit:
             // its files go back out of the table in a commit of their own.
             tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file was published meanwhile; taking it back out");
