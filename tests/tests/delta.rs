@@ -575,6 +575,17 @@ fn a_delta_table_on_hdfs_through_lost_commit_replies_holds_every_record_once() {
     // Spark reads the table where it is, through Hadoop's own HDFS client.
     let spark = spark_delta_digests(Path::new(&format!("{}/wh/events", a.url)), &[None]);
     same(&spark[0], &input_digest("jsonl", &p.path("in")), "Spark, on HDFS");
+    // Compacted on HDFS (the faults healed): the merged table reads the same, and the ledger agrees.
+    proxy.set(Faults::default());
+    let ferry = |args: &[&str]| output_within(p.command("ferry").args(args), std::time::Duration::from_secs(120));
+    let o = ferry(&["compact", "--target-size", "64MiB"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("merged"), "{o:?}");
+    let o = ferry(&["verify"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+    let merged = p.path("readback-merged");
+    a.fs(&["-get", "/wh/events", merged.to_str().unwrap()]);
+    same(&delta_digest(&merged, None), &input_digest("jsonl", &p.path("in")), "compacted on HDFS");
+    assert!(delta_files(&merged).iter().all(|f| f.contains("/compact-")), "every partition merged");
 }
 
 /// The table on S3 (the test server over TLS), load through a fault proxy that resets a third
@@ -623,6 +634,17 @@ fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
     let spark = spark_delta_digests_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &[None, Some(first)]);
     same(&spark[0], &input_digest("jsonl", &p.path("in")), "Spark, on S3");
     same(&spark[1], &delta_digest(&local, Some(first)), "Spark, on S3, its first version with files");
+    // Compacted on S3 (the faults healed): the merged table reads the same, and the ledger agrees.
+    proxy.set(Faults::default());
+    let ferry = |args: &[&str]| output_within(p.command("ferry").args(args), std::time::Duration::from_secs(120));
+    let o = ferry(&["compact", "--target-size", "64MiB"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("merged"), "{o:?}");
+    let o = ferry(&["verify"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+    let merged = p.path("readback-merged");
+    download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &merged);
+    same(&delta_digest(&merged, None), &input_digest("jsonl", &p.path("in")), "compacted on S3");
+    assert!(delta_files(&merged).iter().all(|f| f.contains("/compact-")), "every partition merged");
 }
 
 /// Copies `bucket/prefix` from the S3 test server into `local` with pyarrow's own S3 client.
