@@ -4,7 +4,9 @@
 # alternating, the ledger and spool go back to what transform left, the table is emptied, copy
 # lands the chunks and `ferry-load --once` is timed. Prints one markdown table (also written
 # to bench/results/delta-<date>.md): load's wall and CPU time, records/s, chunks/s (for Delta,
-# one commit per chunk), the log's bytes per chunk, and the checkpoints written.
+# one commit per chunk), the log's bytes per chunk, and the checkpoints written. Then the last
+# round's Delta table is compacted (`ferry compact`, timed) and, on a local dir, read whole by
+# delta-rs before and after (median of 5 reads each).
 #
 #   bench/delta.sh [DIR]         (default /tmp/ferry-delta-bench)
 #   env: FILES=8, RECORDS=60000 (per file), CHUNK=2MiB (extract.chunk_size: small chunks, as the
@@ -68,6 +70,28 @@ commits=$(find "$DIR/log" -name '*.json' | wc -l)
 json_bytes=$(find "$DIR/log" -name '*.json' -printf '%s\n' | awk '{s+=$1} END {print s}')
 cp_count=$(find "$DIR/log" -name '*.checkpoint.parquet' | wc -l)
 cp_bytes=$(find "$DIR/log" -name '*.checkpoint.parquet' -printf '%s\n' | sort -n | tail -1)
+# The last round's Delta table: its small files merged.
+export FERRY_CONFIG=$DIR/delta.toml
+delta_read() {
+  [ "$HDFS" = 1 ] && { echo "-"; return; }
+  python3 - "$DIR/warehouse/events" <<'PY'
+import os, sys, time, statistics
+from deltalake import DeltaTable
+t = []
+for _ in range(5):
+    s = time.perf_counter(); n = DeltaTable(sys.argv[1]).to_pyarrow_table().num_rows; t.append(time.perf_counter() - s)
+print(f"{statistics.median(t):.3f} s ({n} rows)")
+# Exit without delta-rs' runtime teardown (which aborts now and then).
+sys.stdout.flush(); os._exit(0)
+PY
+}
+files_before=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT COUNT(*) FROM parts').fetchone()[0])" "$DIR/ledger.db")
+read_before=$(delta_read)
+/usr/bin/time -f "%e %M" -o "$DIR/t" "$BIN/ferry" compact --target-size 128MiB > "$DIR/compact.out" 2>"$DIR/compact.log" || { cat "$DIR/compact.log" >&2; exit 1; }
+read -r compact_wall compact_kib < "$DIR/t"
+read_after=$(delta_read)
+"$BIN/ferry" verify >/dev/null || { echo "delta bench: verify after the compaction failed" >&2; exit 1; }
+merged=$(tail -1 "$DIR/compact.out")
 where=$([ "$HDFS" = 1 ] && echo "HDFS (MiniDFS)" || echo "local dir")
 out=bench/results/delta-$([ "$HDFS" = 1 ] && echo hdfs- || true)$(date -u +%Y-%m-%d-%H%M).md
 {
@@ -83,4 +107,7 @@ out=bench/results/delta-$([ "$HDFS" = 1 ] && echo hdfs- || true)$(date -u +%Y-%m
   done
   echo
   echo "Delta log: $commits commits (one per chunk; the first also creates the table), $(( json_bytes / commits )) bytes per commit on average; $cp_count checkpoint(s), the last $cp_bytes bytes."
+  echo
+  echo "Compaction of the last round's table (\`ferry compact --target-size 128MiB\`): $files_before part files; $compact_wall s, peak RSS $((compact_kib / 1024)) MiB; $merged"
+  echo "A full read by delta-rs (median of 5): $read_before before, $read_after after."
 } | tee "$out"
