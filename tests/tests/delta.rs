@@ -577,15 +577,9 @@ fn a_delta_table_on_hdfs_through_lost_commit_replies_holds_every_record_once() {
     same(&spark[0], &input_digest("jsonl", &p.path("in")), "Spark, on HDFS");
     // Compacted on HDFS (the faults healed): the merged table reads the same, and the ledger agrees.
     proxy.set(Faults::default());
-    let ferry = |args: &[&str]| output_within(p.command("ferry").args(args), std::time::Duration::from_secs(120));
-    let o = ferry(&["compact", "--target-size", "64MiB"]);
-    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("merged"), "{o:?}");
-    let o = ferry(&["verify"]);
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
-    let merged = p.path("readback-merged");
-    a.fs(&["-get", "/wh/events", merged.to_str().unwrap()]);
-    same(&delta_digest(&merged, None), &input_digest("jsonl", &p.path("in")), "compacted on HDFS");
-    assert!(delta_files(&merged).iter().all(|f| f.contains("/compact-")), "every partition merged");
+    compacted_reads_the_same(&p, "HDFS", |merged| {
+        a.fs(&["-get", "/wh/events", merged.to_str().unwrap()]);
+    });
 }
 
 /// The table on S3 (the test server over TLS), load through a fault proxy that resets a third
@@ -636,14 +630,20 @@ fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
     same(&spark[1], &delta_digest(&local, Some(first)), "Spark, on S3, its first version with files");
     // Compacted on S3 (the faults healed): the merged table reads the same, and the ledger agrees.
     proxy.set(Faults::default());
+    compacted_reads_the_same(&p, "S3", |merged| download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), merged));
+}
+
+/// `ferry compact` of `p`'s table, then `ferry verify`; the table fetched by `fetch` into a local
+/// directory reads as the input, every partition in one merged file.
+fn compacted_reads_the_same(p: &Pipeline, where_: &str, fetch: impl FnOnce(&Path)) {
     let ferry = |args: &[&str]| output_within(p.command("ferry").args(args), std::time::Duration::from_secs(120));
     let o = ferry(&["compact", "--target-size", "64MiB"]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("merged"), "{o:?}");
     let o = ferry(&["verify"]);
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
     let merged = p.path("readback-merged");
-    download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &merged);
-    same(&delta_digest(&merged, None), &input_digest("jsonl", &p.path("in")), "compacted on S3");
+    fetch(&merged);
+    same(&delta_digest(&merged, None), &input_digest("jsonl", &p.path("in")), &format!("compacted on {where_}"));
     assert!(delta_files(&merged).iter().all(|f| f.contains("/compact-")), "every partition merged");
 }
 
