@@ -21,38 +21,55 @@
 # Works under `set -euo pipefail`. Functions return non-zero on failure.
 
 FERRY_MINIDFS_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/../tests/minidfs" && pwd)
-FERRY_MINIDFS_CLASSPATH_FILE=$FERRY_MINIDFS_HOME/target/classpath.txt
 # 2 cores, startup-bound: C1 only and serial GC start fastest; 512 MiB heap is plenty.
 FERRY_MINIDFS_JAVA_OPTS=${FERRY_MINIDFS_JAVA_OPTS:--Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.net.preferIPv4Stack=true}
 FERRY_FSSHELL_JAVA_OPTS=${FERRY_FSSHELL_JAVA_OPTS:--Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.net.preferIPv4Stack=true}
 FERRY_MINIDFS_TIMEOUT=${FERRY_MINIDFS_TIMEOUT:-120}
 FERRY_MINIDFS_NAMES=${FERRY_MINIDFS_NAMES:-}
 
-# True when target/classpath.txt is newer than the pom and the sources, and its jars exist.
+# The build lives in the cache, not in the clone (every CI run is a fresh clone): under
+# $FERRY_CACHE/minidfs/<hash of the pom and the sources>, so a changed program builds anew and an
+# unchanged one is never rebuilt. Its classpath file (classes first, then every dependency jar in
+# ~/.m2) is what the tests and benchmarks run; exported for them.
+_ferry_minidfs_key() {
+  (cd "$FERRY_MINIDFS_HOME" && find pom.xml src -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+}
+FERRY_MINIDFS_BUILD=${FERRY_CACHE:-$HOME/.cache/ferry}/minidfs/$(_ferry_minidfs_key)
+export FERRY_MINIDFS_CLASSPATH_FILE=$FERRY_MINIDFS_BUILD/classpath.txt
+
+# True when the build for this hash is complete and every jar it names still exists.
 _ferry_minidfs_built() {
-  local home=$FERRY_MINIDFS_HOME cpf=$FERRY_MINIDFS_CLASSPATH_FILE
-  [ -s "$cpf" ] && [ -d "$home/target/classes/ferry" ] || return 1
-  [ -z "$(find "$home/pom.xml" "$home/src" -newer "$cpf" -print -quit)" ] || return 1
+  local cpf=$FERRY_MINIDFS_CLASSPATH_FILE
+  [ -s "$cpf" ] && [ -d "$FERRY_MINIDFS_BUILD/classes/ferry" ] || return 1
   local IFS=: entry
   for entry in $(cat "$cpf"); do
     [ -e "$entry" ] || return 1
   done
 }
 
-# Compiles tests/minidfs and writes target/classpath.txt (target/classes first, then every
-# dependency jar). Quick (no mvn run) when nothing changed.
+# Compiles tests/minidfs into the cache and writes its classpath file. Quick (no mvn run) when
+# nothing changed. Built in a temporary copy, moved into place whole: a killed build leaves no
+# half a build that looks done.
 ferry_build_minidfs() {
   _ferry_minidfs_built && return 0
   if ! command -v mvn >/dev/null 2>&1 || ! command -v javac >/dev/null 2>&1; then
     echo "installing maven and a JDK from Debian" >&2
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven default-jdk-headless) >&2 || return 1
   fi
-  echo "building tests/minidfs with maven (first run downloads Hadoop into ~/.m2)" >&2
-  (cd "$FERRY_MINIDFS_HOME" && mvn -q -B -Dstyle.color=never compile) >&2 || { echo "minidfs: maven build failed" >&2; return 1; }
-  local deps="$FERRY_MINIDFS_HOME/target/deps-classpath.txt"
-  [ -s "$deps" ] || { echo "minidfs: $deps missing after the build" >&2; return 1; }
-  printf '%s:%s\n' "$FERRY_MINIDFS_HOME/target/classes" "$(cat "$deps")" > "$FERRY_MINIDFS_CLASSPATH_FILE.tmp"
+  echo "building tests/minidfs with maven into $FERRY_MINIDFS_BUILD (first run downloads Hadoop into ~/.m2)" >&2
+  local parent; parent=$(dirname "$FERRY_MINIDFS_BUILD")
+  mkdir -p "$parent" || return 1
+  local tmp; tmp=$(mktemp -d "$parent/build.XXXXXX") || return 1
+  cp -r "$FERRY_MINIDFS_HOME/pom.xml" "$FERRY_MINIDFS_HOME/src" "$tmp/" || return 1
+  (cd "$tmp" && mvn -q -B -Dstyle.color=never compile) >&2 || { echo "minidfs: maven build failed" >&2; rm -rf "$tmp"; return 1; }
+  local deps="$tmp/target/deps-classpath.txt"
+  [ -s "$deps" ] || { echo "minidfs: $deps missing after the build" >&2; rm -rf "$tmp"; return 1; }
+  rm -rf "$FERRY_MINIDFS_BUILD"
+  mkdir -p "$FERRY_MINIDFS_BUILD" || return 1
+  mv "$tmp/target/classes" "$FERRY_MINIDFS_BUILD/classes" || return 1
+  printf '%s:%s\n' "$FERRY_MINIDFS_BUILD/classes" "$(cat "$deps")" > "$FERRY_MINIDFS_CLASSPATH_FILE.tmp"
   mv "$FERRY_MINIDFS_CLASSPATH_FILE.tmp" "$FERRY_MINIDFS_CLASSPATH_FILE"
+  rm -rf "$tmp"
 }
 
 # ferry_start_minidfs NAME: starts cluster NAME (letters, digits, _) in the background, waits

@@ -73,11 +73,60 @@ ferry_stop_postgres() {
 # schema checker for deploy/kubernetes.
 ferry_python_deps() {
   python3 -c 'import pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate, deltalake, pyspark, delta' 2>/dev/null && return 0
-  # pyspark and delta-spark: Delta's reference reader (its jars come from Maven Central when a
-  # test first starts Spark); delta-spark 4.4.0 is built for Spark 4.2.0.
+  # pyspark and delta-spark: Delta's reference reader (its jars: ferry_spark_jars); delta-spark
+  # 4.4.0 is built for Spark 4.2.0.
   echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate, deltalake, pyspark, delta-spark from PyPI" >&2
   python3 -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd pyyaml kubernetes-validate deltalake \
     'pyspark==4.2.0' 'delta-spark==4.4.0' >&2
+}
+
+# Spark's packages for the tests that read tables with Spark: delta-spark, and for S3A the
+# hadoop-aws of the Hadoop pyspark ships with the AWS SDK bundle it names. Resolved once, before
+# any test starts, by Spark's own Ivy from Maven Central alone (its default chain looks in ~/.m2
+# first, where a pom without its jar, left by Maven, fails the whole resolution), into
+# $FERRY_CACHE/spark/<hash of pyspark's version and the packages>/jars, moved into place whole.
+# Exports FERRY_SPARK_JARS (that directory): the tests load these jars as files and reach no
+# network, so tests running at once never fetch into one Ivy cache together.
+ferry_spark_jars() {
+  ferry_python_deps
+  FERRY_SPARK_JARS=$(python3 - "$FERRY_CACHE/spark" <<'PY'
+import glob, hashlib, os, shutil, sys, tempfile
+import pyspark
+root = sys.argv[1]
+api = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar"))[0]
+hadoop = os.path.basename(api)[len("hadoop-client-api-"):-len(".jar")]
+packages = ["io.delta:delta-spark_2.13:4.4.0", "org.apache.hadoop:hadoop-aws:" + hadoop]
+key = hashlib.sha256("\n".join([pyspark.__version__] + packages).encode()).hexdigest()[:16]
+final = os.path.join(root, key)
+if os.path.exists(os.path.join(final, "complete")):
+    print(os.path.join(final, "jars"))
+    sys.exit(0)
+os.makedirs(root, exist_ok=True)
+tmp = tempfile.mkdtemp(dir=root, prefix="resolve.")
+ivy = os.path.join(tmp, "ivysettings.xml")
+with open(ivy, "w") as f:
+    f.write('<ivysettings><settings defaultResolver="central"/><resolvers>'
+            '<ibiblio name="central" m2compatible="true" root="https://repo1.maven.org/maven2/"/></resolvers></ivysettings>')
+print(f"resolving {', '.join(packages)} from Maven Central into {final}", file=sys.stderr)
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[1]").appName("ferry-spark-jars")
+    .config("spark.jars.ivySettings", ivy).config("spark.jars.ivy", os.path.join(tmp, "ivy"))
+    .config("spark.jars.packages", ",".join(packages)).config("spark.ui.enabled", "false").getOrCreate())
+spark.stop()
+jars = sorted(glob.glob(os.path.join(tmp, "ivy", "jars", "*.jar")))
+names = {os.path.basename(j) for j in jars}
+assert any(n.startswith("io.delta_delta-spark") for n in names) and any(n.startswith("org.apache.hadoop_hadoop-aws") for n in names), names
+os.makedirs(os.path.join(tmp, "out"))
+os.rename(os.path.join(tmp, "ivy", "jars"), os.path.join(tmp, "out", "jars"))
+open(os.path.join(tmp, "out", "complete"), "w").write("\n".join(sorted(names)) + "\n")
+shutil.rmtree(final, ignore_errors=True)
+os.rename(os.path.join(tmp, "out"), final)
+shutil.rmtree(tmp)
+print(os.path.join(final, "jars"))
+PY
+  ) || { echo "spark: resolving the test packages from Maven Central failed" >&2; return 1; }
+  export FERRY_SPARK_JARS
+  echo "spark test jars: $FERRY_SPARK_JARS" >&2
 }
 
 # The tools that read what deploy/ ships: Prometheus and promtool (a real scrape in the tests),

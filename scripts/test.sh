@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 trap 'ferry_stop_azurite; ferry_stop_gcs; ferry_stop_s3; ferry_stop_postgres' EXIT
 ferry_start_postgres
 ferry_python_deps
+# Spark reads Delta tables in some tests: its jars fetched now, once (no network while tests run).
+ferry_spark_jars
 ferry_deploy_tools
 # Kerberos: MIT's GSSAPI library (hdfs-native loads it), kinit for a credential cache renewed
 # by someone else (as a cron job would), and libfaketime for the clock-skew test.
@@ -32,28 +34,12 @@ if [ $# -gt 0 ]; then
   cargo test --workspace -- "${threads[@]}" "$@"
   exit
 fi
-# Every test binary runs even after one fails (--no-fail-fast): a red run names all it found.
-# The outage tests spend most of their time (a ten-minute outage) asleep while the services
-# wait it out: they run beside the other tests instead of after them.
-outage_exe=$(cargo test --locked -p ferry-tests --test outage --no-run --message-format=json |
-  python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "outage" and m.get("executable"):
-        print(m["executable"])')
-outage_log=$(mktemp)
-trap 'ferry_stop_azurite; ferry_stop_gcs; ferry_stop_s3; ferry_stop_postgres; rm -f "$outage_log"' EXIT
-(cd tests && exec "$outage_exe" "${threads[@]}") >"$outage_log" 2>&1 &
-outage_pid=$!
-others=()
-for f in tests/tests/*.rs; do
-  name=$(basename "$f" .rs)
-  [ "$name" = outage ] || others+=(--test "$name")
-done
-status=0
-cargo test --no-fail-fast --workspace --exclude ferry-tests -- "${threads[@]}" || status=1
-cargo test --no-fail-fast -p ferry-tests --lib --bins "${others[@]}" -- "${threads[@]}" || status=1
-wait "$outage_pid" || status=1
-echo "--- the outage tests (run beside the others)"
-cat "$outage_log"
-exit $status
+# Every test binary, a few at a time (scripts/run_tests.py: most of them wait on JVMs, leases and
+# outages more than they compute), longest first by the times of earlier runs on this machine; each
+# one runs even after another fails, and each one's time is printed at the end and kept in
+# $FERRY_CACHE/test-times.tsv. The outage tests (a ten-minute outage, mostly asleep) start first.
+run_log=$(mktemp -d)
+trap 'ferry_stop_azurite; ferry_stop_gcs; ferry_stop_s3; ferry_stop_postgres; rm -rf "$run_log"' EXIT
+cargo test --locked --workspace --no-run --message-format=json |
+  python3 scripts/run_tests.py --jobs "${FERRY_TEST_JOBS:-3}" --threads "${FERRY_TEST_THREADS:-4}" \
+    --history "$FERRY_CACHE/test-times.tsv" --log-dir "$run_log" --first ferry-tests::outage

@@ -23,13 +23,17 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// The Java classpath of the MiniDFS program (plus Hadoop's FsShell, for independent reads).
+/// The Java classpath of the MiniDFS program (plus Hadoop's FsShell, for independent reads): the
+/// file `ferry_build_minidfs` (scripts/minidfs.sh) writes into the cache and exports as
+/// FERRY_MINIDFS_CLASSPATH_FILE.
 pub fn hadoop_classpath() -> String {
-    let f = repo_root().join("tests/minidfs/target/classpath.txt");
+    let f = std::env::var_os("FERRY_MINIDFS_CLASSPATH_FILE").unwrap_or_else(|| {
+        panic!("FERRY_MINIDFS_CLASSPATH_FILE is not set: build the MiniDFS program first: `. scripts/services.sh && . scripts/minidfs.sh && ferry_build_minidfs` (scripts/test.sh does)")
+    });
     let cp = std::fs::read_to_string(&f).unwrap_or_else(|e| {
         panic!(
-            "{}: {e}; build the MiniDFS program first: `. scripts/minidfs.sh && ferry_build_minidfs` (scripts/test.sh does)",
-            f.display()
+            "{}: {e}; build the MiniDFS program first: `. scripts/services.sh && . scripts/minidfs.sh && ferry_build_minidfs` (scripts/test.sh does)",
+            Path::new(&f).display()
         )
     });
     cp.trim().to_string()

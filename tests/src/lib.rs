@@ -424,24 +424,38 @@ pub fn spark_delta_digests_s3(s3: &clusters::S3Server, path: &str, versions: &[O
     spark_read(&format!("s3a://{path}"), versions, Some(s3))
 }
 
+/// The jars of Spark's packages for the tests (delta-spark; hadoop-aws and the AWS SDK bundle for
+/// S3A), from the directory scripts/test.sh exports as FERRY_SPARK_JARS.
+fn spark_jars() -> Vec<String> {
+    let dir = std::env::var_os("FERRY_SPARK_JARS").unwrap_or_else(|| {
+        panic!(
+            "FERRY_SPARK_JARS is not set: fetch Spark's test jars first: `. scripts/services.sh && ferry_spark_jars` (scripts/test.sh does)"
+        )
+    });
+    let mut jars: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("FERRY_SPARK_JARS={}: {e}", Path::new(&dir).display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jar"))
+        .map(|p| p.to_str().unwrap().to_string())
+        .collect();
+    jars.sort();
+    assert!(jars.iter().any(|j| j.contains("delta-spark")), "FERRY_SPARK_JARS={}: no delta-spark jar", Path::new(&dir).display());
+    jars
+}
+
 fn spark_read(table: &str, versions: &[Option<i64>], s3: Option<serde_json::Value>) -> Vec<serde_json::Value> {
     let work = tempfile::tempdir().unwrap();
-    // Ivy resolves the delta-spark jars from Maven Central alone: its default chain looks in
-    // ~/.m2 first, where a pom without its jar (left by Maven) fails the whole resolution.
-    let ivy = work.path().join("ivysettings.xml");
-    std::fs::write(
-        &ivy,
-        r#"<ivysettings><settings defaultResolver="central"/><resolvers>
-<ibiblio name="central" m2compatible="true" root="https://repo1.maven.org/maven2/"/></resolvers></ivysettings>"#,
-    )
-    .unwrap();
+    // Spark's packages were fetched before the tests started (ferry_spark_jars in
+    // scripts/services.sh): loaded here as files, so no test reaches the network and tests running
+    // at once never fetch into one Ivy cache together.
+    let jars = spark_jars();
     let list: Vec<String> = versions.iter().map(|v| v.map(|v| v.to_string()).unwrap_or_default()).collect();
     let out = Command::new("python3")
         .arg("-c")
         .arg(SPARK_READ)
         .arg(table)
         .arg(work.path())
-        .arg(&ivy)
+        .arg(jars.join(","))
         .arg(list.join(","))
         .arg(s3.map(|v| v.to_string()).unwrap_or_default())
         .output()
@@ -456,24 +470,18 @@ fn spark_read(table: &str, versions: &[Option<i64>], s3: Option<serde_json::Valu
 }
 
 const SPARK_READ: &str = r#"
-import sys, os, glob, json, shutil, subprocess
+import sys, os, json, shutil, subprocess
 import pyarrow.parquet as pq
-import pyspark
 from pyspark.sql import SparkSession
-table, out, ivy, versions, s3 = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(","), sys.argv[5]
-packages = ["io.delta:delta-spark_2.13:4.4.0"]
-b = (SparkSession.builder.master("local[2]").appName("ferry-delta-read")
-    .config("spark.jars.ivySettings", ivy)
+table, out, jars, versions, s3 = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(","), sys.argv[5]
+b = (SparkSession.builder.master("local[2]").appName("ferry-delta-read").config("spark.jars", jars)
     .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
     .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "2")
     .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
 if s3:
     s3 = json.loads(s3)
-    # S3A of the Hadoop pyspark ships (its hadoop-client-api jar names the version).
-    api = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar"))[0]
-    packages.append("org.apache.hadoop:hadoop-aws:" + os.path.basename(api)[len("hadoop-client-api-"):-len(".jar")])
-    # The JVM's own trust anchors (Maven Central's) and the test server's CA.
+    # The JVM's own trust anchors and the test server's CA.
     java = os.path.realpath(shutil.which("java"))
     home = os.environ.get("JAVA_HOME") or os.path.dirname(os.path.dirname(java))
     trust = os.path.join(out, "trust.p12")
@@ -487,7 +495,7 @@ if s3:
         .config("spark.hadoop.fs.s3a.endpoint", s3["endpoint"]).config("spark.hadoop.fs.s3a.endpoint.region", "us-east-1")
         .config("spark.hadoop.fs.s3a.path.style.access", "true")
         .config("spark.hadoop.fs.s3a.access.key", s3["key"]).config("spark.hadoop.fs.s3a.secret.key", s3["secret"]))
-spark = b.config("spark.jars.packages", ",".join(packages)).getOrCreate()
+spark = b.getOrCreate()
 for i, v in enumerate(versions):
     r = spark.read.format("delta")
     if v:

@@ -3,7 +3,7 @@
  * own client, independently of Ferry. FsShell has no keytab option and a JVM reads no keytab by
  * itself, so this logs in first:
  *
- *   java -Djava.security.krb5.conf=CONF/krb5.conf -cp "CONF:$(cat tests/minidfs/target/classpath.txt)" \
+ *   java -Djava.security.krb5.conf=CONF/krb5.conf -cp "CONF:$(cat "$FERRY_MINIDFS_CLASSPATH_FILE")" \
  *        ferry.KeytabShell PRINCIPAL KEYTAB [FsShell arguments, e.g. -get /table /tmp/copy]
  *
  * CONF (first on the classpath) is a kerberized MiniDfs's --conf-dir: its core-site.xml and

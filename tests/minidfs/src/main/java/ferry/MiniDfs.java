@@ -2,12 +2,12 @@
  * A real HDFS for Ferry's tests: one Hadoop MiniDFSCluster (a NameNode, or with --ha an HA pair
  * of NameNodes, and N DataNodes in this JVM), everything on 127.0.0.1.
  *
- * Build (writes tests/minidfs/target/classpath.txt = target/classes + every dependency jar):
+ * Build (writes $FERRY_MINIDFS_CLASSPATH_FILE, in the cache: the classes + every dependency jar):
  *   . scripts/minidfs.sh && ferry_build_minidfs
  *
  * Run (what ferry_start_minidfs does; a Rust fixture can do the same directly):
  *   java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.net.preferIPv4Stack=true \
- *        -cp "$(cat tests/minidfs/target/classpath.txt)" ferry.MiniDfs \
+ *        -cp "$(cat "$FERRY_MINIDFS_CLASSPATH_FILE")" ferry.MiniDfs \
  *        --name A --base-dir /tmp/x/A --conf-dir /tmp/x/A/conf [--nn-port 0] [--datanodes 1] \
  *        [--log-level WARN] [--conf key=value]... [--ha [--nameservice ns1]] [--kerberos]
  *
@@ -79,10 +79,10 @@
  * are optional: C1-only + serial GC start ~1 s faster on 2 cores; RSS is ~250-300 MB.
  *
  * The same classpath also runs Hadoop's shell, e.g.
- *   java -cp "$(cat tests/minidfs/target/classpath.txt)" org.apache.hadoop.fs.FsShell \
+ *   java -cp "$(cat "$FERRY_MINIDFS_CLASSPATH_FILE")" org.apache.hadoop.fs.FsShell \
  *        -fs hdfs://127.0.0.1:PORT -put localfile /dest
  * and with --ha (the conf dir first on the classpath, so that ns1 resolves):
- *   java -cp "CONF_DIR:$(cat tests/minidfs/target/classpath.txt)" org.apache.hadoop.fs.FsShell \
+ *   java -cp "CONF_DIR:$(cat "$FERRY_MINIDFS_CLASSPATH_FILE")" org.apache.hadoop.fs.FsShell \
  *        -put localfile hdfs://ns1/dest
  */
 package ferry;

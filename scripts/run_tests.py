@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Runs the workspace's test binaries side by side, longest first, and prints each one's time.
+
+Most of Ferry's integration binaries wait (for a MiniDFS JVM to start, for an outage to end, for a
+lease to expire) more than they compute, so running a few at once fills the two cores that one
+binary at a time leaves idle. cargo test runs binaries one after another; this does what it does
+for each (the binary, in its package's directory, with cargo's run-time variables) but several at
+a time.
+
+  cargo test --no-run --message-format=json ... | scripts/run_tests.py --jobs 3 --threads 4 \
+      --history FILE [--log-dir DIR] [-- HARNESS ARGS]
+
+Order: the longest binaries of the history file first (a binary not in it counts as long), so the
+run does not end waiting for one long binary started last. Every binary runs even after one fails;
+the failures' whole output is printed at the end, then a table of every binary's time. The times
+are appended to the history file (tab-separated: date, binary, seconds, result).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+p = argparse.ArgumentParser()
+p.add_argument("--jobs", type=int, default=3)
+p.add_argument("--threads", type=int, default=4)
+p.add_argument("--history", required=True)
+p.add_argument("--log-dir", required=True)
+p.add_argument("--first", action="append", default=[], help="binaries started before any other")
+p.add_argument("harness", nargs="*")
+args = p.parse_args()
+
+jobs = []
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m.get("profile", {}).get("test"):
+        continue
+    pkg = m["package_id"]
+    # package_id: "path+file:///.../load#ferry-load@0.1.0" (or the older "name version (source)")
+    name = pkg.split("#")[-1].split("@")[0] if "#" in pkg else pkg.split()[0]
+    kind = m["target"]["kind"][0]
+    target = m["target"]["name"]
+    label = f"{name}::{target}" if kind in ("test", "bench") else f"{name}::lib" if kind == "lib" else f"{name}::{kind}-{target}"
+    manifest_dir = os.path.dirname(m["manifest_path"])
+    jobs.append({"label": label, "exe": m["executable"], "cwd": manifest_dir, "pkg": name})
+
+if not jobs:
+    sys.exit("run_tests.py: no test binaries on stdin (did the build fail?)")
+
+history = {}
+if os.path.exists(args.history):
+    for line in open(args.history):
+        f = line.rstrip("\n").split("\t")
+        if len(f) >= 3:
+            try:
+                history[f[1]] = float(f[2])  # the newest entry wins
+            except ValueError:
+                pass
+jobs.sort(key=lambda j: (j["label"] not in args.first, -history.get(j["label"], 1e9), j["label"]))
+
+os.makedirs(args.log_dir, exist_ok=True)
+lock = threading.Lock()
+queue = list(jobs)
+results = []
+t_start = time.monotonic()
+
+
+def run(job):
+    log = os.path.join(args.log_dir, job["label"].replace("::", "__") + ".log")
+    env = dict(os.environ, CARGO_MANIFEST_DIR=job["cwd"], CARGO_PKG_NAME=job["pkg"])
+    t0 = time.monotonic()
+    with open(log, "wb") as out:
+        rc = subprocess.call([job["exe"], f"--test-threads={args.threads}", *args.harness],
+                             cwd=job["cwd"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    secs = time.monotonic() - t0
+    summary = ""
+    for line in open(log, errors="replace"):
+        if line.startswith("test result:"):
+            summary = line.strip()
+    with lock:
+        results.append((job, rc, secs, log))
+        print(f"[{time.monotonic() - t_start:7.1f}s] {'ok  ' if rc == 0 else 'FAIL'} {job['label']} "
+              f"{secs:.1f}s {summary}", flush=True)
+
+
+def worker():
+    while True:
+        with lock:
+            if not queue:
+                return
+            job = queue.pop(0)
+        run(job)
+
+
+threads = [threading.Thread(target=worker) for _ in range(max(1, args.jobs))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+
+wall = time.monotonic() - t_start
+failed = [r for r in results if r[1] != 0]
+for job, rc, secs, log in failed:
+    print(f"\n===== {job['label']} failed (exit {rc}); its output:", flush=True)
+    sys.stdout.write(open(log, errors="replace").read())
+print(f"\n===== test binaries by time ({len(results)} binaries, {args.jobs} at a time, wall {wall:.0f} s)")
+stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+with open(args.history, "a") as h:
+    for job, rc, secs, log in sorted(results, key=lambda r: -r[2]):
+        print(f"{secs:8.1f} s  {'ok  ' if rc == 0 else 'FAIL'}  {job['label']}")
+        h.write(f"{stamp}\t{job['label']}\t{secs:.1f}\t{'ok' if rc == 0 else 'fail'}\n")
+    h.write(f"{stamp}\t(wall)\t{wall:.1f}\t{'ok' if not failed else 'fail'}\n")
+print(f"{wall:8.1f} s  wall")
+sys.exit(1 if failed else 0)
