@@ -8,7 +8,10 @@ for each (the binary, in its package's directory, with cargo's run-time variable
 a time.
 
   cargo test --no-run --message-format=json ... | scripts/run_tests.py --jobs 3 --threads 4 \
-      --history FILE [--log-dir DIR] [-- HARNESS ARGS]
+      --history FILE --log-dir DIR [--first LABEL]... [--only LABEL]... [-- HARNESS ARGS]
+
+A binary's label is PKG::TEST for an integration test (ferry-tests::delta), PKG::lib for a crate's
+unit tests, PKG::bin-NAME for a binary's.
 
 Order: the longest binaries of the history file first (a binary not in it counts as long), so the
 run does not end waiting for one long binary started last. Every binary runs even after one fails;
@@ -29,6 +32,8 @@ p.add_argument("--threads", type=int, default=4)
 p.add_argument("--history", required=True)
 p.add_argument("--log-dir", required=True)
 p.add_argument("--first", action="append", default=[], help="binaries started before any other")
+p.add_argument("--only", action="append", default=[],
+               help="run only these binaries, and the unit tests of every crate (PKG::lib, PKG::bin-NAME)")
 p.add_argument("harness", nargs="*")
 args = p.parse_args()
 
@@ -51,6 +56,12 @@ for line in sys.stdin:
 
 if not jobs:
     sys.exit("run_tests.py: no test binaries on stdin (did the build fail?)")
+if args.only:
+    missing = set(args.only) - {j["label"] for j in jobs}
+    if missing:
+        # A renamed or deleted binary must not drop out of a tier unnoticed.
+        sys.exit(f"run_tests.py: no test binary {', '.join(sorted(missing))}")
+    jobs = [j for j in jobs if j["label"] in args.only or j["label"].endswith("::lib") or "::bin-" in j["label"]]
 
 history = {}
 if os.path.exists(args.history):

@@ -89,17 +89,19 @@ ferry_python_deps() {
 # network, so tests running at once never fetch into one Ivy cache together.
 ferry_spark_jars() {
   ferry_python_deps
-  FERRY_SPARK_JARS=$(python3 - "$FERRY_CACHE/spark" <<'PY'
+  # The directory goes to a file: Spark's JVM prints Ivy's progress on the same stdout.
+  local answer; answer=$(mktemp)
+  python3 - "$FERRY_CACHE/spark" "$answer" >&2 <<'PY' || { echo "spark: resolving the test packages from Maven Central failed" >&2; rm -f "$answer"; return 1; }
 import glob, hashlib, os, shutil, sys, tempfile
 import pyspark
-root = sys.argv[1]
+root, answer = sys.argv[1], sys.argv[2]
 api = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar"))[0]
 hadoop = os.path.basename(api)[len("hadoop-client-api-"):-len(".jar")]
 packages = ["io.delta:delta-spark_2.13:4.4.0", "org.apache.hadoop:hadoop-aws:" + hadoop]
 key = hashlib.sha256("\n".join([pyspark.__version__] + packages).encode()).hexdigest()[:16]
 final = os.path.join(root, key)
 if os.path.exists(os.path.join(final, "complete")):
-    print(os.path.join(final, "jars"))
+    open(answer, "w").write(os.path.join(final, "jars"))
     sys.exit(0)
 os.makedirs(root, exist_ok=True)
 tmp = tempfile.mkdtemp(dir=root, prefix="resolve.")
@@ -122,9 +124,11 @@ open(os.path.join(tmp, "out", "complete"), "w").write("\n".join(sorted(names)) +
 shutil.rmtree(final, ignore_errors=True)
 os.rename(os.path.join(tmp, "out"), final)
 shutil.rmtree(tmp)
-print(os.path.join(final, "jars"))
+open(answer, "w").write(os.path.join(final, "jars"))
 PY
-  ) || { echo "spark: resolving the test packages from Maven Central failed" >&2; return 1; }
+  FERRY_SPARK_JARS=$(cat "$answer")
+  rm -f "$answer"
+  [ -d "$FERRY_SPARK_JARS" ] || { echo "spark: no jar directory resolved" >&2; return 1; }
   export FERRY_SPARK_JARS
   echo "spark test jars: $FERRY_SPARK_JARS" >&2
 }

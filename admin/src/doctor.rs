@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ferry_common::error::{likely_cause, with_causes};
 use ferry_ledger::{Ledger, LedgerOptions};
-use ferry_runtime::config::{Config, Disposition, LedgerUrl, StoreOptions, redact_url};
+use ferry_runtime::config::{Config, Disposition, LedgerUrl, StoreOptions, TableFormat, redact_url};
 use ferry_storage::Store;
 
 /// One place Ferry reaches, and what asking it gave.
@@ -50,7 +50,54 @@ pub async fn run(cfg: &Config, ledger_url: &str, pipeline: &str, timeout: Durati
     let spool = cfg.spool.dir.display().to_string();
     hops.push(store_hop("spool", &spool, &StoreOptions::default(), true, timeout).await);
     hops.push(store_hop("destination", &cfg.destination.url, &cfg.destination.store, true, timeout).await);
+    if cfg.destination.table_format == TableFormat::Delta {
+        hops.push(delta_hop(cfg, timeout).await);
+    }
     hops
+}
+
+/// The Delta table load writes to: its log read, and what it asks of writers held against what
+/// Ferry writes (a feature Ferry does not write, other partition columns), so a table another
+/// engine set up is refused here, by name, before any chunk fails on it.
+async fn delta_hop(cfg: &Config, timeout: Duration) -> Hop {
+    let name = &cfg.table.name;
+    let mut s = Steps::new("table", format!("{}/{name}", cfg.destination.url), timeout);
+    let ok = delta_steps(&mut s, cfg).await.is_ok();
+    s.finish(ok)
+}
+
+async fn delta_steps(s: &mut Steps, cfg: &Config) -> Result<(), ()> {
+    let store = match Store::open(&cfg.destination.url, &cfg.destination.store) {
+        Ok(store) => store,
+        Err(e) => return s.fail("open", with_causes(&e)),
+    };
+    let name = &cfg.table.name;
+    let snapshot = s.step("read the Delta log", ferry_delta::DeltaLog::new(store.clone(), name).snapshot()).await?;
+    if snapshot.version < 0 {
+        s.note("no table yet: the first load creates it".into());
+        return Ok(());
+    }
+    s.note(format!("version {}, {} active file(s)", snapshot.version, snapshot.files.len()));
+    if let Some(why) = snapshot.unwritable(&store.url(name)) {
+        return s.fail("table features", why);
+    }
+    let partitioned: Vec<String> = snapshot
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get("partitionColumns"))
+        .and_then(|v| v.as_array())
+        .map_or(vec![], |a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect());
+    if partitioned != cfg.table.partition_by {
+        return s.fail(
+            "partition columns",
+            format!("the table is partitioned by {partitioned:?}, [table] partition_by says {:?}", cfg.table.partition_by),
+        );
+    }
+    s.hop.steps.push(format!(
+        "table features: none Ferry does not write{}",
+        if snapshot.append_only() { "; append-only (a corrected file or a rerun that replaces rows is refused)" } else { "" }
+    ));
+    Ok(())
 }
 
 /// A hop's steps, each under the deadline; the first failure ends the hop.

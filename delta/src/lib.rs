@@ -47,6 +47,7 @@
 mod actions;
 mod checkpoint;
 mod compact;
+mod features;
 pub mod stats;
 
 use std::collections::HashMap;
@@ -68,6 +69,10 @@ pub enum DeltaError {
     /// The table's schema has a type Delta cannot hold, or a change Ferry does not write.
     #[error("{0}")]
     Schema(String),
+    /// The table uses a feature or a rule (another engine's, or its owner's) that Ferry does not
+    /// write or that the commit would break: nothing was written.
+    #[error("{0}")]
+    Refused(String),
 }
 
 type Result<T, E = DeltaError> = std::result::Result<T, E>;
@@ -165,7 +170,8 @@ impl Snapshot {
                 self.txns.insert(app.to_string(), Txn { version: v, in_version: version, last_updated });
             }
         } else if let Some(p) = action.get("protocol") {
-            check_protocol(p, version).map_err(|e| e.to_string())?;
+            // Read whatever it asks for; writing to it is checked before each commit
+            // (`Snapshot::unwritable`), so a reader (status, verify) still reads the table.
             self.protocol = Some(p.clone());
         } else if let Some(m) = action.get("metaData") {
             self.metadata = Some(m.clone());
@@ -199,22 +205,6 @@ impl Snapshot {
     pub fn checkpoint_interval(&self) -> i64 {
         self.property("delta.checkpointInterval").and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0).unwrap_or(CHECKPOINT_INTERVAL)
     }
-}
-
-/// A protocol this writer may append to: one it writes itself, or an older one.
-fn check_protocol(p: &Value, version: i64) -> Result<()> {
-    let reader = p.get("minReaderVersion").and_then(Value::as_i64).unwrap_or(1);
-    let writer = p.get("minWriterVersion").and_then(Value::as_i64).unwrap_or(1);
-    let features: Vec<&str> =
-        p.get("writerFeatures").and_then(Value::as_array).map_or(vec![], |f| f.iter().filter_map(Value::as_str).collect());
-    let known = |f: &&str| *f == "timestampNtz" || *f == "appendOnly" || *f == "invariants";
-    if reader > FEATURES_READER || writer > FEATURES_WRITER || (writer == FEATURES_WRITER && !features.iter().all(known)) {
-        return Err(DeltaError::Log(format!(
-            "commit {version} asks for Delta protocol reader {reader} / writer {writer} {features:?}; Ferry writes tables of \
-             reader {READER_VERSION} / writer {WRITER_VERSION} (or 3 / 7 with timestampNtz) and does not append to others"
-        )));
-    }
-    Ok(())
 }
 
 /// A Delta interval (`interval 7 days`, `interval 12 hours`) in milliseconds.
@@ -337,8 +327,13 @@ impl DeltaLog {
         let s = cache.as_mut().expect("read above");
         // Each lost race means another commit went in; a bound keeps a writer that always
         // loses (hundreds of hosts on one table) from trying for ever within one attempt.
+        let url = self.store.url(&self.table);
         for lost in 0..64u32 {
+            if let Some(why) = s.unwritable(&url) {
+                return Err(DeltaError::Refused(why));
+            }
             let Some(actions) = plan(s)? else { return Ok(None) };
+            features::check_commit(s, &url, &actions).map_err(DeltaError::Refused)?;
             let version = s.version + 1;
             let mut text = String::new();
             for a in &actions {

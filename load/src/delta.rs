@@ -139,15 +139,7 @@ impl Plan<'_> {
         chunks.sort();
         let op = if drop.is_empty() { "WRITE" } else { "MERGE" };
         let mut actions = vec![delta::commit_info(op, &chunks, self.now_ms)];
-        if s.version < 0 || s.protocol.as_ref() != Some(&delta::protocol(&self.columns)["protocol"]) {
-            let needed = delta::protocol(&self.columns);
-            // A table created without timestamp_ntz that gains such a column moves up to
-            // table features; one that has them keeps them.
-            let now = s.protocol.as_ref().and_then(|p| p.get("minWriterVersion")).and_then(Value::as_i64).unwrap_or(0);
-            if needed["protocol"]["minWriterVersion"].as_i64().unwrap_or(0) > now {
-                actions.push(needed);
-            }
-        }
+        actions.extend(self.protocol_change(s));
         actions.extend(metadata);
         for (rel, p) in adds {
             actions.push(delta::add(rel, &delta::partition_values(&p.partition), p.bytes, p.records, p.stats.as_deref(), self.now_ms));
@@ -158,51 +150,140 @@ impl Plan<'_> {
         Ok(Some(Change { actions, drop }))
     }
 
-    /// The metaData action this commit needs: the table's first, or a changed schema (new
-    /// nullable columns, a column that may now be null). A change Delta readers would take
-    /// only with table features Ferry does not write (a column's type widened) is refused.
-    fn metadata_change(&self, s: &Snapshot) -> Result<Option<Value>, DeltaError> {
-        let id = s.metadata.as_ref().and_then(|m| m.get("id")).and_then(Value::as_str).map(str::to_string);
-        let created = s.metadata.as_ref().and_then(|m| m.get("createdTime")).and_then(Value::as_i64).unwrap_or(self.now_ms);
-        let id = id.unwrap_or_else(|| table_id(&self.pipeline, &self.table, self.now_ms));
-        let want = delta::metadata(&id, &self.table, &self.columns, &self.partition_by, created)?;
-        let Some(have) = s.schema_string() else { return Ok(Some(want)) };
-        let want_schema = want["metaData"]["schemaString"].as_str().unwrap_or_default();
-        if have == want_schema {
-            return Ok(None);
+    /// The protocol action this commit needs: the table's first, or an upgrade a new column's
+    /// type asks for (timestamp_ntz: the `timestampNtz` table feature). An upgrade keeps
+    /// every feature the table has and adds only that one.
+    fn protocol_change(&self, s: &Snapshot) -> Option<Value> {
+        let Some(have) = s.protocol.as_ref() else { return Some(delta::protocol(&self.columns)) };
+        if !self.columns.iter().any(|c| c.detail.contains("timestamp_ntz")) {
+            return None;
         }
-        let fields = |text: &str| -> HashMap<String, (Value, bool)> {
-            let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-            v["fields"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|f| Some((f["name"].as_str()?.to_string(), (f["type"].clone(), f["nullable"].as_bool().unwrap_or(true)))))
-                .collect()
+        let num = |k: &str| have.get(k).and_then(Value::as_i64).unwrap_or(1);
+        let features = |k: &str| -> Vec<String> {
+            have.get(k).and_then(Value::as_array).map_or(vec![], |a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
         };
-        let (old, new) = (fields(have), fields(want_schema));
-        for (name, (ty, nullable)) in &old {
-            match new.get(name) {
-                Some((t, n)) if t == ty && (*n || !nullable) => {}
-                // An older chunk loaded after the schema moved on: its files are read with the
-                // table's newer schema; the table's schema stays as it is.
-                Some((t, _)) if t == ty => return Ok(None),
-                Some((t, _)) => {
-                    return Err(DeltaError::Schema(format!(
-                        "column {name:?} changes type from {ty} to {t}: a Delta reader takes that only with the typeWidening \
-                         table feature, which Ferry does not write; widen it in the source's first version, or use \
-                         destination.table_format = \"hive\""
-                    )));
+        let (mut readers, mut writers) = (features("readerFeatures"), features("writerFeatures"));
+        if num("minWriterVersion") < 7 {
+            // A table of the legacy protocol: its writer version names the features it has.
+            let w = num("minWriterVersion");
+            for (since, f) in
+                [(2, "appendOnly"), (2, "invariants"), (3, "checkConstraints"), (4, "changeDataFeed"), (4, "generatedColumns")]
+            {
+                if w >= since {
+                    writers.push(f.to_string());
                 }
-                // A column the recorded schema dropped (an older chunk's narrower schema): the
-                // table keeps it.
-                None => return Ok(None),
+            }
+            for (since, f) in [(5, "columnMapping"), (6, "identityColumns")] {
+                if w >= since {
+                    writers.push(f.to_string());
+                    if f == "columnMapping" {
+                        readers.push(f.to_string());
+                    }
+                }
+            }
+        } else if writers.iter().any(|f| f == "timestampNtz") && readers.iter().any(|f| f == "timestampNtz") {
+            return None;
+        }
+        for list in [&mut readers, &mut writers] {
+            if !list.iter().any(|f| f == "timestampNtz") {
+                list.push("timestampNtz".into());
             }
         }
-        if let Some((name, _)) = new.iter().find(|(n, (_, nullable))| !old.contains_key(*n) && !nullable) {
-            return Err(DeltaError::Schema(format!("new column {name:?} is required: a Delta table gains nullable columns only")));
+        Some(serde_json::json!({"protocol": {
+            "minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": readers, "writerFeatures": writers,
+        }}))
+    }
+
+    /// The metaData action this commit needs: the table's first, or the current one with only
+    /// its schema changed (new nullable columns appended, a column that may now be null). Every
+    /// other part of the current metaData (properties, description, column comments and
+    /// metadata, whoever set them) is carried over as it is; schemas are compared parsed, so
+    /// another writer's key order or spacing is no change. A change Delta readers would take
+    /// only with table features Ferry does not write (a column's type widened) is refused, and
+    /// so is a `partition_by` other than the table's partition columns.
+    fn metadata_change(&self, s: &Snapshot) -> Result<Option<Value>, DeltaError> {
+        let Some(current) = s.metadata.as_ref() else {
+            let id = table_id(&self.pipeline, &self.table, self.now_ms);
+            return delta::metadata(&id, &self.table, &self.columns, &self.partition_by, self.now_ms).map(Some);
+        };
+        let partitioned: Vec<&str> =
+            current.get("partitionColumns").and_then(Value::as_array).map_or(vec![], |a| a.iter().filter_map(Value::as_str).collect());
+        if partitioned != self.partition_by.iter().map(String::as_str).collect::<Vec<_>>() {
+            return Err(DeltaError::Schema(format!(
+                "Delta table {} is partitioned by {partitioned:?}, [table] partition_by says {:?}: a Delta table keeps its \
+                 partition columns; set partition_by to the table's, or load into a new table",
+                self.table, self.partition_by
+            )));
         }
-        Ok(Some(want))
+        let text = s.schema_string().unwrap_or(r#"{"type":"struct","fields":[]}"#);
+        let mut schema: Value = serde_json::from_str(text)
+            .map_err(|e| DeltaError::Log(format!("Delta table {}: its schemaString is not JSON ({e})", self.table)))?;
+        let Some(fields) = schema.get_mut("fields").and_then(Value::as_array_mut) else {
+            return Err(DeltaError::Log(format!("Delta table {}: its schemaString has no fields", self.table)));
+        };
+        let mut changed = false;
+        for c in &self.columns {
+            let ty = delta::delta_type(&c.detail)?;
+            let name = |f: &Value| f.get("name").and_then(Value::as_str).map(str::to_string).unwrap_or_default();
+            match fields.iter_mut().find(|f| name(f).eq_ignore_ascii_case(&c.name)) {
+                Some(f) if name(f) != c.name => {
+                    return Err(DeltaError::Schema(format!(
+                        "column {:?} is {:?} in Delta table {}: Delta column names are case-insensitive, so the two would clash",
+                        c.name,
+                        name(f),
+                        self.table
+                    )));
+                }
+                Some(f) => {
+                    let have = f.get("type").cloned().unwrap_or(Value::Null);
+                    if without_metadata(&have) != without_metadata(&ty) {
+                        return Err(DeltaError::Schema(format!(
+                            "column {:?} changes type from {have} to {ty}: a Delta reader takes that only with the typeWidening \
+                             table feature, which Ferry does not write; widen it in the source's first version, or use \
+                             destination.table_format = \"hive\"",
+                            c.name
+                        )));
+                    }
+                    // A column that may now be null; one the table allows nulls in stays so.
+                    if c.nullable && f.get("nullable").and_then(Value::as_bool) == Some(false) {
+                        f["nullable"] = Value::Bool(true);
+                        changed = true;
+                    }
+                }
+                // A column the table lacks: appended, nullable (the table's files so far
+                // read it as null).
+                None if c.nullable => {
+                    fields.push(serde_json::json!({"name": c.name, "type": ty, "nullable": true, "metadata": {}}));
+                    changed = true;
+                }
+                None => {
+                    return Err(DeltaError::Schema(format!(
+                        "new column {:?} is required: a Delta table gains nullable columns only",
+                        c.name
+                    )));
+                }
+            }
+        }
+        // A column of the table that Ferry's schema lacks (another writer's, or one an older
+        // chunk's narrower schema leaves out) stays: Ferry's files read it as null.
+        if !changed {
+            return Ok(None);
+        }
+        let mut m = current.clone();
+        m["schemaString"] = Value::String(schema.to_string());
+        Ok(Some(serde_json::json!({ "metaData": m })))
+    }
+}
+
+/// A Delta type with the `metadata` of its nested fields left out (comments and such that
+/// another writer keeps there are not part of the type).
+fn without_metadata(ty: &Value) -> Value {
+    match ty {
+        Value::Object(o) => {
+            Value::Object(o.iter().filter(|(k, _)| k.as_str() != "metadata").map(|(k, v)| (k.clone(), without_metadata(v))).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(without_metadata).collect()),
+        other => other.clone(),
     }
 }
 
@@ -480,5 +561,78 @@ mod tests {
         retyped.columns[0].detail = "string".into();
         let e = retyped.actions(&s, &mut found).unwrap_err().to_string();
         assert!(e.contains("\"n\"") && e.contains("typeWidening"), "{e}");
+    }
+
+    /// Another engine's table: its metaData written with its own key order, properties, a
+    /// description and a column comment.
+    fn foreign_table() -> Snapshot {
+        let mut s = Snapshot { version: -1, ..Default::default() };
+        let schema = r#"{"fields":[{"metadata":{"comment":"a count"},"nullable":true,"type":"long","name":"n"},{"name":"x","type":"string","nullable":false,"metadata":{}}],"type":"struct"}"#;
+        let commit = [
+            serde_json::json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}),
+            serde_json::json!({"metaData": {
+                "id": "0b5c-other", "name": "events", "description": "theirs", "format": {"provider": "parquet", "options": {}},
+                "schemaString": schema, "partitionColumns": ["dt"], "createdTime": 7,
+                "configuration": {"delta.logRetentionDuration": "interval 60 days", "delta.checkpointInterval": "4"},
+            }}),
+        ];
+        apply(&mut s, &commit);
+        s
+    }
+
+    #[test]
+    fn another_engines_metadata_is_carried_over_and_only_the_schema_grows() {
+        let s = foreign_table();
+        let ps = [part("aaaa", "dt=1", "11111111ff")];
+        let mut found = Found::default();
+        // The same columns (other key order, a comment): no metaData at all.
+        let same = plan(&ps, None, false).actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        assert_eq!(kinds(&same), ["commitInfo", "add", "txn"]);
+        // A new nullable column: the current metaData with it appended, nothing else changed.
+        let mut wider = plan(&ps, None, false);
+        wider.columns.push(SchemaColumn { name: "m".into(), hive: "STRING".into(), detail: "string".into(), nullable: true });
+        let change = wider.actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let m = &change.iter().find_map(|a| a.get("metaData")).unwrap();
+        let before = s.metadata.as_ref().unwrap();
+        for key in ["id", "name", "description", "format", "partitionColumns", "createdTime", "configuration"] {
+            assert_eq!(m[key], before[key], "{key}");
+        }
+        let schema: Value = serde_json::from_str(m["schemaString"].as_str().unwrap()).unwrap();
+        let fields = schema["fields"].as_array().unwrap();
+        assert_eq!(fields.iter().map(|f| f["name"].as_str().unwrap()).collect::<Vec<_>>(), ["n", "x", "m"]);
+        assert_eq!(fields[0]["metadata"]["comment"], "a count", "the other engine's column comment");
+        assert_eq!(fields[1]["nullable"], false, "a column Ferry does not load keeps its rule");
+        // Other partition columns, and a name that differs only in case, are refused.
+        let mut moved = plan(&ps, None, false);
+        moved.partition_by = vec!["day".into()];
+        let e = moved.actions(&s, &mut found).unwrap_err().to_string();
+        assert!(e.contains("partitioned by [\"dt\"]") && e.contains("partition_by"), "{e}");
+        let mut upper = plan(&ps, None, false);
+        upper.columns[0].name = "N".into();
+        let e = upper.actions(&s, &mut found).unwrap_err().to_string();
+        assert!(e.contains("case-insensitive"), "{e}");
+    }
+
+    #[test]
+    fn a_timestamp_ntz_column_adds_its_feature_and_keeps_the_tables_others() {
+        let mut s = foreign_table();
+        apply(
+            &mut s,
+            &[
+                serde_json::json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["appendOnly", "invariants"]}}),
+            ],
+        );
+        let ps = [part("aaaa", "dt=1", "11111111ff")];
+        let mut p = plan(&ps, None, false);
+        p.columns.push(SchemaColumn { name: "t".into(), hive: "TIMESTAMP".into(), detail: "timestamp_ntz[us]".into(), nullable: true });
+        let mut found = Found::default();
+        let change = p.actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let proto = change.iter().find_map(|a| a.get("protocol")).expect("a protocol upgrade");
+        assert_eq!(proto["minReaderVersion"], 3);
+        assert_eq!(proto["writerFeatures"], serde_json::json!(["appendOnly", "invariants", "timestampNtz"]));
+        assert_eq!(proto["readerFeatures"], serde_json::json!(["timestampNtz"]));
+        apply(&mut s, &change);
+        let again = p.actions(&s, &mut found).unwrap();
+        assert!(again.is_none_or(|c| c.actions.iter().all(|a| a.get("protocol").is_none())), "upgraded once");
     }
 }

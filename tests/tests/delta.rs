@@ -660,3 +660,97 @@ fn download_s3(s3: &ferry_tests::clusters::S3Server, path: &str, local: &Path) {
         .unwrap();
     assert!(out.status.success(), "download: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// delta-rs (another engine) on Ferry's table: `code` run with `dt` = `DeltaTable(<table>)`.
+fn other_engine(dir: &Path, code: &str) {
+    let script = format!("import sys\nfrom deltalake import DeltaTable\ndt = DeltaTable(sys.argv[1])\n{code}\n");
+    let out = Command::new("python3").arg("-c").arg(&script).arg(dir).output().unwrap();
+    assert!(out.status.success(), "delta-rs: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The table's metaData as delta-rs reads it: configuration, description, and each column's
+/// metadata.
+fn table_metadata(dir: &Path) -> serde_json::Value {
+    let script = "import sys, json\nfrom deltalake import DeltaTable\ndt = DeltaTable(sys.argv[1])\nm = dt.metadata()\n\
+                  print(json.dumps({'configuration': m.configuration, 'description': m.description, \
+                  'columns': {f.name: f.metadata for f in dt.schema().fields}}))";
+    let out = Command::new("python3").arg("-c").arg(script).arg(dir).output().unwrap();
+    assert!(out.status.success(), "delta-rs: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A table is shared: another engine (delta-rs) sets its properties, its description and a
+/// column's comment; Ferry's later loads keep every one of them. A rule the table sets
+/// (append-only) refuses the commit that would break it, naming it, with the table as it was;
+/// a feature Ferry does not write (the change data feed) is refused by load and by doctor.
+#[test]
+fn a_table_another_engine_changed_keeps_its_settings_and_refuses_what_ferry_does_not_write() {
+    let p = delta_pipeline("16KiB");
+    std::fs::write(p.path("in/a.jsonl"), events("a", 200)).unwrap();
+    drained(&p);
+    let dir = table(&p);
+    other_engine(
+        &dir,
+        "dt.alter.set_table_properties({'delta.deletedFileRetentionDuration': 'interval 2 days', \
+         'delta.logRetentionDuration': 'interval 60 days', 'delta.checkpointInterval': '4'})\n\
+         dt = DeltaTable(sys.argv[1])\ndt.alter.set_table_description('events, landed by ferry')\n\
+         dt = DeltaTable(sys.argv[1])\ndt.alter.set_column_metadata('host', {'comment': 'where it happened'})",
+    );
+    let before = table_metadata(&dir);
+    assert_eq!(before["configuration"]["delta.logRetentionDuration"], "interval 60 days", "{before}");
+    let foreign = commits(&dir).last().unwrap().0;
+
+    // More chunks: Ferry's commits carry nothing of the metaData over (no schema change), and
+    // everything the other engine set is there after them, with every record once.
+    std::fs::write(p.path("in/b.jsonl"), events("b", 200)).unwrap();
+    drained(&p);
+    let after: Vec<_> = commits(&dir).into_iter().filter(|(v, _)| *v > foreign).collect();
+    assert!(after.len() > 1, "Ferry committed more chunks: {}", after.len());
+    for (v, actions) in &after {
+        assert!(actions.iter().all(|a| a.get("metaData").is_none()), "version {v} rewrote the metaData: {actions:?}");
+    }
+    assert_eq!(table_metadata(&dir), before, "the other engine's settings after Ferry's loads");
+    let want = |files: &[(&str, usize)]| {
+        let d = p.path(&format!("expect-{}", files.iter().map(|(t, _)| *t).collect::<String>()));
+        std::fs::create_dir_all(&d).unwrap();
+        for (tag, n) in files {
+            std::fs::write(d.join(format!("{tag}.jsonl")), events(tag, *n)).unwrap();
+        }
+        input_digest("jsonl", &d)
+    };
+    same(&delta_digest(&dir, None), &want(&[("a", 200), ("b", 200)]), "a and b");
+    no_version_doubles(&dir);
+
+    // Append-only: a corrected a.jsonl would take a's rows out; the commit is refused with the
+    // reason, nothing is half done, and the table still reads a and b.
+    other_engine(&dir, "dt.alter.set_table_properties({'delta.appendOnly': 'true'})");
+    let version = commits(&dir).last().unwrap().0;
+    std::fs::write(p.path("in/.a.jsonl.part"), events("a2", 150)).unwrap();
+    std::fs::rename(p.path("in/.a.jsonl.part"), p.path("in/a.jsonl")).unwrap();
+    p.drain(6);
+    let refused = p.sql("SELECT COALESCE(group_concat(last_error, ' | '), '') FROM tasks WHERE stage = 'load' AND state <> 'done'");
+    assert!(refused.contains("append-only") && refused.contains("delta.appendOnly"), "load's error: {refused:?}");
+    for (v, actions) in commits(&dir).into_iter().filter(|(v, _)| *v > version) {
+        assert!(actions.iter().all(|a| a.get("remove").is_none()), "version {v} removed a file of an append-only table");
+    }
+    same(&delta_digest(&dir, None), &want(&[("a", 200), ("b", 200)]), "the append-only table as it was");
+    let status = output_within(p.command("ferry").arg("status"), std::time::Duration::from_secs(120));
+    assert!(String::from_utf8_lossy(&status.stdout).contains("append-only"), "{}", String::from_utf8_lossy(&status.stdout));
+
+    // The change data feed: Ferry would have to write change files; refused by name at load and
+    // by doctor, with the table's rows as they were.
+    other_engine(&dir, "dt.alter.set_table_properties({'delta.appendOnly': 'false', 'delta.enableChangeDataFeed': 'true'})");
+    let version = commits(&dir).last().unwrap().0;
+    std::fs::write(p.path("in/c.jsonl"), events("c", 100)).unwrap();
+    p.drain(6);
+    let refused = p.sql(
+        "SELECT COALESCE(group_concat(t.last_error, ' | '), '') FROM tasks t JOIN chunks c ON c.id = t.chunk_id \
+         JOIN source_files f ON f.id = c.file_id WHERE t.stage = 'load' AND f.uri LIKE '%/c.jsonl'",
+    );
+    assert!(refused.contains("change data feed") && refused.contains("delta.enableChangeDataFeed"), "load's error: {refused:?}");
+    assert_eq!(commits(&dir).last().unwrap().0, version, "nothing committed to a table with a change data feed");
+    let o = output_within(p.command("ferry").arg("doctor"), std::time::Duration::from_secs(120));
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(!o.status.success() && text.contains("change data feed"), "doctor: {text}");
+    assert_eq!(table_metadata(&dir)["description"], before["description"]);
+}

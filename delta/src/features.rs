@@ -1,0 +1,215 @@
+//! What a table asks of its writers, and whether Ferry gives it.
+//!
+//! A Delta table is shared: another engine may have created it, turned features on, or set
+//! properties that every writer must honour. A writer that appends without honouring them
+//! breaks the table for everyone (files read under the wrong column names, a constraint not
+//! enforced, a change feed with holes). So before any commit Ferry reads the protocol and the
+//! metaData and refuses, naming the feature and the table, what it does not implement:
+//!
+//! | asks for                                       | Ferry                                        |
+//! |------------------------------------------------|----------------------------------------------|
+//! | reader 1 / writer 2 (appendOnly, invariants)   | writes; `delta.appendOnly` honoured (no      |
+//! |                                                | `remove` that changes data), a column        |
+//! |                                                | invariant refused                            |
+//! | writer 3-6 (legacy): CHECK constraints,        | writes while the table uses none of them;    |
+//! | change data feed, generated columns, column    | refused, by name, once it does               |
+//! | mapping, identity columns                      |                                              |
+//! | reader 3 / writer 7 (table features)           | writes when every feature listed is one of   |
+//! |                                                | the above (and unused) or `timestampNtz`     |
+//!
+//! The check is on what the table uses, not only on its protocol version: a table Spark made at
+//! writer 4 with no change feed and no generated column is an append-only log Ferry can write.
+
+use serde_json::Value;
+
+use crate::Snapshot;
+
+/// Writer features of the table-features protocol that Ferry writes correctly whatever they
+/// hold: `appendOnly` (honoured per commit, see [`Snapshot::append_only`]), `invariants` (checked
+/// below: a table with none) and `timestampNtz` (a type Ferry writes).
+const WRITTEN: &[&str] = &["appendOnly", "invariants", "timestampNtz"];
+/// Features Ferry does not implement, accepted while the table does not use them (checked
+/// below, each by its own sign of use).
+const UNUSED_OK: &[&str] = &["checkConstraints", "changeDataFeed", "generatedColumns", "columnMapping", "identityColumns"];
+
+impl Snapshot {
+    /// Why Ferry must not write to this table (naming the feature), or None. `table` names the
+    /// table in the message.
+    pub fn unwritable(&self, table: &str) -> Option<String> {
+        let refuse = |what: String| Some(format!("Delta table {table} uses {what}, which Ferry does not write; {ADVICE}"));
+        let p = self.protocol.as_ref();
+        let num = |k: &str| p.and_then(|p| p.get(k)).and_then(Value::as_i64).unwrap_or(1);
+        let (reader, writer) = (num("minReaderVersion"), num("minWriterVersion"));
+        let list = |k: &str| -> Vec<String> {
+            p.and_then(|p| p.get(k))
+                .and_then(Value::as_array)
+                .map_or(vec![], |a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
+        };
+        if reader > 3 || writer > 7 || (reader == 3 && writer != 7) {
+            return refuse(format!("Delta protocol reader {reader} / writer {writer}"));
+        }
+        if writer == 7 {
+            let unknown: Vec<String> =
+                list("writerFeatures").into_iter().filter(|f| !WRITTEN.contains(&f.as_str()) && !UNUSED_OK.contains(&f.as_str())).collect();
+            if !unknown.is_empty() {
+                return refuse(format!("the table feature(s) {}", unknown.join(", ")));
+            }
+        }
+        if reader == 3 {
+            let unknown: Vec<String> = list("readerFeatures").into_iter().filter(|f| f != "timestampNtz" && f != "columnMapping").collect();
+            if !unknown.is_empty() {
+                return refuse(format!("the table feature(s) {}", unknown.join(", ")));
+            }
+        }
+        let config = |k: &str| self.property(k).map(str::trim);
+        if let Some(mode) = config("delta.columnMapping.mode").filter(|m| !m.eq_ignore_ascii_case("none")) {
+            return refuse(format!("column mapping (delta.columnMapping.mode = {mode:?})"));
+        }
+        if config("delta.enableChangeDataFeed").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+            return refuse("the change data feed (delta.enableChangeDataFeed = true)".into());
+        }
+        if let Some(c) = self.properties().find(|(k, _)| k.starts_with("delta.constraints.")) {
+            return refuse(format!("a CHECK constraint ({} = {:?})", c.0, c.1));
+        }
+        for (key, what) in [
+            ("delta.invariants", "a column invariant"),
+            ("delta.generationExpression", "a generated column"),
+            ("delta.identity.start", "an identity column"),
+            ("delta.identity.step", "an identity column"),
+        ] {
+            if let Some(column) = self.field_with_metadata(key) {
+                return refuse(format!("{what} ({key} on column {column})"));
+            }
+        }
+        None
+    }
+
+    /// `delta.appendOnly = true`: no commit may remove a file with `dataChange = true` (a
+    /// compaction, which removes with `dataChange = false`, may).
+    pub fn append_only(&self) -> bool {
+        self.property("delta.appendOnly").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    }
+
+    /// The table's properties (`metaData.configuration`).
+    pub fn properties(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.metadata
+            .as_ref()
+            .and_then(|m| m.get("configuration"))
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
+    }
+
+    /// The dotted path of the first column (nested ones too) whose metadata holds `key`.
+    fn field_with_metadata(&self, key: &str) -> Option<String> {
+        fn walk(ty: &Value, prefix: &str, key: &str) -> Option<String> {
+            match ty.get("type").and_then(Value::as_str) {
+                Some("struct") => ty.get("fields")?.as_array()?.iter().find_map(|f| {
+                    let name = f.get("name")?.as_str()?;
+                    let path = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+                    if f.get("metadata").and_then(|m| m.get(key)).is_some() {
+                        return Some(path);
+                    }
+                    walk(f.get("type")?, &path, key)
+                }),
+                Some("array") => walk(ty.get("elementType")?, &format!("{prefix}[]"), key),
+                Some("map") => walk(ty.get("keyType")?, &format!("{prefix}.key"), key)
+                    .or_else(|| walk(ty.get("valueType")?, &format!("{prefix}.value"), key)),
+                _ => None,
+            }
+        }
+        let schema: Value = serde_json::from_str(self.schema_string()?).ok()?;
+        walk(&schema, "", key)
+    }
+}
+
+/// What the refusal tells an operator to do.
+const ADVICE: &str = "load into a table without it (destination.table name or path), turn it off on this table, or use \
+                      destination.table_format = \"hive\"";
+
+/// Checks that commit `actions` keep a rule of the table: an append-only table takes no
+/// `remove` that changes data.
+pub(crate) fn check_commit(s: &Snapshot, table: &str, actions: &[Value]) -> Result<(), String> {
+    if !s.append_only() {
+        return Ok(());
+    }
+    let removes =
+        actions.iter().filter_map(|a| a.get("remove")).filter(|r| r.get("dataChange").and_then(Value::as_bool).unwrap_or(true)).count();
+    if removes > 0 {
+        return Err(format!(
+            "Delta table {table} is append-only (delta.appendOnly = true): this commit would take {removes} file(s) of rows back \
+             out (a corrected source file, a rerun, or a skipped chunk), which an append-only table refuses; nothing was \
+             written. Set delta.appendOnly = false on the table to let Ferry replace them, or leave the earlier rows in place"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn table(protocol: Value, configuration: Value, field_metadata: Value) -> Snapshot {
+        let schema = json!({"type": "struct", "fields": [
+            {"name": "n", "type": "long", "nullable": true, "metadata": {}},
+            {"name": "s", "type": {"type": "struct", "fields": [{"name": "g", "type": "long", "nullable": true, "metadata": field_metadata}]},
+             "nullable": true, "metadata": {}},
+        ]});
+        let mut s = Snapshot { version: -1, ..Default::default() };
+        let text = format!(
+            "{}\n{}\n",
+            json!({ "protocol": protocol }),
+            json!({"metaData": {"id": "x", "format": {"provider": "parquet", "options": {}}, "schemaString": schema.to_string(),
+                "partitionColumns": [], "configuration": configuration}})
+        );
+        s.apply(0, &text).unwrap();
+        s
+    }
+
+    fn legacy(w: i64) -> Value {
+        json!({"minReaderVersion": 1, "minWriterVersion": w})
+    }
+
+    #[test]
+    fn what_the_table_uses_decides_not_its_version_alone() {
+        let ok = |s: Snapshot| assert_eq!(s.unwritable("t"), None);
+        let refused = |s: Snapshot, what: &str| {
+            let e = s.unwritable("t").expect("refused");
+            assert!(e.contains(what) && e.contains("Delta table t"), "{e}");
+        };
+        ok(table(legacy(2), json!({"delta.appendOnly": "true"}), json!({})));
+        // Writer 4, as Spark leaves a table, with neither feed nor generated column: an append log.
+        ok(table(legacy(4), json!({"delta.enableChangeDataFeed": "false"}), json!({})));
+        refused(table(legacy(4), json!({"delta.enableChangeDataFeed": "true"}), json!({})), "change data feed");
+        refused(table(legacy(3), json!({"delta.constraints.positive": "n > 0"}), json!({})), "CHECK constraint");
+        refused(
+            table(legacy(4), json!({}), json!({"delta.generationExpression": "n + 1"})),
+            "generated column (delta.generationExpression on column s.g)",
+        );
+        refused(table(legacy(6), json!({}), json!({"delta.identity.start": 1, "delta.identity.step": 1})), "identity column");
+        refused(table(legacy(2), json!({}), json!({"delta.invariants": "{}"})), "column invariant");
+        refused(
+            table(json!({"minReaderVersion": 2, "minWriterVersion": 5}), json!({"delta.columnMapping.mode": "name"}), json!({})),
+            "column mapping",
+        );
+        let features =
+            |w: &[&str], r: &[&str]| json!({"minReaderVersion": 3, "minWriterVersion": 7, "writerFeatures": w, "readerFeatures": r});
+        ok(table(features(&["timestampNtz", "appendOnly", "changeDataFeed"], &["timestampNtz"]), json!({}), json!({})));
+        refused(table(features(&["deletionVectors"], &["deletionVectors"]), json!({}), json!({})), "deletionVectors");
+        refused(table(features(&["rowTracking", "domainMetadata"], &[]), json!({}), json!({})), "rowTracking, domainMetadata");
+        refused(table(legacy(8), json!({}), json!({})), "writer 8");
+    }
+
+    #[test]
+    fn an_append_only_table_takes_adds_and_compactions_but_no_removal_of_rows() {
+        let s = table(legacy(2), json!({"delta.appendOnly": "true"}), json!({}));
+        let add = json!({"add": {"path": "a", "dataChange": true}});
+        let merge = json!({"remove": {"path": "b", "dataChange": false}});
+        assert!(check_commit(&s, "t", &[add.clone(), merge]).is_ok());
+        let e = check_commit(&s, "t", &[add, json!({"remove": {"path": "b", "dataChange": true}})]).unwrap_err();
+        assert!(e.contains("append-only") && e.contains("1 file(s)"), "{e}");
+    }
+}
