@@ -13,8 +13,9 @@ a time.
 A binary's label is PKG::TEST for an integration test (ferry-tests::delta), PKG::lib for a crate's
 unit tests, PKG::bin-NAME for a binary's.
 
-Order: the longest binaries of the history file first (a binary not in it counts as long), so the
-run does not end waiting for one long binary started last. Every binary runs even after one fails;
+Order: the longest binaries of the history file (or, for a binary it lacks, of the --known table
+kept in the repository) first, a binary in neither counting as long, so the run does not end
+waiting for one long binary started last. Every binary runs even after one fails;
 the failures' whole output is printed at the end, then a table of every binary's time. The times
 are appended to the history file (tab-separated: date, binary, seconds, result).
 """
@@ -30,6 +31,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--jobs", type=int, default=3)
 p.add_argument("--threads", type=int, default=4)
 p.add_argument("--history", required=True)
+p.add_argument("--known", help="a markdown table of earlier times (| binary | seconds | ...), for binaries the history lacks")
 p.add_argument("--log-dir", required=True)
 p.add_argument("--first", action="append", default=[], help="binaries started before any other")
 p.add_argument("--only", action="append", default=[],
@@ -64,6 +66,15 @@ if args.only:
     jobs = [j for j in jobs if j["label"] in args.only or j["label"].endswith("::lib") or "::bin-" in j["label"]]
 
 history = {}
+if args.known and os.path.exists(args.known):
+    # A fresh machine has no history of its own: the times kept in the repository order its run.
+    for line in open(args.known):
+        f = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(f) >= 2 and "::" in f[0]:
+            try:
+                history[f[0]] = float(f[1].split()[0])
+            except (ValueError, IndexError):
+                pass
 if os.path.exists(args.history):
     for line in open(args.history):
         f = line.rstrip("\n").split("\t")

@@ -47,7 +47,6 @@ ferry_start_postgres() {
   FERRY_PG_DIR=$(mktemp -d /tmp/ferry-pg.XXXXXX)
   chown postgres "$FERRY_PG_DIR" 2>/dev/null || true
   local as=(); [ "$(id -u)" = 0 ] && as=(runuser -u postgres --)
-  FERRY_PG_PORT=${FERRY_PG_PORT:-$(( 20000 + RANDOM % 20000 ))}
   "${as[@]}" "$bin/initdb" -D "$FERRY_PG_DIR/data" -U postgres --auth=trust -E UTF8 >/dev/null
   local listen=127.0.0.1
   if [ -n "${FERRY_PG_ALSO:-}" ]; then
@@ -55,8 +54,22 @@ ferry_start_postgres() {
     listen="$listen,$1"
     echo "host all all ${2:?FERRY_PG_ALSO wants an address and a subnet} trust" >> "$FERRY_PG_DIR/data/pg_hba.conf"
   fi
-  "${as[@]}" "$bin/pg_ctl" -D "$FERRY_PG_DIR/data" -l "$FERRY_PG_DIR/log" -w -t 60 \
-    -o "-c listen_addresses=$listen -p $FERRY_PG_PORT -c unix_socket_directories=$FERRY_PG_DIR -c max_connections=200" start >/dev/null
+  # A port the kernel says is free now (or FERRY_PG_PORT); PostgreSQL binds it itself, so
+  # another process may take it first: then it fails to start, and starts on another port.
+  local fixed=${FERRY_PG_PORT:-} tries=0
+  while :; do
+    FERRY_PG_PORT=${fixed:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+    if "${as[@]}" "$bin/pg_ctl" -D "$FERRY_PG_DIR/data" -l "$FERRY_PG_DIR/log" -w -t 60 \
+      -o "-c listen_addresses=$listen -p $FERRY_PG_PORT -c unix_socket_directories=$FERRY_PG_DIR -c max_connections=200" start >/dev/null; then
+      break
+    fi
+    tries=$((tries + 1))
+    if [ -n "$fixed" ] || [ "$tries" -ge 5 ]; then
+      echo "postgres did not start on 127.0.0.1:$FERRY_PG_PORT:" >&2
+      cat "$FERRY_PG_DIR/log" >&2
+      return 1
+    fi
+  done
   export FERRY_PG_DIR FERRY_PG_PORT
   export FERRY_TEST_POSTGRES="postgres://postgres@127.0.0.1:$FERRY_PG_PORT/postgres"
   echo "postgres on 127.0.0.1:$FERRY_PG_PORT ($FERRY_PG_DIR)" >&2

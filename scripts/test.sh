@@ -64,5 +64,5 @@ run_log=$(mktemp -d)
 trap 'ferry_stop_azurite; ferry_stop_gcs; ferry_stop_s3; ferry_stop_postgres; rm -rf "$run_log"' EXIT
 cargo test --locked --workspace --no-run --message-format=json |
   python3 scripts/run_tests.py --jobs "${FERRY_TEST_JOBS:-3}" --threads "${FERRY_TEST_THREADS:-4}" \
-    --history "$FERRY_CACHE/test-times.tsv" --log-dir "$run_log" --first ferry-tests::outage \
+    --history "$FERRY_CACHE/test-times.tsv" --known bench/results/ci-times.md --log-dir "$run_log" --first ferry-tests::outage \
     ${quick:+$(printf -- '--only %s ' "${quick_tier[@]}")}

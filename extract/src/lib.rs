@@ -1076,7 +1076,7 @@ pub async fn run(x: &Extractor, once: bool, poll: Duration, progress_interval: D
     let mut last_log = (std::time::Instant::now(), Pass::default());
     // A pass that fails as a whole (the source cannot be listed, the ledger is down) is
     // waited out under --watch: an outage of a store is not the end of the service.
-    let mut outage: Option<(std::time::Instant, backon::ExponentialBackoff)> = None;
+    let mut outage: Option<(std::time::Instant, ferry_runtime::breaker::ProbeSchedule)> = None;
     loop {
         let p = match x.pass().await {
             Ok(p) => {

@@ -179,7 +179,21 @@ async fn expired_lease_is_reclaimed_and_old_holder_rejected(db: Db) {
     assert_eq!(t.scalar("SELECT COUNT(*) FROM stuck_leases").await, 0);
     // Then the holder goes silent.
     clock.advance(Duration::from_secs(31));
+    // `stuck_leases` (an operator's view, on the database's own clock, not the test's) shows
+    // the lease once it is past: put its expiry a minute into the database's past.
+    t.try_execute(&format!(
+        "UPDATE tasks SET lease_expires_at = {} WHERE id = {}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 60_000,
+        a.task_id
+    ))
+    .await
+    .unwrap();
+    assert_eq!(t.scalar(&format!("SELECT COUNT(*) FROM stuck_leases WHERE task_id = {}", a.task_id)).await, 1);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM stuck_leases").await, 1, "only the silent holder's lease");
+    let overdue = t.scalar("SELECT overdue_ms FROM stuck_leases").await;
+    assert!((60_000..600_000).contains(&overdue), "overdue {overdue} ms");
     assert_eq!(ledger.reclaim_expired().await.unwrap(), 1);
+    assert_eq!(t.scalar("SELECT COUNT(*) FROM stuck_leases").await, 0, "reclaimed: no longer stuck");
     assert_eq!(t.scalar(&format!("SELECT COUNT(*) FROM tasks WHERE id = {} AND state = 'retryable'", a.task_id)).await, 1);
     assert!(matches!(ledger.heartbeat(&a).await, Err(Error::LeaseLost { .. })));
     assert!(matches!(ledger.complete(&a, Work::default()).await, Err(Error::LeaseLost { .. })));
@@ -219,6 +233,25 @@ async fn backoff_is_respected(db: Db) {
     clock.set(now + 9_999);
     assert!(claim_one(&ledger, "a").await.is_none());
     assert_eq!(t.scalar("SELECT COUNT(*) FROM attempts WHERE outcome = 'retryable' AND error = 'reset'").await, 2);
+    // Doubling stops at the cap (60 s here): attempts 3 and 4 wait 20..40 s and 30..60 s, never more.
+    let mut at = at_ms;
+    for (attempt, (lo, hi)) in [(3, (20_000, 40_000)), (4, (30_000, 60_000))] {
+        clock.set(at);
+        let l = claim_one(&ledger, "a").await.expect("due");
+        assert_eq!(l.attempt, attempt);
+        let now = clock_now(&clock);
+        let FailOutcome::Retry { at_ms } = ledger.fail(&l, ErrorClass::Transient, "reset", Work::default()).await.unwrap() else {
+            panic!()
+        };
+        assert!((now + lo..=now + hi).contains(&at_ms), "attempt {attempt}: retry at +{} ms", at_ms - now);
+        at = at_ms;
+    }
+    // However many attempts, the wait stays between half the cap and the cap.
+    let cap = LedgerOptions { max_attempts: 5, ..opts() }.backoff;
+    for attempt in [5, 10, 40, 1_000] {
+        let d = cap.delay(attempt);
+        assert!((Duration::from_secs(30)..=Duration::from_secs(60)).contains(&d), "attempt {attempt}: {d:?}");
+    }
 }
 
 fn clock_now(c: &ManualClock) -> i64 {

@@ -33,22 +33,35 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use backon::BackoffBuilder;
-
 /// Failures in a row, from at least two chunks, that make a store "down".
 pub const TRIP: usize = 3;
 
 /// The waits between tries at something that is down (a store, the ledger): from `first`
-/// doubling to `cap`, jittered so that many workers do not try in step, never giving up.
-/// Every outage wait in Ferry uses this one schedule.
-pub fn probe_schedule(first: Duration, cap: Duration) -> backon::ExponentialBackoff {
-    backon::ExponentialBuilder::new()
-        .with_min_delay(first)
-        .with_max_delay(cap.max(first))
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times()
-        .build()
+/// doubling to `cap`, never giving up. Every outage wait in Ferry uses this one schedule.
+pub fn probe_schedule(first: Duration, cap: Duration) -> ProbeSchedule {
+    let cap = cap.max(first);
+    ProbeSchedule { step: first, cap }
+}
+
+/// [`probe_schedule`]'s waits. Each is "equally jittered": between half its step and the step,
+/// so that many workers do not try in step and none tries at once, and no wait is ever longer
+/// than the cap (backon's jitter adds up to a whole step on top, which would make a 4 s cap
+/// an 8 s one).
+#[derive(Debug, Clone)]
+pub struct ProbeSchedule {
+    step: Duration,
+    cap: Duration,
+}
+
+impl Iterator for ProbeSchedule {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let step = self.step;
+        self.step = (self.step * 2).min(self.cap);
+        let half = step / 2;
+        Some(half + half.mul_f64(rand::random::<f64>()))
+    }
 }
 
 /// What to do with one failed attempt.
@@ -70,7 +83,7 @@ struct Down {
     since: Instant,
     probes: u64,
     next_probe: Instant,
-    backoff: backon::ExponentialBackoff,
+    backoff: ProbeSchedule,
 }
 
 #[derive(Debug, Default)]
@@ -96,7 +109,7 @@ impl Breakers {
         Breakers { cap, stores: HashMap::new() }
     }
 
-    fn backoff(&self) -> backon::ExponentialBackoff {
+    fn backoff(&self) -> ProbeSchedule {
         probe_schedule(Duration::from_secs(1), self.cap)
     }
 
@@ -308,8 +321,9 @@ mod tests {
             let Verdict::StillDown { retry_at, probe: true, .. } = b.failed("staging", (t, 1)) else { panic!() };
             waits.push(retry_at.saturating_duration_since(Instant::now()));
         }
-        assert!(waits.iter().all(|w| *w <= Duration::from_secs(8)), "capped (jitter adds at most one delay): {waits:?}");
-        assert!(waits.last().unwrap() >= &Duration::from_secs(3), "grown to the cap: {waits:?}");
+        // Within the cap (a scheduling instant of slack), and grown to it: half the cap at least.
+        assert!(waits.iter().all(|w| *w <= Duration::from_millis(4_050)), "capped: {waits:?}");
+        assert!(waits[4..].iter().all(|w| *w >= Duration::from_millis(1_950)), "grown to the cap: {waits:?}");
     }
 
     #[test]

@@ -211,6 +211,9 @@ impl Observer {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| ferry_common::ConfigError::new("--metrics-addr", format!("cannot listen on {addr}: {e}")))?;
+            // The address bound, not the one asked for: `--metrics-addr 127.0.0.1:0` takes a
+            // free port, and this line says which.
+            let addr = listener.local_addr().unwrap_or(addr);
             tracing::info!(%addr, "serving /metrics and /healthz");
             tokio::spawn(serve_http(listener, h.clone(), health.clone(), stage));
         }

@@ -429,7 +429,7 @@ pub type AfterCommit = Arc<dyn Fn(&Lease) + Send + Sync>;
 /// the next try, with capped, jittered backoff; a `--watch` service never ends because of it.
 /// The ledger itself logs the outage and keeps its span ([`Ledger::take_ledger_outages`]).
 struct LedgerLink {
-    backoff: Option<backon::ExponentialBackoff>,
+    backoff: Option<crate::breaker::ProbeSchedule>,
     retry_at: Option<Instant>,
     cap: Duration,
     last_error: Option<String>,

@@ -123,13 +123,19 @@ max_bad_records = 5
         let mut c = self.command(binary);
         c.env("RUST_LOG", "info").args(["--watch", "--poll", "200ms"]).args(extra);
         let mut child = wrap(c).stderr(std::process::Stdio::piped()).spawn().unwrap();
-        let mut stderr = child.stderr.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let lines = seen.clone();
         let log = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
-            s
+            let mut r = std::io::BufReader::new(stderr);
+            let mut line = String::new();
+            while std::io::BufRead::read_line(&mut r, &mut line).is_ok_and(|n| n > 0) {
+                lines.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+            lines.lock().unwrap().clone()
         });
-        Service { name: binary.to_string(), child, log: Some(log), metrics_port: None }
+        Service { name: binary.to_string(), child, log: Some(log), seen, metrics_port: None }
     }
 
     /// [`Pipeline::watch`], returned once the service is past its start checks (the ledger and
@@ -137,16 +143,18 @@ max_bad_records = 5
     /// does not answer at start is waited for at start (`--start-wait`), not an outage, so a
     /// test of outages starts its services this way and only then takes the store away.
     pub fn watch_started(&self, binary: &str, extra: &[&str]) -> Service {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let addr = format!("127.0.0.1:{port}");
-        let mut args = vec!["--metrics-addr", addr.as_str()];
+        // Port 0: the service binds a free port itself and logs which (a port found free here
+        // and passed on could be taken by another process before the service binds it).
+        let mut args = vec!["--metrics-addr", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         let mut s = self.watch(binary, &args);
+        let mut port = None;
         wait_until(&format!("{binary} past its start checks"), std::time::Duration::from_secs(60), || {
-            assert!(s.running(), "{binary} ended at start");
-            std::net::TcpStream::connect(&addr).is_ok()
+            assert!(s.running(), "{binary} ended at start: {}", s.log_so_far());
+            port = metrics_port_in(&s.log_so_far());
+            port.is_some_and(|p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok())
         });
-        s.metrics_port = Some(port);
+        s.metrics_port = port;
         s
     }
 
@@ -211,12 +219,22 @@ max_bad_records = 5
         assert!(out.status.success(), "gen: {}", String::from_utf8_lossy(&out.stderr));
     }
 
+    /// One --once run of a stage in a round of retries: its exit code must be one a stage
+    /// gives while faults, retries and quarantines are part of the test ([`ROUND_EXITS`]); a
+    /// fatal error, a configuration error, a panic or a signal fails the test with its output.
+    pub fn stage_round(&self, name: &str) -> Output {
+        let o = self.stage(name);
+        round_exit(name, &o);
+        o
+    }
+
     /// Runs every stage with --once, in order, until the ledger has nothing pending (retries
-    /// and expired leases of killed runs included) or `rounds` passes are used up.
+    /// and expired leases of killed runs included) or `rounds` passes are used up. Every run's
+    /// exit code is checked ([`Pipeline::stage_round`]).
     pub fn drain(&self, rounds: usize) -> Vec<Output> {
         let mut last = Vec::new();
         for _ in 0..rounds {
-            last = STAGES.iter().map(|s| self.stage(s)).collect();
+            last = STAGES.iter().map(|s| self.stage_round(s)).collect();
             if self.sql("SELECT COUNT(*) FROM tasks WHERE state IN ('available','running','retryable')") == "0"
                 && self.sql("SELECT COUNT(*) FROM source_files WHERE state = 'registered'") == "0"
             {
@@ -291,6 +309,21 @@ max_bad_records = 5
     }
 }
 
+/// Exit codes a stage's `--once` run may end with in a round of retries: 0 (all done), 3
+/// (finished, some work quarantined), 4 (no progress: a store down, every attempt failed).
+/// Never 1 (fatal), 2 (configuration), a panic (101) or a signal.
+pub const ROUND_EXITS: [i32; 3] = [0, 3, 4];
+
+/// Fails the test unless stage run `o` of `name` ended with one of [`ROUND_EXITS`].
+pub fn round_exit(name: &str, o: &Output) {
+    assert!(
+        o.status.code().is_some_and(|c| ROUND_EXITS.contains(&c)),
+        "{name} --once ended with {:?} (a stage in a round of retries exits 0, 3 or 4): {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// `cmd.output()`, with a deadline: a command still running after `limit` is killed and fails
 /// the test with what it printed so far. Every command a test expects to end goes through this,
 /// so a hang is a red test that names the command, never a suite that runs until CI gives up.
@@ -355,11 +388,68 @@ pub struct Service {
     pub name: String,
     pub child: std::process::Child,
     log: Option<std::thread::JoinHandle<String>>,
+    /// What it has logged so far.
+    seen: std::sync::Arc<std::sync::Mutex<String>>,
     /// Where its `/metrics` answers, when started by [`Pipeline::watch_started`].
     pub metrics_port: Option<u16>,
 }
 
+/// The port a stage's log says it serves `/metrics` on (its "serving /metrics and /healthz"
+/// line), if it has said so yet.
+pub fn metrics_port_in(log: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains("serving /metrics and /healthz"))?;
+    let at = line.find("127.0.0.1:")? + "127.0.0.1:".len();
+    line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// A loopback port that refuses connections for as long as this lives: bound, so no other
+/// process can take it, but never listening. (A port found free, let go and then used may be
+/// taken by anything in between.)
+pub struct ClosedPort {
+    fd: i32,
+    pub port: u16,
+}
+
+impl ClosedPort {
+    pub fn new() -> ClosedPort {
+        // SAFETY: plain socket calls on a descriptor this value owns; the address structs are
+        // sized as the calls are told.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            addr.sin_family = libc::AF_INET as libc::sa_family_t;
+            addr.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let rc = libc::bind(fd, (&raw const addr).cast(), len);
+            assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+            let mut got = len;
+            let rc = libc::getsockname(fd, (&raw mut addr).cast(), &mut got);
+            assert_eq!(rc, 0, "getsockname: {}", std::io::Error::last_os_error());
+            ClosedPort { fd, port: u16::from_be(addr.sin_port) }
+        }
+    }
+}
+
+impl Default for ClosedPort {
+    fn default() -> ClosedPort {
+        ClosedPort::new()
+    }
+}
+
+impl Drop for ClosedPort {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is this value's own, closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
 impl Service {
+    /// What the service has logged so far.
+    pub fn log_so_far(&self) -> String {
+        self.seen.lock().unwrap().clone()
+    }
+
     /// Still running (it has not exited by itself)?
     pub fn running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()

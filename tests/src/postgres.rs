@@ -99,9 +99,24 @@ impl Postgres {
             std::fs::write(&hba, text).unwrap();
         }
         let listen = also.iter().map(|(a, _)| a.to_string()).collect();
-        let pg = Postgres { dir, port, bin, ca, listen };
+        let mut pg = Postgres { dir, port, bin, ca, listen };
+        // The port was free when looked at; PostgreSQL binds it itself, so another process may
+        // take it first: then it fails to start, and starts on another.
+        for _ in 0..4 {
+            if pg.pg_ctl_start().status.success() {
+                return pg;
+            }
+            pg.port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        }
         pg.start_again();
         pg
+    }
+
+    fn pg_ctl_start(&self) -> std::process::Output {
+        let log = self.dir.path().join("log");
+        let mut c = self.pg_ctl(&["-w", "-t", "60", "-o", &self.options(), "-l"]);
+        c.arg(&log).arg("start");
+        c.output().unwrap()
     }
 
     fn options(&self) -> String {
@@ -142,10 +157,14 @@ impl Postgres {
 
     /// Starts the server (again) and waits until it accepts connections.
     pub fn start_again(&self) {
-        let log = self.dir.path().join("log");
-        let mut c = self.pg_ctl(&["-w", "-t", "60", "-o", &self.options(), "-l"]);
-        c.arg(&log).arg("start");
-        run(c, "pg_ctl start");
+        let out = self.pg_ctl_start();
+        let log = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}{}{log}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// `pg_ctl stop -m <mode>` (fast: sessions are told; immediate: a crash).

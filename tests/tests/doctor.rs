@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use ferry_tests::clusters::{MiniDfs, S3Server};
 use ferry_tests::proxy::{FaultProxy, Faults};
-use ferry_tests::{Pipeline, files_under};
+use ferry_tests::{ClosedPort, Pipeline, files_under};
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
@@ -31,10 +31,6 @@ fn set_destination(p: &Pipeline, section: &str) {
     let start = cfg.find("[destination]").unwrap();
     let end = cfg.find("[table]").unwrap();
     std::fs::write(&p.config, format!("{}{section}\n{}", &cfg[..start], &cfg[end..])).unwrap();
-}
-
-fn a_free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// The hop failed, and its error and fix say what the test expects.
@@ -149,8 +145,9 @@ fn doctor_tells_each_kind_of_s3_and_postgres_failure_with_its_fix() {
     let (_, v, _) = doctor(&p, &[]);
     failed_with(&v, "destination", "list", "DNS");
 
-    // A port nothing listens on.
-    set_destination(&p, &good.replace(&s3.endpoint, &format!("https://127.0.0.1:{}", a_free_port())));
+    // A port nothing listens on (held so for the test).
+    let closed_port = ClosedPort::new();
+    set_destination(&p, &good.replace(&s3.endpoint, &format!("https://127.0.0.1:{}", closed_port.port)));
     let (_, v, _) = doctor(&p, &[]);
     failed_with(&v, "destination", "refused", "nothing listens");
 
@@ -166,7 +163,7 @@ fn doctor_tells_each_kind_of_s3_and_postgres_failure_with_its_fix() {
 
     // The ledger: a port nothing listens on, then a database that does not exist.
     let port = pg.rsplit_once(':').unwrap().1.split('/').next().unwrap().to_string();
-    let closed = pg.replace(&format!(":{port}/"), &format!(":{}/", a_free_port()));
+    let closed = pg.replace(&format!(":{port}/"), &format!(":{}/", closed_port.port));
     let (_, v, _) = doctor(&p, &["--ledger", &closed]);
     failed_with(&v, "ledger", "connect", "nothing listens");
     assert_eq!(hop(&v, "destination")["ok"], true, "{v}");
@@ -226,7 +223,8 @@ fn a_watch_stage_whose_endpoint_is_wrong_at_start_exits_after_its_start_wait() {
     assert!(took >= Duration::from_secs(2), "it should wait a while first: {took:?}");
 
     // A refused port: exit 1 (a supervisor restarts it: the server may be starting).
-    set_destination(&p, &good.replace(&s3.endpoint, &format!("https://127.0.0.1:{}", a_free_port())));
+    let closed_port = ClosedPort::new();
+    set_destination(&p, &good.replace(&s3.endpoint, &format!("https://127.0.0.1:{}", closed_port.port)));
     let (code, log, _) = exits_at_start(&p, "ferry-load", "2s", Duration::from_secs(60));
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("nothing listens"), "{log}");
@@ -255,7 +253,8 @@ fn a_watch_stage_whose_endpoint_is_wrong_at_start_exits_after_its_start_wait() {
     let q = Pipeline::new("1MiB", "5s", "0s");
     let cfg = std::fs::read_to_string(&q.config).unwrap();
     let line = cfg.lines().find(|l| l.starts_with("url = \"sqlite://")).unwrap().to_string();
-    std::fs::write(&q.config, cfg.replace(&line, &format!("url = \"postgres://postgres@127.0.0.1:{}/postgres\"", a_free_port()))).unwrap();
+    std::fs::write(&q.config, cfg.replace(&line, &format!("url = \"postgres://postgres@127.0.0.1:{}/postgres\"", closed_port.port)))
+        .unwrap();
     let (code, log, _) = exits_at_start(&q, "ferry-transform", "3s", Duration::from_secs(60));
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("ledger") && log.contains("did not answer at start"), "{log}");

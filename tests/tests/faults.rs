@@ -57,10 +57,10 @@ fn run_seed(p: &Pipeline, proxy: &FaultProxy, faults: Faults, seed: u64) -> Run 
     let deadline = Instant::now() + Duration::from_secs(300);
     while Instant::now() < deadline {
         let t = Instant::now();
-        let o = p.stage("ferry-copy");
+        let o = p.stage_round("ferry-copy");
         run.copy_secs += t.elapsed().as_secs_f64();
         logs.push_str(&String::from_utf8_lossy(&o.stderr));
-        let o = p.stage("ferry-load");
+        let o = p.stage_round("ferry-load");
         logs.push_str(&String::from_utf8_lossy(&o.stderr));
         if p.count("SELECT COUNT(*) FROM tasks WHERE state IN ('available','running','retryable')") == 0 {
             break;

@@ -64,7 +64,7 @@ fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
     let mut settled = 0;
     for _ in 0..40 {
         for s in STAGES {
-            let o = p.stage(s);
+            let o = p.stage_round(s);
             settled += String::from_utf8_lossy(&o.stderr).matches("ambiguous close settled").count();
         }
         if p.count("SELECT COUNT(*) FROM tasks WHERE state IN ('available','running','retryable')") == 0 {
@@ -96,7 +96,11 @@ fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
     );
     let on_complete = proxy.counters().pattern_resets.load(std::sync::atomic::Ordering::SeqCst);
     assert!(on_complete >= 2, "resets on complete() were injected");
-    assert!(settled as u64 + failed as u64 >= 1, "the faults were noticed");
+    // Seed 001's failure itself: a reset right after complete() went out leaves the file
+    // closed on the NameNode and the client without an answer. Copy settles that in place
+    // (lease recovery, then the length compared) instead of failing the chunk and copying it
+    // again: at least one of the resets on complete() must have been settled so.
+    assert!(settled >= 1, "no ambiguous complete() was settled in place ({on_complete} resets on complete, {failed} failed attempts)");
     assert!(failed as u64 <= faults, "only chunks hit by a fault are retried: {failed} failed attempts > {faults} faults");
     assert!(redone < chunks, "a reset redoes one chunk, not the job");
     assert_eq!(other, 0, "extract, transform and load never saw a fault");

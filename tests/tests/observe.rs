@@ -38,9 +38,19 @@ struct Prometheus {
 }
 
 impl Prometheus {
+    /// Prometheus (a server of its own: it cannot be handed a bound socket) on a port found
+    /// free; started again on another if something took that port before it bound it.
     fn start(targets: &[u16]) -> Prometheus {
+        for _ in 0..5 {
+            if let Some(p) = Prometheus::start_on(targets, free_port()) {
+                return p;
+            }
+        }
+        panic!("prometheus did not start on any of five ports");
+    }
+
+    fn start_on(targets: &[u16], port: u16) -> Option<Prometheus> {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
         let targets: Vec<String> = targets.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
         let cfg = dir.path().join("prometheus.yml");
         std::fs::write(
@@ -59,13 +69,16 @@ impl Prometheus {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("prometheus is installed by scripts/test.sh (Debian's prometheus package)");
-        let p = Prometheus { child, port, _dir: dir };
+        let mut p = Prometheus { child, port, _dir: dir };
         let t0 = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if p.child.try_wait().unwrap().is_some() {
+                return None; // its port was taken: it exits at once
+            }
             assert!(t0.elapsed() < Duration::from_secs(30), "prometheus did not start");
             std::thread::sleep(Duration::from_millis(200));
         }
-        p
+        Some(p)
     }
 
     /// An instant query: (status, result vector as (labels, value)).
@@ -115,20 +128,11 @@ fn four_watch_services_under_a_real_prometheus_scrape() {
     p.generate("in", "avro", "deflate", 3, 2000, 7);
     let m = Command::new(bin("ferry")).args(["--ledger", &p.ledger_url(), "migrate"]).output().unwrap();
     assert!(m.status.success());
-    let ports: Vec<u16> = STAGES.iter().map(|_| free_port()).collect();
+    // Each service binds a free port itself and says which (see `watch_started`); Prometheus
+    // is then told where to scrape.
+    let services: Vec<ferry_tests::Service> = STAGES.iter().map(|s| p.watch_started(s, &["--progress-interval", "1s"])).collect();
+    let ports: Vec<u16> = services.iter().map(|s| s.metrics_port.unwrap()).collect();
     let prom = Prometheus::start(&ports);
-    let mut services: Vec<Child> = STAGES
-        .iter()
-        .zip(&ports)
-        .map(|(s, port)| {
-            p.command(s)
-                .env("RUST_LOG", "info")
-                .args(["--watch", "--poll", "200ms", "--progress-interval", "1s", "--metrics-addr", &format!("127.0.0.1:{port}")])
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
 
     // Everything published: the load stage's view of the ledger says so, as scraped.
     let chunks = {
@@ -192,13 +196,9 @@ fn four_watch_services_under_a_real_prometheus_scrape() {
     let (_, firing) = prom.query(rules["groups"][0]["rules"][0]["expr"].as_str().unwrap());
     assert!(firing.is_empty(), "{firing:?}");
 
-    for s in services.iter_mut() {
-        sigterm(s);
-    }
     for (name, s) in STAGES.iter().zip(services) {
-        let out = s.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(0), "{name}: {err}");
+        let (code, _, err) = s.stop();
+        assert_eq!(code, Some(0), "{name}: {err}");
         assert!(err.contains("stage starting") && err.contains("stage stopped"), "{name}: {err}");
         let term = err.lines().find(|l| l.contains("shutdown requested")).unwrap_or_else(|| panic!("{name}: {err}"));
         assert!(term.contains(" INFO "), "{name}: SIGTERM is INFO, not a warning: {term}");

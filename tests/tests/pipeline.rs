@@ -104,53 +104,6 @@ fn csv_end_to_end() {
     end_to_end("csv", "null");
 }
 
-/// kill -9 each binary at several points mid-run; re-runs still publish every record exactly
-/// once and leave no temp file behind.
-#[test]
-fn kill_9_at_any_point_then_rerun_is_exactly_once() {
-    let p = Pipeline::new("32KiB", "1s", "0s");
-    // Temp files count as abandoned after a copy deadline plus two leases: 4 s here.
-    let mut cfg = std::fs::read_to_string(&p.config).unwrap();
-    cfg.push_str("\n[copy]\ndeadline = \"2s\"\n");
-    std::fs::write(&p.config, cfg).unwrap();
-    p.generate("in", "avro", "null", 4, 3000, 11);
-    let want = input_digest("avro", &p.path("in"));
-    let mut kills = 0;
-    for (i, stage) in STAGES.iter().enumerate() {
-        // Let the earlier stages finish, so this one has work to be killed in.
-        for s in &STAGES[..i] {
-            p.stage(s);
-        }
-        for delay_ms in [5u64, 40, 120] {
-            let mut child = p.command(stage).arg("--once").spawn().unwrap();
-            std::thread::sleep(Duration::from_millis(delay_ms + rand::random::<u64>() % 30));
-            if child.try_wait().unwrap().is_none() {
-                kills += 1;
-            }
-            let _ = child.kill(); // SIGKILL
-            let _ = child.wait();
-        }
-    }
-    assert!(kills >= 4, "only {kills} kills landed mid-run; the test proves nothing");
-    // Leases of killed workers expire after 1 s; temp files count as abandoned after 4 s.
-    std::thread::sleep(Duration::from_millis(2500));
-    let outs = p.drain(20);
-    for (o, s) in outs.iter().zip(STAGES) {
-        ok(o, s);
-    }
-    // One more pass so gc sees every temp file as stale.
-    std::thread::sleep(Duration::from_millis(4100));
-    for s in STAGES {
-        ok(&p.stage(s), s);
-    }
-    let got = p.table_digest();
-    assert_eq!(got["rows"], want["rows"]);
-    assert_eq!(got["distinct"], want["rows"], "no duplicates");
-    assert_eq!(got["digest"], want["digest"]);
-    assert!(temp_files(p.dir.path()).is_empty(), "temp files left: {:?}", temp_files(p.dir.path()));
-    eprintln!("kill -9: {kills} kills mid-run; attempts not done: {}", p.sql("SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'"));
-}
-
 fn set_old(path: &std::path::Path) {
     let f = std::fs::File::options().write(true).open(path).unwrap();
     f.set_modified(SystemTime::now() - Duration::from_secs(600)).unwrap();

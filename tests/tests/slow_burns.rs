@@ -56,10 +56,10 @@ fn a_file_longer_to_split_than_the_health_window_keeps_the_stage_healthy() {
         .unwrap();
     }
     w.into_inner().unwrap().sync_all().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     // The window is 2 s, not less: the quiet it measures is one step at a time (a chunk's write
     // and sync, one ledger commit), and on a busy 2-core machine a single sync can take a second.
-    let svc = p.watch("ferry-extract", &["--metrics-addr", &format!("127.0.0.1:{port}"), "--health-window", "2s"]);
+    let svc = p.watch_started("ferry-extract", &["--health-window", "2s"]);
+    let port = svc.metrics_port.unwrap();
     let healthz = || -> Option<u16> {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(10))).ok()?;

@@ -169,10 +169,11 @@ fn every_reader_survives_mutated_input() {
         replayed += 1;
     }
     let secs: u64 = std::env::var("FERRY_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
-    let seed: u64 = std::env::var("FERRY_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+    // A fixed seed by default: the suite's run is the same every time, so a red run reproduces
+    // and a green one is not luck. New ground is walked with FERRY_FUZZ_SEED (and
+    // FERRY_FUZZ_SECS), e.g. `FERRY_FUZZ_SEED=$RANDOM FERRY_FUZZ_SECS=600`; an input that
+    // crashes a reader goes into tests/fuzz-regressions, replayed above on every run.
+    let seed: u64 = std::env::var("FERRY_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_f022_0001);
     println!("fuzz: seed {seed} (FERRY_FUZZ_SEED), {secs} s, {replayed} regressions replayed");
     let seeds = seeds();
     let mut rng = Rng(seed);
