@@ -158,6 +158,31 @@ max_bad_records = 5
         s
     }
 
+    /// Copies the pipeline's entries `names` (files or directories under its root) into
+    /// `to`, to be put back by [`Pipeline::restore`]: a test that runs a stage from the same
+    /// state again and again (killed at each step in turn).
+    pub fn save(&self, names: &[&str], to: &Path) {
+        let _ = std::fs::remove_dir_all(to);
+        std::fs::create_dir_all(to).unwrap();
+        for k in names {
+            if self.path(k).exists() {
+                copy_tree(&self.path(k), &to.join(k));
+            }
+        }
+    }
+
+    /// Puts entries `names` back as [`Pipeline::save`] kept them in `from` (an entry that did
+    /// not exist then does not exist after).
+    pub fn restore(&self, names: &[&str], from: &Path) {
+        for k in names {
+            let _ = std::fs::remove_dir_all(self.path(k));
+            let _ = std::fs::remove_file(self.path(k));
+            if from.join(k).exists() {
+                copy_tree(&from.join(k), &self.path(k));
+            }
+        }
+    }
+
     /// Sets `key=value` in the environment of every run of `binary`.
     pub fn stage_env(&self, binary: &str, key: &str, value: &str) {
         self.env.lock().unwrap().push((binary.into(), key.into(), value.into()));
@@ -307,6 +332,14 @@ max_bad_records = 5
     pub fn table_digest(&self) -> serde_json::Value {
         table_digest(&self.path("wh/events"))
     }
+}
+
+/// `cp -a from to` (a file or a whole tree; `to` replaced).
+pub fn copy_tree(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    let out = Command::new("cp").arg("-a").arg(from).arg(to).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Exit codes a stage's `--once` run may end with in a round of retries: 0 (all done), 3

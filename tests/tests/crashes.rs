@@ -6,7 +6,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use ferry_tests::{Pipeline, STAGES, input_digest, output_within, temp_files};
+use ferry_tests::{Pipeline, STAGES, copy_tree, input_digest, output_within, temp_files};
 
 fn ok(o: &Output, what: &str) {
     assert!(o.status.success(), "{what} exited {:?}: {}", o.status.code(), String::from_utf8_lossy(&o.stderr));
@@ -34,22 +34,10 @@ fn each_stage_killed_at_every_step_then_rerun_is_exactly_once() {
             // The ledger's file exists before the first stage runs, so every kill starts from it.
             ok(&p.command("ferry").arg("migrate").output().unwrap(), "migrate");
         }
-        let _ = std::fs::remove_dir_all(&saved);
-        std::fs::create_dir_all(&saved).unwrap();
-        for k in state {
-            if p.path(k).exists() {
-                copy_tree(&p.path(k), &saved.join(k));
-            }
-        }
+        p.save(&state, &saved);
         let mut killed = 0;
         for at in 1..2000 {
-            for k in state {
-                let _ = std::fs::remove_dir_all(p.path(k));
-                let _ = std::fs::remove_file(p.path(k));
-                if saved.join(k).exists() {
-                    copy_tree(&saved.join(k), &p.path(k));
-                }
-            }
+            p.restore(&state, &saved);
             let o = output_within(p.command(stage).arg("--once").env("FERRY_TEST_CRASH_AT", at.to_string()), Duration::from_secs(120));
             if !String::from_utf8_lossy(&o.stderr).contains("FERRY_TEST_CRASH_AT: killed") {
                 ok(&o, &format!("{stage} run to its end"));
@@ -94,11 +82,4 @@ fn each_stage_killed_at_every_step_then_rerun_is_exactly_once() {
         assert_eq!(got["distinct"], want["rows"], "{what}: no duplicates");
         assert_eq!(got["digest"], want["digest"], "{what}: every field");
     }
-}
-
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
-    let _ = std::fs::remove_dir_all(to);
-    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-    let out = std::process::Command::new("cp").arg("-a").arg(from).arg(to).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferry_tests::{Pipeline, STAGES, delta_digest, input_digest, output_within, spark_delta_digests, spark_delta_digests_s3};
+use ferry_tests::{Pipeline, STAGES, copy_tree, delta_digest, input_digest, output_within, spark_delta_digests, spark_delta_digests_s3};
 
 /// A pipeline whose table is a Delta table.
 fn delta_pipeline(chunk: &str) -> Pipeline {
@@ -408,12 +408,6 @@ fn compacted_files_hold_every_part_once_through_a_switch_a_second_compaction_and
 }
 
 /// Copies `from` into `to` (a directory tree), replacing `to`.
-fn copy_tree(from: &Path, to: &Path) {
-    let _ = std::fs::remove_dir_all(to);
-    let out = Command::new("cp").arg("-a").arg(from).arg(to).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
 #[test]
 fn load_killed_at_every_step_leaves_every_record_once() {
     let p = delta_pipeline("16KiB");
@@ -425,24 +419,13 @@ fn load_killed_at_every_step_leaves_every_record_once() {
     let want = input_digest("jsonl", &p.path("in"));
     // The state before load, put back before each kill.
     let saved = p.path("saved");
-    std::fs::create_dir_all(&saved).unwrap();
     let keep = ["ledger.db", "ledger.db-wal", "ledger.db-shm", "wh"];
-    for k in keep {
-        if p.path(k).exists() {
-            copy_tree(&p.path(k), &saved.join(k));
-        }
-    }
+    p.save(&keep, &saved);
     let results = p.path("results");
     std::fs::create_dir_all(&results).unwrap();
     let (mut killed, mut refused) = (0, 0);
     for at in 1..400 {
-        for k in keep {
-            let _ = std::fs::remove_dir_all(p.path(k));
-            let _ = std::fs::remove_file(p.path(k));
-            if saved.join(k).exists() {
-                copy_tree(&saved.join(k), &p.path(k));
-            }
-        }
+        p.restore(&keep, &saved);
         let o = output_within(
             p.command("ferry-load").arg("--once").env("FERRY_TEST_CRASH_AT", at.to_string()),
             std::time::Duration::from_secs(120),

@@ -99,8 +99,12 @@ fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
     // Seed 001's failure itself: a reset right after complete() went out leaves the file
     // closed on the NameNode and the client without an answer. Copy settles that in place
     // (lease recovery, then the length compared) instead of failing the chunk and copying it
-    // again: at least one of the resets on complete() must have been settled so.
-    assert!(settled >= 1, "no ambiguous complete() was settled in place ({on_complete} resets on complete, {failed} failed attempts)");
+    // again: most resets on complete() (all, in the runs seen; some may land on a settle's own
+    // calls) must have been settled so.
+    assert!(
+        settled as u64 * 2 >= on_complete,
+        "{settled} ambiguous complete() settled in place for {on_complete} resets on complete ({failed} failed attempts)"
+    );
     assert!(failed as u64 <= faults, "only chunks hit by a fault are retried: {failed} failed attempts > {faults} faults");
     assert!(redone < chunks, "a reset redoes one chunk, not the job");
     assert_eq!(other, 0, "extract, transform and load never saw a fault");
@@ -144,7 +148,9 @@ fn a_namenode_that_never_answers_costs_a_deadline_not_the_job() {
     );
     assert!(proxy.counters().hangs.load(std::sync::atomic::Ordering::SeqCst) >= 1, "hangs were injected");
     assert!(hung >= 1, "a hung call ended at its deadline and was recorded");
-    assert!(copied >= 1 && copied < chunks + 1, "the other chunks kept flowing: {copied}");
+    // Every chunk but those on the two hung connections went through in that pass; those did
+    // not (their retries are due later).
+    assert!(copied >= chunks - hung && copied < chunks, "the other chunks kept flowing: {copied} of {chunks} copied, {hung} hung");
     assert!(first_pass < Duration::from_secs(90), "no call waited past its deadline: {first_pass:?}");
     p.drain(40);
     let want = input_digest("jsonl", &p.path("in"));
