@@ -81,12 +81,7 @@ async fn delta_steps(s: &mut Steps, cfg: &Config) -> Result<(), ()> {
     if let Some(why) = snapshot.unwritable(&store.url(name)) {
         return s.fail("table features", why);
     }
-    let partitioned: Vec<String> = snapshot
-        .metadata
-        .as_ref()
-        .and_then(|m| m.get("partitionColumns"))
-        .and_then(|v| v.as_array())
-        .map_or(vec![], |a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect());
+    let partitioned = snapshot.partition_columns();
     if partitioned != cfg.table.partition_by {
         return s.fail(
             "partition columns",

@@ -37,14 +37,8 @@ impl Snapshot {
     /// table in the message.
     pub fn unwritable(&self, table: &str) -> Option<String> {
         let refuse = |what: String| Some(format!("Delta table {table} uses {what}, which Ferry does not write; {ADVICE}"));
-        let p = self.protocol.as_ref();
-        let num = |k: &str| p.and_then(|p| p.get(k)).and_then(Value::as_i64).unwrap_or(1);
-        let (reader, writer) = (num("minReaderVersion"), num("minWriterVersion"));
-        let list = |k: &str| -> Vec<String> {
-            p.and_then(|p| p.get(k))
-                .and_then(Value::as_array)
-                .map_or(vec![], |a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
-        };
+        let (reader, writer) = self.protocol_versions();
+        let list = |k: &str| self.protocol_features(k);
         if reader > 3 || writer > 7 || (reader == 3 && writer != 7) {
             return refuse(format!("Delta protocol reader {reader} / writer {writer}"));
         }
@@ -82,6 +76,31 @@ impl Snapshot {
             }
         }
         None
+    }
+
+    /// The protocol's (minReaderVersion, minWriterVersion); 1 for a version it leaves out.
+    pub fn protocol_versions(&self) -> (i64, i64) {
+        let num = |k: &str| self.protocol.as_ref().and_then(|p| p.get(k)).and_then(Value::as_i64).unwrap_or(1);
+        (num("minReaderVersion"), num("minWriterVersion"))
+    }
+
+    /// The protocol's `readerFeatures` or `writerFeatures` (`key`): empty below reader 3 /
+    /// writer 7.
+    pub fn protocol_features(&self, key: &str) -> Vec<String> {
+        self.protocol
+            .as_ref()
+            .and_then(|p| p.get(key))
+            .and_then(Value::as_array)
+            .map_or(vec![], |a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
+    }
+
+    /// The table's partition columns (`metaData.partitionColumns`).
+    pub fn partition_columns(&self) -> Vec<String> {
+        self.metadata
+            .as_ref()
+            .and_then(|m| m.get("partitionColumns"))
+            .and_then(Value::as_array)
+            .map_or(vec![], |a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
     }
 
     /// `delta.appendOnly = true`: no commit may remove a file with `dataChange = true` (a

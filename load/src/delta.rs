@@ -154,18 +154,16 @@ impl Plan<'_> {
     /// type asks for (timestamp_ntz: the `timestampNtz` table feature). An upgrade keeps
     /// every feature the table has and adds only that one.
     fn protocol_change(&self, s: &Snapshot) -> Option<Value> {
-        let Some(have) = s.protocol.as_ref() else { return Some(delta::protocol(&self.columns)) };
+        if s.protocol.is_none() {
+            return Some(delta::protocol(&self.columns));
+        }
         if !self.columns.iter().any(|c| c.detail.contains("timestamp_ntz")) {
             return None;
         }
-        let num = |k: &str| have.get(k).and_then(Value::as_i64).unwrap_or(1);
-        let features = |k: &str| -> Vec<String> {
-            have.get(k).and_then(Value::as_array).map_or(vec![], |a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
-        };
-        let (mut readers, mut writers) = (features("readerFeatures"), features("writerFeatures"));
-        if num("minWriterVersion") < 7 {
+        let (mut readers, mut writers) = (s.protocol_features("readerFeatures"), s.protocol_features("writerFeatures"));
+        let (_, w) = s.protocol_versions();
+        if w < 7 {
             // A table of the legacy protocol: its writer version names the features it has.
-            let w = num("minWriterVersion");
             for (since, f) in
                 [(2, "appendOnly"), (2, "invariants"), (3, "checkConstraints"), (4, "changeDataFeed"), (4, "generatedColumns")]
             {
@@ -206,9 +204,8 @@ impl Plan<'_> {
             let id = table_id(&self.pipeline, &self.table, self.now_ms);
             return delta::metadata(&id, &self.table, &self.columns, &self.partition_by, self.now_ms).map(Some);
         };
-        let partitioned: Vec<&str> =
-            current.get("partitionColumns").and_then(Value::as_array).map_or(vec![], |a| a.iter().filter_map(Value::as_str).collect());
-        if partitioned != self.partition_by.iter().map(String::as_str).collect::<Vec<_>>() {
+        let partitioned = s.partition_columns();
+        if partitioned != self.partition_by {
             return Err(DeltaError::Schema(format!(
                 "Delta table {} is partitioned by {partitioned:?}, [table] partition_by says {:?}: a Delta table keeps its \
                  partition columns; set partition_by to the table's, or load into a new table",
