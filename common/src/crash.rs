@@ -26,6 +26,20 @@ mod imp {
     }
 }
 
+/// Kills the process with SIGKILL now (debug builds only: a test's gate asked for it).
+#[cfg(debug_assertions)]
+pub fn kill_now(what: &str) {
+    eprintln!("FERRY_TEST: killed {what}");
+    // SAFETY: kill(2) on our own pid with a valid signal number has no preconditions.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+}
+
+/// Release builds: nothing (no test gate exists there).
+#[cfg(not(debug_assertions))]
+pub fn kill_now(_what: &str) {}
+
 /// A step of the process's work, where a test may kill it (debug builds only).
 #[cfg(debug_assertions)]
 pub fn point(what: &str) {

@@ -296,7 +296,10 @@ impl Loader {
         let name = &self.cfg.table.name;
         let replace = self.cfg.source.versions == ferry_runtime::config::Versions::Replace;
         let dest = self.dest.isolated()?;
-        if replace && self.ledger.newer_version_published(&lease.chunk_id).await?.is_some() && self.withdraw_delta(&dest, &lease).await? {
+        if replace
+            && self.ledger.newer_version_published(&lease.chunk_id).await?.is_some()
+            && self.withdraw_delta(&dest, &lease, table).await?
+        {
             return Ok(Work::default());
         }
         let version = if replace { Some(self.ledger.version_of(&lease.chunk_id).await?) } else { None };
@@ -344,10 +347,14 @@ impl Loader {
             now_ms: self.ledger.now_ms(),
         };
         let mut found = Found::default();
+        let kill_after_commit = commit_gate().await;
         let committed = {
             let mut cached = table.snapshot.lock().await;
             table.log.commit_parts(&mut cached, plan.now_ms, |s| plan.actions(s, &mut found)).await.map_err(table_error)?
         };
+        if kill_after_commit {
+            ferry_common::crash::kill_now("after the commit (FERRY_TEST_DELTA_COMMIT_GATE)");
+        }
         if found.unplaced {
             return Err(LoadError::Stage(LoadFailure::Waiting {
                 reason: "a merged file that held some of its parts was rewritten meanwhile; placing them again".into(),
@@ -356,7 +363,7 @@ impl Loader {
         }
         if found.superseded {
             tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file is in the table; not added");
-            if self.withdraw_delta(&dest, &lease).await? {
+            if self.withdraw_delta(&dest, &lease, table).await? {
                 return Ok(Work::default());
             }
             return Err(LoadError::Stage(LoadFailure::Waiting {
@@ -435,14 +442,37 @@ impl Loader {
         }
     }
 
-    /// A superseded chunk of a Delta table: recorded as withdrawn, its landed files removed.
-    /// Its parts in the table directory stay: a commit may have added them before a newer
-    /// version removed them, and a reader of that older table version still reads them
-    /// (a vacuum removes them past the retention).
-    async fn withdraw_delta(&self, dest: &Store, lease: &Lease) -> Result<bool, LoadError> {
+    /// A superseded chunk of a Delta table: recorded as withdrawn, its files taken out of the
+    /// table, its landed files removed. A file of the chunk still active was added by a commit
+    /// of this chunk that came after the newer version's switch (which removes every file of
+    /// older versions it sees): the chunk looked before the switch was recorded and committed
+    /// after it, and was stopped before the commit that takes its files back out, or the newer
+    /// version has no rows and so nothing in the table told the commit it was superseded. The
+    /// removal is its own commit, made after the withdrawal is recorded (and durable), so a
+    /// revert of these bytes, which waits for the withdrawal, finds them out of the table. The
+    /// removed files stay in the directory for readers of older table versions until a vacuum.
+    async fn withdraw_delta(&self, dest: &Store, lease: &Lease, table: &DeltaTable) -> Result<bool, LoadError> {
         let chunk = lease.chunk_id.as_str();
         let Some(newer) = self.ledger.begin_withdrawal(lease).await? else { return Ok(false) };
         tracing::info!(chunk, newer_version = newer, "withdrawing: a newer version of its source file is in the table");
+        crate::withdraw_gate().await;
+        self.ledger.make_durable().await?;
+        let now_ms = self.ledger.now_ms();
+        let removed = {
+            let mut cached = table.snapshot.lock().await;
+            table
+                .log
+                .commit_parts(&mut cached, now_ms, |s| {
+                    let drop: Vec<String> =
+                        s.parts().map(|(f, _, _)| f).filter(|f| chunk_of(f) == Some(chunk)).map(str::to_string).collect();
+                    Ok((!drop.is_empty()).then(|| Change { actions: vec![delta::commit_info("DELETE", &[chunk], now_ms)], drop }))
+                })
+                .await
+                .map_err(table_error)?
+        };
+        if let Some(v) = removed {
+            tracing::info!(chunk, table_version = v, "took the superseded chunk's files out of the table");
+        }
         for p in self.ledger.parts(chunk).await? {
             let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
             if let Err(e) = dest.delete(&landed).await {
@@ -451,6 +481,23 @@ impl Loader {
         }
         Ok(true)
     }
+}
+
+/// Tests hold the first commit of this process before it is made (debug builds only):
+/// `FERRY_TEST_DELTA_COMMIT_GATE=DIR`; if `DIR/kill` exists at `go`, the process is killed
+/// right after the commit, before anything records it. True: kill after the commit.
+async fn commit_gate() -> bool {
+    #[cfg(debug_assertions)]
+    {
+        static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if let Some(dir) = ferry_runtime::gate::dir("FERRY_TEST_DELTA_COMMIT_GATE", None)
+            && !USED.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            ferry_runtime::gate::hold_async(&dir).await;
+            return dir.join("kill").exists();
+        }
+    }
+    false
 }
 
 #[cfg(test)]

@@ -261,16 +261,7 @@ impl Loader {
             return Ok(false);
         };
         tracing::info!(chunk, newer_version = newer, "withdrawing: a newer version of its source file is published");
-        // Tests hold the first withdrawal of this process here, its record made.
-        #[cfg(debug_assertions)]
-        {
-            static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-            if let Some(dir) = ferry_runtime::gate::dir("FERRY_TEST_WITHDRAW_GATE", None)
-                && !USED.swap(true, std::sync::atomic::Ordering::SeqCst)
-            {
-                ferry_runtime::gate::hold_async(&dir).await;
-            }
-        }
+        withdraw_gate().await;
         // Durable before destructive: the newer version's record, which makes these files
         // unnecessary, may be another process's commit still in the page cache.
         self.ledger.make_durable().await?;
@@ -924,4 +915,18 @@ async fn test_fault(moved: usize) -> Option<LoadError> {
 #[cfg(not(debug_assertions))]
 async fn test_fault(_moved: usize) -> Option<LoadError> {
     None
+}
+
+/// Tests hold the first withdrawal of this process at its record (debug builds only):
+/// `FERRY_TEST_WITHDRAW_GATE=DIR`.
+async fn withdraw_gate() {
+    #[cfg(debug_assertions)]
+    {
+        static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if let Some(dir) = ferry_runtime::gate::dir("FERRY_TEST_WITHDRAW_GATE", None)
+            && !USED.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            ferry_runtime::gate::hold_async(&dir).await;
+        }
+    }
 }

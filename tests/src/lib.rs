@@ -87,6 +87,16 @@ max_bad_records = 5
         Pipeline { dir, config, env: Default::default() }
     }
 
+    /// Sets `[destination] table_format` (`"hive"` is the default; `"delta"` makes the table
+    /// a Delta table, which [`Pipeline::table_digest`] then reads through delta-rs).
+    pub fn table_format(self, format: &str) -> Pipeline {
+        let cfg = std::fs::read_to_string(&self.config).unwrap();
+        let line = format!("url = \"{}/wh\"", self.dir.path().display());
+        assert!(cfg.contains(&line), "the destination line");
+        std::fs::write(&self.config, cfg.replace(&line, &format!("{line}\ntable_format = \"{format}\""))).unwrap();
+        self
+    }
+
     /// Points the config's `ledger.url` at `url` (a Postgres ledger).
     pub fn use_ledger(&self, url: &str) {
         let cfg = std::fs::read_to_string(&self.config).unwrap();
@@ -327,10 +337,12 @@ max_bad_records = 5
         v.parse().unwrap_or_else(|_| panic!("{q}: not a number: {v:?}"))
     }
 
-    /// Digest of the published table read by pyarrow: rows, distinct ids, and a hash of all
-    /// rows in a canonical form.
+    /// Digest of the published table: rows, distinct ids, and a hash of all rows in a
+    /// canonical form. A Hive table is read by pyarrow, a Delta table (one with a
+    /// `_delta_log`) by delta-rs at its latest version.
     pub fn table_digest(&self) -> serde_json::Value {
-        table_digest(&self.path("wh/events"))
+        let dir = self.path("wh/events");
+        if dir.join("_delta_log").exists() { delta_digest(&dir, None) } else { table_digest(&dir) }
     }
 }
 

@@ -11,12 +11,7 @@ use ferry_tests::{Pipeline, STAGES, copy_tree, delta_digest, input_digest, outpu
 
 /// A pipeline whose table is a Delta table.
 fn delta_pipeline(chunk: &str) -> Pipeline {
-    let p = Pipeline::new(chunk, "30s", "0s");
-    let cfg = std::fs::read_to_string(&p.config).unwrap();
-    let line = format!("url = \"{}/wh\"", p.dir.path().display());
-    assert!(cfg.contains(&line), "the destination line");
-    std::fs::write(&p.config, cfg.replace(&line, &format!("{line}\ntable_format = \"delta\""))).unwrap();
-    p
+    Pipeline::new(chunk, "30s", "0s").table_format("delta")
 }
 
 fn table(p: &Pipeline) -> PathBuf {
