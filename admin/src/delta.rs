@@ -173,6 +173,10 @@ pub struct Vacuumed {
     pub untracked: usize,
     /// Removed files still within the retention, kept.
     pub kept: usize,
+    /// Removed parts past the retention kept because their chunk is at work again (a revert
+    /// or a rerun brings the same bytes back under the same name, and a load may be about to
+    /// add the file again).
+    pub again: usize,
     pub version: i64,
 }
 
@@ -202,21 +206,41 @@ pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, 
     let chunks: Vec<String> = listed.iter().filter_map(|(rel, _, _)| ferry_delta::chunk_of(rel).map(str::to_string)).collect();
     let settled = ledger.settled_chunks(&chunks).await?;
     let log = DeltaLog::new(dest.clone(), table);
-    let s = log.snapshot_with_history().await.map_err(log_error)?;
+    let mut s = log.snapshot_with_history().await.map_err(log_error)?;
     let mut out = Vacuumed { version: s.version, ..Default::default() };
-    let live: HashSet<&str> = s.files.keys().map(String::as_str).collect();
-    let mut gone: Vec<(String, i64)> = Vec::new();
+    let mut removed: Vec<(String, i64)> = Vec::new();
     for (rel, r) in &s.removed {
-        if live.contains(rel.as_str()) {
+        if s.files.contains_key(rel) {
             continue;
         }
         let at = r.get("deletionTimestamp").and_then(serde_json::Value::as_i64).unwrap_or(i64::MAX);
         if at < cutoff_ms {
-            gone.push((rel.clone(), r.get("size").and_then(serde_json::Value::as_i64).unwrap_or(0)));
+            removed.push((rel.clone(), r.get("size").and_then(serde_json::Value::as_i64).unwrap_or(0)));
         } else {
             out.kept += 1;
         }
     }
+    // A removed part's name comes back when its bytes do (a correction undone, a rerun of the
+    // same bytes): a load of its chunk may have placed it again and be about to commit its
+    // add. Such parts stay while the ledger, read after the log, shows their chunk at work; and
+    // the log is read again after the ledger, so a load that added one and recorded it in
+    // between is seen too.
+    let chunks: Vec<String> = removed.iter().filter_map(|(rel, _)| ferry_delta::chunk_of(rel).map(str::to_string)).collect();
+    let settled_now = ledger.settled_chunks(&chunks).await?;
+    log.catch_up(&mut s).await.map_err(log_error)?;
+    out.version = s.version;
+    let mut gone: Vec<(String, i64)> = Vec::new();
+    for (rel, size) in removed {
+        if s.files.contains_key(&rel) {
+            continue;
+        }
+        if ferry_delta::chunk_of(&rel).is_some_and(|c| !settled_now.contains(c)) {
+            out.again += 1;
+            continue;
+        }
+        gone.push((rel, size));
+    }
+    let live: HashSet<&str> = s.files.keys().map(String::as_str).collect();
     for (rel, size, _) in listed {
         if live.contains(rel.as_str()) || s.removed.contains_key(&rel) {
             continue;

@@ -580,12 +580,13 @@ async fn vacuum(
     }
     println!(
         "Delta table {table} at version {}: {verb} {} removed file(s) and {} file(s) no version names, {} bytes; {} removed \
-         file(s) within the retention kept",
+         file(s) within the retention kept, {} kept for chunks at work again",
         v.version,
         v.files - v.untracked,
         v.untracked,
         v.bytes,
-        v.kept
+        v.kept,
+        v.again
     );
     Ok(exit::OK)
 }

@@ -29,10 +29,16 @@
 //!   the snapshot, never assumed: are the chunk's files active? A commit whose reply was lost
 //!   (or whose writer was killed after the create) is found there by the retry, which then
 //!   writes nothing. Each commit also carries a `txn` action per chunk (`appId` =
-//!   `ferry:<pipeline>:<chunk>`, `version` = the load lease's epoch, which only grows), so
-//!   readers and `ferry verify` can tell which commit brought which chunk; Delta keeps the
-//!   latest per app id, and the table's `delta.setTransactionRetentionDuration` (7 days) lets
-//!   checkpoints drop those of chunks loaded long ago.
+//!   `ferry:<pipeline>:<chunk>`, `version` = the load lease's epoch, or one past the chunk's
+//!   last if that is higher: per chunk it only grows), so readers and `ferry verify` can tell
+//!   which commit brought which chunk; Delta keeps the latest per app id, and the table's
+//!   `delta.setTransactionRetentionDuration` (7 days) lets checkpoints drop those of chunks
+//!   loaded long ago.
+//! - **A load past its lease writes nothing.** A commit that would carry a chunk some commit
+//!   carried since the load last confirmed its lease (a retry, a rerun, a sibling a switch
+//!   took in) confirms the lease with the ledger first and is planned again; a load whose
+//!   lease another claim took (paused, or cut off from the ledger while it still reached the
+//!   store) stops there, so it never undoes the newer load's commit.
 //! - **The ledger stays the authority on what belongs in the table** (which chunks, which
 //!   version of each source file); the log is where it becomes visible, in one step per
 //!   commit. The ledger records a chunk after its commit: a crash between the two leaves the

@@ -48,6 +48,10 @@ impl DeltaTable {
     }
 }
 
+/// How many times a commit confirms its lease because other commits carried its chunks
+/// meanwhile, before it waits and tries again later.
+const CONFIRM_ROUNDS: usize = 5;
+
 /// A store's error keeps its class; what the log or the schema refuses is the chunk's.
 fn table_error(e: DeltaError) -> LoadError {
     match e {
@@ -88,9 +92,17 @@ struct Plan<'a> {
     now_ms: i64,
 }
 
+/// The `txn` version each chunk of a plan has in a snapshot (None: no commit carried one).
+type Txns = HashMap<String, Option<i64>>;
+
 /// What planning found, besides the actions.
 #[derive(Default)]
 struct Found {
+    /// A commit carried a chunk of this plan since this load last confirmed its lease (or it
+    /// never did): the lease is confirmed with the ledger, then the plan made again. Written
+    /// is nothing until then: the other commit may be a newer load of the chunk, and this one
+    /// a load paused past its lease (a zombie), whose commit would undo the newer one's.
+    confirm: Option<Txns>,
     /// A newer version of the source file is in the table: this chunk must not be.
     superseded: bool,
     /// A part to add was not placed (a merged file held it when load looked, and no longer).
@@ -101,7 +113,12 @@ impl Plan<'_> {
     /// The commit's actions against snapshot `s` and the parts it takes out, or None when there
     /// is nothing to write: every part is in and nothing is to go (a retry after a commit that
     /// landed).
-    fn actions(&self, s: &Snapshot, found: &mut Found) -> Result<Option<Change>, DeltaError> {
+    fn actions(&self, s: &Snapshot, confirmed: Option<&Txns>, found: &mut Found) -> Result<Option<Change>, DeltaError> {
+        let txns: Txns = self.chunks.iter().map(|c| (c.to_string(), s.txns.get(&self.app_id(c)).map(|t| t.version))).collect();
+        if txns.values().any(Option::is_some) && confirmed != Some(&txns) {
+            found.confirm = Some(txns);
+            return Ok(None);
+        }
         let version_of = |rel: &str| self.version.as_ref().and_then(|(_, all)| all.get(chunk_of(rel)?).copied());
         if let Some((mine, _)) = &self.version {
             found.superseded = s.parts().any(|(f, _, _)| version_of(f).is_some_and(|v| v > *mine));
@@ -144,10 +161,20 @@ impl Plan<'_> {
         for (rel, p) in adds {
             actions.push(delta::add(rel, &delta::partition_values(&p.partition), p.bytes, p.records, p.stats.as_deref(), self.now_ms));
         }
+        // Each chunk's txn version only grows: this lease's epoch, or one past the last one
+        // (a sibling carried by another chunk's switch, a chunk whose tasks were pruned and
+        // made again start their epochs lower).
         for c in chunks {
-            actions.push(delta::txn(&format!("ferry:{}:{c}", self.pipeline), self.epoch, self.now_ms));
+            let app = self.app_id(c);
+            let version = s.txns.get(&app).map_or(self.epoch, |t| self.epoch.max(t.version + 1));
+            actions.push(delta::txn(&app, version, self.now_ms));
         }
         Ok(Some(Change { actions, drop }))
+    }
+
+    /// The `txn` app id of a chunk of this pipeline.
+    fn app_id(&self, chunk: &str) -> String {
+        format!("ferry:{}:{chunk}", self.pipeline)
     }
 
     /// The protocol action this commit needs: the table's first, or an upgrade a new column's
@@ -346,11 +373,32 @@ impl Loader {
             pipeline: self.cfg.pipeline.clone(),
             now_ms: self.ledger.now_ms(),
         };
-        let mut found = Found::default();
         let kill_after_commit = commit_gate().await;
-        let committed = {
-            let mut cached = table.snapshot.lock().await;
-            table.log.commit_parts(&mut cached, plan.now_ms, |s| plan.actions(s, &mut found)).await.map_err(table_error)?
+        let mut confirmed: Option<Txns> = None;
+        let mut rounds = 0;
+        let (committed, found) = loop {
+            let mut found = Found::default();
+            let committed = {
+                let mut cached = table.snapshot.lock().await;
+                table
+                    .log
+                    .commit_parts(&mut cached, plan.now_ms, |s| plan.actions(s, confirmed.as_ref(), &mut found))
+                    .await
+                    .map_err(table_error)?
+            };
+            let Some(txns) = found.confirm.take() else { break (committed, found) };
+            // The fence: a load whose lease another claim took fails here (LeaseLost) and
+            // writes nothing. The ledger's answer holds for the snapshot it was asked about; a
+            // commit of these chunks after it asks again.
+            rounds += 1;
+            if rounds > CONFIRM_ROUNDS {
+                return Err(LoadError::Stage(LoadFailure::Waiting {
+                    reason: "other commits keep carrying this chunk; trying again later".into(),
+                    after: WAIT_BRIEFLY,
+                }));
+            }
+            self.ledger.heartbeat(&lease).await?;
+            confirmed = Some(txns);
         };
         if kill_after_commit {
             ferry_common::crash::kill_now("after the commit (FERRY_TEST_DELTA_COMMIT_GATE)");
@@ -542,6 +590,42 @@ mod tests {
         }
     }
 
+    /// The plan's change against `s` once the lease is confirmed (as the load does when a
+    /// commit carried one of its chunks before).
+    fn confirmed(p: &Plan, s: &Snapshot, found: &mut Found) -> Result<Option<Change>, DeltaError> {
+        let first = p.actions(s, None, found)?;
+        match found.confirm.take() {
+            Some(txns) => p.actions(s, Some(&txns), found),
+            None => Ok(first),
+        }
+    }
+
+    #[test]
+    fn a_chunk_committed_before_confirms_the_lease_first_and_its_txn_version_only_grows() {
+        let mut s = Snapshot { version: -1, ..Default::default() };
+        let v1 = [part("aaaa", "dt=1", "11111111ff")];
+        let mut found = Found::default();
+        let first = plan(&v1, None, false).actions(&s, None, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        assert!(found.confirm.is_none(), "a chunk no commit carried yet: no confirmation");
+        apply(&mut s, &first);
+        assert_eq!(s.txns["ferry:p:aaaa"].version, 4, "the lease's epoch");
+        // Made again later, with other bytes, by a task whose epochs started again lower (its
+        // tasks pruned and made again): the lease is confirmed first, then the txn is past the last.
+        let rerun = [part("aaaa", "dt=1", "33333333ff")];
+        let mut later = plan(&rerun, None, false);
+        later.epoch = 1;
+        assert!(later.actions(&s, None, &mut found).unwrap().is_none(), "nothing written before the lease is confirmed");
+        let txns = found.confirm.take().expect("a confirmation asked for");
+        assert_eq!(txns, HashMap::from([("aaaa".to_string(), Some(4))]));
+        let change = later.actions(&s, Some(&txns), &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        assert!(found.confirm.is_none());
+        apply(&mut s, &change);
+        assert_eq!(s.txns["ferry:p:aaaa"].version, 5, "never backwards");
+        // A commit that carried the chunk after the confirmation asks for another.
+        assert!(later.actions(&s, Some(&txns), &mut found).unwrap().is_none());
+        assert_eq!(found.confirm.take(), Some(HashMap::from([("aaaa".to_string(), Some(5))])));
+    }
+
     fn kinds(actions: &[Value]) -> Vec<String> {
         actions.iter().map(|a| a.as_object().unwrap().keys().next().unwrap().clone()).collect()
     }
@@ -565,27 +649,27 @@ mod tests {
         let v1 = [part("aaaa", "dt=1", "11111111ff"), part("aaaa", "dt=2", "22222222ff")];
         let every = [("aaaa", 1), ("bbbb", 2)];
         let mut found = Found::default();
-        let first = plan(&v1, Some((1, &every)), false).actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let first = confirmed(&plan(&v1, Some((1, &every)), false), &s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         assert_eq!(kinds(&first), ["commitInfo", "protocol", "metaData", "add", "add", "txn"]);
         apply(&mut s, &first);
         assert_eq!(s.files.len(), 2);
         // The same chunk again (a lost reply): nothing to write.
-        assert!(plan(&v1, Some((1, &every)), false).actions(&s, &mut found).unwrap().is_none());
+        assert!(confirmed(&plan(&v1, Some((1, &every)), false), &s, &mut found).unwrap().is_none());
         // A rerun with other bytes in one partition: the new name in, the old one out, at once.
         let rerun = [part("aaaa", "dt=1", "33333333ff"), part("aaaa", "dt=2", "22222222ff")];
-        let swap = plan(&rerun, Some((1, &every)), false).actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let swap = confirmed(&plan(&rerun, Some((1, &every)), false), &s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         assert_eq!(kinds(&swap), ["commitInfo", "add", "txn", "remove"]);
         apply(&mut s, &swap);
         assert!(s.files.contains_key("dt=1/part-aaaa-33333333.parquet") && !s.files.contains_key("dt=1/part-aaaa-11111111.parquet"));
         // Version 2 of the file replaces version 1: its add and version 1's removes together.
         let v2 = [part("bbbb", "dt=1", "44444444ff")];
-        let switch = plan(&v2, Some((2, &every)), true).actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let switch = confirmed(&plan(&v2, Some((2, &every)), true), &s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         assert_eq!(kinds(&switch), ["commitInfo", "add", "txn", "remove", "remove"]);
         apply(&mut s, &switch);
         assert_eq!(s.files.keys().collect::<Vec<_>>(), ["dt=1/part-bbbb-44444444.parquet"]);
         // Version 1's chunk, late (its commit lost the race to the switch): superseded, nothing written.
         let mut late = Found::default();
-        assert!(plan(&v1, Some((1, &every)), false).actions(&s, &mut late).unwrap().is_none());
+        assert!(confirmed(&plan(&v1, Some((1, &every)), false), &s, &mut late).unwrap().is_none());
         assert!(late.superseded);
     }
 
@@ -595,15 +679,15 @@ mod tests {
         let ps = [part("aaaa", "dt=1", "11111111ff")];
         let mut found = Found::default();
         let p = plan(&ps, None, false);
-        let first = p.actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let first = confirmed(&p, &s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         apply(&mut s, &first);
         let mut wider = plan(&ps, None, false);
         wider.columns.push(SchemaColumn { name: "m".into(), hive: "STRING".into(), detail: "string".into(), nullable: true });
-        let change = wider.actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let change = confirmed(&wider, &s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         assert_eq!(kinds(&change), ["commitInfo", "metaData", "txn"]);
         let mut retyped = plan(&ps, None, false);
         retyped.columns[0].detail = "string".into();
-        let e = retyped.actions(&s, &mut found).unwrap_err().to_string();
+        let e = confirmed(&retyped, &s, &mut found).unwrap_err().to_string();
         assert!(e.contains("\"n\"") && e.contains("typeWidening"), "{e}");
     }
 
@@ -630,12 +714,12 @@ mod tests {
         let ps = [part("aaaa", "dt=1", "11111111ff")];
         let mut found = Found::default();
         // The same columns (other key order, a comment): no metaData at all.
-        let same = plan(&ps, None, false).actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let same = confirmed(&plan(&ps, None, false), &s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         assert_eq!(kinds(&same), ["commitInfo", "add", "txn"]);
         // A new nullable column: the current metaData with it appended, nothing else changed.
         let mut wider = plan(&ps, None, false);
         wider.columns.push(SchemaColumn { name: "m".into(), hive: "STRING".into(), detail: "string".into(), nullable: true });
-        let change = wider.actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let change = confirmed(&wider, &s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         let m = &change.iter().find_map(|a| a.get("metaData")).unwrap();
         let before = s.metadata.as_ref().unwrap();
         for key in ["id", "name", "description", "format", "partitionColumns", "createdTime", "configuration"] {
@@ -649,11 +733,11 @@ mod tests {
         // Other partition columns, and a name that differs only in case, are refused.
         let mut moved = plan(&ps, None, false);
         moved.partition_by = vec!["day".into()];
-        let e = moved.actions(&s, &mut found).unwrap_err().to_string();
+        let e = moved.actions(&s, None, &mut found).unwrap_err().to_string();
         assert!(e.contains("partitioned by [\"dt\"]") && e.contains("partition_by"), "{e}");
         let mut upper = plan(&ps, None, false);
         upper.columns[0].name = "N".into();
-        let e = upper.actions(&s, &mut found).unwrap_err().to_string();
+        let e = upper.actions(&s, None, &mut found).unwrap_err().to_string();
         assert!(e.contains("case-insensitive"), "{e}");
     }
 
@@ -670,13 +754,13 @@ mod tests {
         let mut p = plan(&ps, None, false);
         p.columns.push(SchemaColumn { name: "t".into(), hive: "TIMESTAMP".into(), detail: "timestamp_ntz[us]".into(), nullable: true });
         let mut found = Found::default();
-        let change = p.actions(&s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
+        let change = confirmed(&p, &s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         let proto = change.iter().find_map(|a| a.get("protocol")).expect("a protocol upgrade");
         assert_eq!(proto["minReaderVersion"], 3);
         assert_eq!(proto["writerFeatures"], serde_json::json!(["appendOnly", "invariants", "timestampNtz"]));
         assert_eq!(proto["readerFeatures"], serde_json::json!(["timestampNtz"]));
         apply(&mut s, &change);
-        let again = p.actions(&s, &mut found).unwrap();
+        let again = confirmed(&p, &s, &mut found).unwrap();
         assert!(again.is_none_or(|c| c.actions.iter().all(|a| a.get("protocol").is_none())), "upgraded once");
     }
 }

@@ -732,3 +732,69 @@ fn a_table_another_engine_changed_keeps_its_settings_and_refuses_what_ferry_does
     assert!(!o.status.success() && text.contains("change data feed"), "doctor: {text}");
     assert_eq!(table_metadata(&dir)["description"], before["description"]);
 }
+
+/// A load that goes on past its lease (paused, or cut off from the ledger while it still
+/// reaches the store: a zombie) while its chunk is run again with other bytes and committed by
+/// another load: the zombie's commit, planned again against that one, confirms its lease with
+/// the ledger first (another commit carried its chunk), finds it lost, and writes nothing.
+/// Unfenced, it took the newer load's files out and put its own back, files no ledger row names.
+#[test]
+fn a_load_gone_on_past_its_lease_does_not_undo_the_newer_load_of_its_chunk() {
+    // A lease longer than the test: the zombie's own heartbeat never runs and tells it.
+    let p = Pipeline::new("16KiB", "600s", "0s").table_format("delta");
+    std::fs::write(p.path("in/a.jsonl"), events("a", 150)).unwrap();
+    for s in &STAGES[..3] {
+        let o = p.stage(s);
+        assert!(o.status.success(), "{s}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let gate = p.path("gate");
+    std::fs::create_dir_all(&gate).unwrap();
+    let zombie = p
+        .command("ferry-load")
+        .args(["--once", "--concurrency", "1"])
+        .env("FERRY_TEST_DELTA_COMMIT_GATE", &gate)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !gate.join("reached").exists() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "the load never reached its commit");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let chunk = p.sql("SELECT chunk_id FROM tasks WHERE stage = 'load' AND state = 'running'");
+    // Its lease ends (the pause outlasts it): another load takes the chunk over and loads it.
+    p.ledger_script("UPDATE tasks SET lease_expires_at = 0 WHERE state = 'running'");
+    drained(&p);
+    // Then it is run again from transform with a column added: its parts made again are other
+    // bytes, under other names.
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    let score = "{ name = \"score\", type = \"double\" },";
+    assert!(cfg.contains(score));
+    std::fs::write(&p.config, cfg.replace(score, &format!("{score}\n  {{ name = \"note\", type = \"string\" }},"))).unwrap();
+    let o = p.command("ferry").args(["rerun", "--chunk", &chunk, "--from", "transform"]).output().unwrap();
+    assert!(o.status.success(), "rerun: {}", String::from_utf8_lossy(&o.stderr));
+    drained(&p);
+    let published =
+        || p.sql(&format!("SELECT group_concat(path, ' ') FROM (SELECT path FROM published WHERE chunk_id = '{chunk}' ORDER BY path)"));
+    let active = || {
+        let mut mine: Vec<String> = delta_files(&table(&p))
+            .into_iter()
+            .filter(|f| f.contains(&format!("part-{chunk}-")))
+            .map(|f| format!("events/{}", f.split("/events/").nth(1).unwrap()))
+            .collect();
+        mine.sort();
+        mine.join(" ")
+    };
+    let before = published();
+    assert_eq!(active(), before, "the newer load's files are the chunk's in the table");
+    std::fs::write(gate.join("go"), b"").unwrap();
+    let o = zombie.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("lease was taken over"), "the zombie's result is discarded: {said}");
+    assert_eq!(active(), before, "the zombie changed nothing in the table");
+    assert_eq!(published(), before);
+    same(&delta_digest(&table(&p), None), &input_digest("jsonl", &p.path("in")), "every record once");
+    let o = p.command("ferry").arg("verify").output().unwrap();
+    assert!(o.status.success(), "verify: {}", String::from_utf8_lossy(&o.stdout));
+    no_version_doubles(&table(&p));
+}

@@ -601,7 +601,7 @@ pub(crate) fn held_at_gate_with(
 }
 
 /// Lets a process held at `gate` go on, and waits for it to end well.
-fn release(child: std::process::Child, gate: &std::path::Path, what: &str) {
+pub(crate) fn release(child: std::process::Child, gate: &std::path::Path, what: &str) {
     std::fs::write(gate.join("go"), b"").unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.code().is_some_and(|c| c == 0 || c == 3), "{what}: {}", String::from_utf8_lossy(&out.stderr));
