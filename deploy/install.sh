@@ -9,7 +9,9 @@
 #                                       no user is created and nothing is started
 #
 # Then: edit /etc/ferry/ferry.toml (and secrets in /etc/ferry/ferry.env), check it with
-# `ferry check-config`, and start either the timers (--once every minute) or the services:
+# `ferry check-config`, create or migrate the ledger it names (`systemctl start
+# ferry-migrate.service`: as user ferry, with the secrets file; again after every upgrade),
+# and start either the timers (--once every minute) or the services:
 #   systemctl enable --now ferry-extract.timer ferry-transform.timer ferry-copy.timer ferry-load.timer
 #   systemctl enable --now ferry-{extract,transform,copy,load}-watch.service
 # and, with either, cleanup (hourly) and the ledger's retention (nightly):
@@ -23,7 +25,7 @@ while [ $# -gt 0 ]; do
     --root) root=$2; shift 2 ;;
     --bin-dir) bin_dir=$2; shift 2 ;;
     --prefix) prefix=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -67,7 +69,7 @@ elif [ -n "$(find "$root/etc/ferry/ferry.toml" -perm -o=r 2>/dev/null)" ]; then
 fi
 if [ ! -e "$root/etc/ferry/ferry.env" ]; then
   cat > "$root/etc/ferry/ferry.env" <<'ENV'
-# Secrets for the Ferry stages, as environment variables (this file is mode 0600).
+# Secrets for the Ferry stages, as environment variables (root-owned, readable by group ferry only).
 # FERRY_LEDGER=postgres://ferry:PASSWORD@db.example.com/ferry
 # AWS_ACCESS_KEY_ID=...
 # AWS_SECRET_ACCESS_KEY=...
@@ -75,19 +77,31 @@ ENV
   chmod 0600 "$root/etc/ferry/ferry.env"
 fi
 
-install -d -m 0750 "$root/var/spool/ferry" "$root/var/lib/ferry" "$root/var/log/ferry"
+install -d -m 0750 "$root/var/spool/ferry" "$root/var/log/ferry"
+# /var/lib/ferry: the stages' locks and a SQLite ledger; metrics/: the textfiles --once runs
+# write for node_exporter (--collector.textfile.directory=/var/lib/ferry/metrics), which must
+# be able to read them (0755, as systemd's StateDirectory= makes it too).
+install -d -m 0755 "$root/var/lib/ferry" "$root/var/lib/ferry/metrics"
 if [ -z "$root" ]; then
   getent group ferry >/dev/null || groupadd --system ferry
   getent passwd ferry >/dev/null || useradd --system --gid ferry --home-dir /var/lib/ferry --shell /usr/sbin/nologin ferry
-  chown ferry:ferry /var/spool/ferry /var/lib/ferry /var/log/ferry
+  chown ferry:ferry /var/spool/ferry /var/lib/ferry /var/lib/ferry/metrics /var/log/ferry
   chown root:ferry /etc/ferry/ferry.env /etc/ferry/ferry.toml && chmod 0640 /etc/ferry/ferry.env
-  command -v systemctl >/dev/null && systemctl daemon-reload 2>/dev/null || true
+  # The ledger the configuration names, created or migrated as the stages will use it.
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    systemctl daemon-reload
+    systemctl start ferry-migrate.service || echo "ferry migrate failed (journalctl -u ferry-migrate): fix the ledger URL, then systemctl start ferry-migrate.service" >&2
+  else
+    runuser -u ferry -- sh -c 'set -a; [ -r /etc/ferry/ferry.env ] && . /etc/ferry/ferry.env; exec "$0" migrate --config /etc/ferry/ferry.toml' "$prefix/bin/ferry" \
+      || echo "ferry migrate failed: fix the ledger URL, then run it again as user ferry" >&2
+  fi
 fi
 
 cat <<EOF
 installed: ${binaries[*]}
 next:
   \$EDITOR /etc/ferry/ferry.toml && ferry check-config --config /etc/ferry/ferry.toml
+  systemctl start ferry-migrate.service     # the ledger it names, created or migrated (again after each upgrade)
   systemctl enable --now ferry-extract.timer ferry-transform.timer ferry-copy.timer ferry-load.timer
   systemctl enable --now ferry-gc.timer ferry-prune.timer
   ferry status --config /etc/ferry/ferry.toml

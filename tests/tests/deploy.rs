@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ferry_tests::bin;
 use ferry_tests::clusters::repo_root;
+use ferry_tests::{bin, output_within};
 
 fn deploy() -> PathBuf {
     repo_root().join("deploy")
@@ -51,7 +51,11 @@ fn install_puts_binaries_units_and_config_in_place_and_systemd_accepts_the_units
     // systemd's own checker, on the units as installed: their ExecStart points at the binaries
     // just installed under the test root.
     let units: Vec<PathBuf> = std::fs::read_dir(etc.join("systemd/system")).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(units.len(), 16, "service, timer and watch service per stage, and gc's and prune's service and timer: {units:?}");
+    assert_eq!(
+        units.len(),
+        17,
+        "service, timer and watch service per stage, gc's and prune's service and timer, and migrate's service: {units:?}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut rewritten = Vec::new();
     for u in &units {
@@ -178,4 +182,262 @@ fn the_grafana_dashboard_is_json_over_ferry_series() {
             assert!(t["expr"].as_str().unwrap().contains("ferry_"), "{t}");
         }
     }
+}
+
+/// Makes the user the units and the cron file run the stages as, as `deploy/install.sh` does
+/// on a host (once per test process: the two ledgers' tests run at once).
+fn ferry_user() {
+    static MADE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if *made {
+        return;
+    }
+    if !Command::new("getent").args(["passwd", "ferry"]).output().unwrap().status.success() {
+        let _ = Command::new("groupadd").args(["--system", "ferry"]).output().unwrap();
+        let out = Command::new("useradd")
+            .args(["--system", "--gid", "ferry", "--home-dir", "/var/lib/ferry", "--shell", "/usr/sbin/nologin", "ferry"])
+            .output()
+            .unwrap();
+        ok(&out, "useradd ferry");
+    }
+    *made = true;
+}
+
+/// A host as `deploy/install.sh --root` left it in a scratch root, seen by commands run in a
+/// mount namespace where the root's /etc/ferry, /var/lib/ferry, /var/spool/ferry,
+/// /var/log/ferry and /usr/local/bin are at their real paths, as user ferry: what the units'
+/// ExecStart lines and the cron lines name is what they get. The configuration is the
+/// installed skeleton with its directories pointed at this test's (`work`).
+struct Host {
+    root: tempfile::TempDir,
+    work: tempfile::TempDir,
+}
+
+/// The directories install.sh makes, bound at their real paths for each command.
+const HOST_DIRS: [&str; 5] = ["etc/ferry", "var/lib/ferry", "var/spool/ferry", "var/log/ferry", "usr/local/bin"];
+
+impl Host {
+    fn install(ledger_url: Option<&str>) -> Host {
+        ferry_user();
+        let root = tempfile::tempdir().unwrap();
+        let bins = bin("ferry").parent().unwrap().to_path_buf();
+        let out = Command::new(deploy().join("install.sh")).arg("--root").arg(root.path()).arg("--bin-dir").arg(&bins).output().unwrap();
+        ok(&out, "install.sh --root");
+        let r = root.path();
+        // What install.sh does on a host besides --root's files: ownership for user ferry.
+        for (path, owner, mode) in [
+            ("var/lib/ferry", "ferry:ferry", None),
+            ("var/lib/ferry/metrics", "ferry:ferry", None),
+            ("var/spool/ferry", "ferry:ferry", None),
+            ("var/log/ferry", "ferry:ferry", None),
+            ("etc/ferry/ferry.toml", "root:ferry", None),
+            ("etc/ferry/ferry.env", "root:ferry", Some("0640")),
+        ] {
+            if !r.join(path).exists() {
+                continue;
+            }
+            ok(&Command::new("chown").arg(owner).arg(r.join(path)).output().unwrap(), "chown");
+            if let Some(m) = mode {
+                ok(&Command::new("chmod").arg(m).arg(r.join(path)).output().unwrap(), "chmod");
+            }
+        }
+        let work = tempfile::tempdir().unwrap();
+        let w = work.path();
+        std::fs::set_permissions(w, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        for d in ["in", "staging", "wh"] {
+            std::fs::create_dir_all(w.join(d)).unwrap();
+            ok(&Command::new("chown").args(["ferry:ferry"]).arg(w.join(d)).output().unwrap(), "chown");
+        }
+        // The skeleton, edited as a user would: where the data is, files taken as they land.
+        let cfg = r.join("etc/ferry/ferry.toml");
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        assert!(text.contains("url = \"sqlite:///var/lib/ferry/ledger.db\""), "the skeleton's ledger: {text}");
+        let text = text
+            .replace("url = \"/data/incoming\"", &format!("url = \"{}/in\"", w.display()))
+            .replace("url = \"/data/staging\"", &format!("url = \"{}/staging\"", w.display()))
+            .replace("url = \"/data/warehouse\"", &format!("url = \"{}/wh\"", w.display()))
+            .replace("settle = \"10s\"", "settle = \"0s\"");
+        assert!(!text.contains("\"/data/"), "every data directory pointed at the test's");
+        std::fs::write(&cfg, text).unwrap();
+        if let Some(url) = ledger_url {
+            // The secret goes in the environment file, as its comment says.
+            let env = r.join("etc/ferry/ferry.env");
+            let mut text = std::fs::read_to_string(&env).unwrap();
+            text.push_str(&format!("FERRY_LEDGER={url}\n"));
+            std::fs::write(&env, text).unwrap();
+        }
+        Host { root, work }
+    }
+
+    /// `argv` as user ferry with exactly `env`, in the host's mount namespace.
+    fn run(&self, env: &[(String, String)], argv: &[String]) -> Output {
+        // node_exporter's directories (this machine has Prometheus's tools) are hidden: a host
+        // without node_exporter.
+        let script = "set -e\nR=$1; shift\nfor d in etc/ferry var/lib/ferry var/spool/ferry var/log/ferry usr/local/bin; do\n  \
+                      mkdir -p \"/$d\"; mount --bind \"$R/$d\" \"/$d\"\ndone\n\
+                      if [ -d /var/lib/prometheus ]; then mount -t tmpfs none /var/lib/prometheus; fi\n\
+                      exec setpriv --reuid=ferry --regid=ferry --init-groups -- \"$@\"";
+        assert_eq!(script.matches("usr/local/bin").count(), 1);
+        assert!(HOST_DIRS.iter().all(|d| script.contains(d)));
+        output_within(
+            Command::new("unshare")
+                .args(["--mount", "--propagation", "private", "sh", "-c", script, "sh"])
+                .arg(self.root.path())
+                .args(["env", "-i"])
+                .args(env.iter().map(|(k, v)| format!("{k}={v}")))
+                .args(argv),
+            std::time::Duration::from_secs(300),
+        )
+    }
+
+    /// The variables of the installed environment file, as systemd's EnvironmentFile= and the
+    /// cron lines' `. /etc/ferry/ferry.env` read them.
+    fn env_file(&self) -> Vec<(String, String)> {
+        std::fs::read_to_string(self.root.path().join("etc/ferry/ferry.env"))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
+            .collect()
+    }
+
+    /// Runs installed unit `name`'s ExecStart as systemd would: its Environment= and
+    /// EnvironmentFile= variables, its StateDirectory= made for user ferry; success is exit 0
+    /// or one of its SuccessExitStatus=.
+    fn unit(&self, name: &str) -> Output {
+        let text = std::fs::read_to_string(self.root.path().join("etc/systemd/system").join(name)).unwrap().replace("\\\n", " ");
+        let mut env = vec![("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string())];
+        let mut success = vec![0];
+        let mut exec = None;
+        for line in text.lines() {
+            if let Some(v) = line.strip_prefix("Environment=") {
+                let (k, v) = v.split_once('=').unwrap();
+                env.push((k.to_string(), v.to_string()));
+            } else if let Some(v) = line.strip_prefix("EnvironmentFile=") {
+                assert_eq!(v, "-/etc/ferry/ferry.env", "{name}");
+                env.extend(self.env_file());
+            } else if let Some(v) = line.strip_prefix("StateDirectory=") {
+                for d in v.split_whitespace() {
+                    let dir = self.root.path().join("var/lib").join(d);
+                    assert!(dir.starts_with(self.root.path().join("var/lib/ferry")), "{name}: {d} is under a directory the host binds");
+                    std::fs::create_dir_all(&dir).unwrap();
+                    ok(&Command::new("chown").arg("ferry:ferry").arg(&dir).output().unwrap(), "chown");
+                }
+            } else if let Some(v) = line.strip_prefix("SuccessExitStatus=") {
+                success.extend(v.split_whitespace().map(|c| c.parse::<i32>().unwrap()));
+            } else if let Some(v) = line.strip_prefix("ExecStart=") {
+                exec = Some(v.split_whitespace().map(str::to_string).collect::<Vec<_>>());
+            }
+        }
+        let out = self.run(&env, &exec.unwrap_or_else(|| panic!("{name} has no ExecStart")));
+        assert!(
+            out.status.code().is_some_and(|c| success.contains(&c)),
+            "{name} as installed: {:?}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Runs the cron file's job `index` as cron would: its user, the file's variables, /bin/sh.
+    fn cron_job(&self, index: usize) -> Output {
+        let text = std::fs::read_to_string(self.root.path().join("usr/local/share/ferry/cron/ferry")).unwrap();
+        let mut env = vec![("HOME".to_string(), "/var/lib/ferry".to_string()), ("LOGNAME".to_string(), "ferry".to_string())];
+        let mut jobs = Vec::new();
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+            match line.split_once('=') {
+                Some((k, v)) if !k.contains(' ') => env.push((k.to_string(), v.to_string())),
+                _ => jobs.push(line),
+            }
+        }
+        let fields: Vec<&str> = jobs[index].splitn(7, ' ').collect();
+        assert_eq!(fields[5], "ferry", "the job's user: {}", jobs[index]);
+        let out = self.run(&env, &["/bin/sh".into(), "-c".into(), fields[6].into()]);
+        let log = std::fs::read_dir(self.root.path().join("var/log/ferry"))
+            .unwrap()
+            .flatten()
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect::<String>();
+        assert!(out.status.success(), "cron job {index} as installed: {:?}\n{log}", out.status);
+        out
+    }
+
+    fn generate(&self, batch: &str, seed: u64) {
+        let dir = self.work.path().join(format!("gen-{batch}"));
+        let out = Command::new(bin("ferry"))
+            .args(["gen", "--format", "avro", "--files", "3", "--records", "2000", "--seed", &seed.to_string(), "--out"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        ok(&out, "ferry gen");
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            std::fs::rename(e.path(), self.work.path().join("in").join(format!("{batch}-{}", e.file_name().to_string_lossy()))).unwrap();
+        }
+    }
+}
+
+/// The kit as a newcomer installs it on a host with no node_exporter: install.sh, the ledger
+/// made by ferry-migrate.service, every timer's service run as written (the stages, then gc and
+/// prune), then the cron file's lines on new files; every record is in the table once, the
+/// textfiles for node_exporter are written, and nothing exits with a configuration error.
+fn installed_kit_runs_a_full_cycle(ledger_url: Option<&str>) {
+    let host = Host::install(ledger_url);
+    host.unit("ferry-migrate.service");
+    host.generate("a", 1);
+    for _ in 0..2 {
+        for st in ["extract", "transform", "copy", "load"] {
+            host.unit(&format!("ferry-{st}.service"));
+        }
+    }
+    host.unit("ferry-gc.service");
+    host.unit("ferry-prune.service");
+    let w = host.work.path();
+    let table = ferry_tests::table_digest(&w.join("wh/events"));
+    let input = ferry_tests::input_digest("avro", &w.join("in"));
+    assert_eq!(input["rows"], 6000, "three files of 2,000 records");
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(table[k], input[k], "the units' cycle: {k}");
+    }
+    for st in ["extract", "transform", "copy", "load"] {
+        let prom = host.root.path().join(format!("var/lib/ferry/metrics/ferry_{st}.prom"));
+        let text = std::fs::read_to_string(&prom).unwrap_or_else(|e| panic!("{}: {e}", prom.display()));
+        assert!(text.contains("ferry_last_run_exit_code"), "{text}");
+    }
+    // The same host driven by the cron file instead: new files, each line as written.
+    host.generate("b", 2);
+    for _ in 0..2 {
+        for job in 0..4 {
+            host.cron_job(job);
+        }
+    }
+    host.cron_job(4);
+    host.cron_job(5);
+    let table = ferry_tests::table_digest(&w.join("wh/events"));
+    let input = ferry_tests::input_digest("avro", &w.join("in"));
+    assert_eq!(input["rows"], 12000, "six files of 2,000 records");
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(table[k], input[k], "the cron lines' cycle: {k}");
+    }
+    let mut env = host.env_file();
+    env.push(("FERRY_CONFIG".into(), "/etc/ferry/ferry.toml".into()));
+    let out = host.run(&env, &["/usr/local/bin/ferry".into(), "status".into()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "ferry status: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_installed_kit_runs_a_full_cycle_on_sqlite() {
+    installed_kit_runs_a_full_cycle(None);
+}
+
+#[test]
+fn the_installed_kit_runs_a_full_cycle_on_postgres() {
+    let pg = ferry_tests::postgres::Postgres::start(false);
+    installed_kit_runs_a_full_cycle(Some(&pg.url()));
 }
