@@ -125,32 +125,102 @@ fn every_alert_rule_fires_and_resolves_in_its_unit_test() {
     }
 }
 
+/// What the manifests must hold beyond the schema: no ReadWriteMany volume (clusters that
+/// offer only ReadWriteOnce leave such a claim Pending), memory requests and limits on every
+/// container, a Job that migrates the ledger, and every pod that runs a stage, gc or prune
+/// waiting for that migration first. Prints the violations, one per line.
+const K8S_POLICIES: &str = r#"
+import sys, yaml
+bad = []
+jobs_migrate = 0
+for path in sys.argv[1:]:
+    for doc in yaml.safe_load_all(open(path)):
+        if not doc:
+            continue
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        where = f"{path.rsplit('/', 1)[-1]} {kind}/{name}"
+        def walk(o):
+            if isinstance(o, dict):
+                if "accessModes" in o and "ReadWriteMany" in o["accessModes"]:
+                    bad.append(f"{where}: ReadWriteMany")
+                for v in o.values():
+                    walk(v)
+            elif isinstance(o, list):
+                for v in o:
+                    walk(v)
+        walk(doc)
+        pod = {"StatefulSet": lambda d: d["spec"]["template"]["spec"],
+               "Deployment": lambda d: d["spec"]["template"]["spec"],
+               "Job": lambda d: d["spec"]["template"]["spec"],
+               "CronJob": lambda d: d["spec"]["jobTemplate"]["spec"]["template"]["spec"]}.get(kind)
+        if pod is None:
+            continue
+        spec = pod(doc)
+        inits, containers = spec.get("initContainers", []), spec["containers"]
+        for c in inits + containers:
+            r = c.get("resources", {})
+            if not r.get("limits", {}).get("memory") or not r.get("requests", {}).get("memory"):
+                bad.append(f"{where}: container {c['name']} without a memory request and limit")
+        commands = [" ".join(c.get("command", []) + c.get("args", [])) for c in inits + containers]
+        if kind == "Job" and any(cmd.endswith("ferry migrate") for cmd in commands):
+            jobs_migrate += 1
+            continue
+        runs_stages = any(("ferry-" in cmd) or (" gc" in cmd) or (" prune" in cmd) for cmd in commands)
+        first = " ".join(inits[0].get("command", []) + inits[0].get("args", [])) if inits else ""
+        if runs_stages and "ferry migrate --check" not in first:
+            bad.append(f"{where}: runs stages without waiting for the ledger's migration first")
+        if kind == "CronJob" and doc["spec"].get("concurrencyPolicy") != "Forbid":
+            bad.append(f"{where}: runs may overlap")
+if jobs_migrate != 1:
+    bad.append(f"{jobs_migrate} Jobs run ferry migrate, not one")
+print("\n".join(bad))
+"#;
+
+fn k8s_violations(files: &[PathBuf]) -> String {
+    let out = Command::new("python3").args(["-c", K8S_POLICIES]).args(files).output().unwrap();
+    ok(&out, "the manifests' policies").trim().to_string()
+}
+
 #[test]
-fn kubernetes_manifests_pass_the_schema_check() {
-    let files: Vec<PathBuf> = std::fs::read_dir(deploy().join("kubernetes")).unwrap().map(|e| e.unwrap().path()).collect();
+fn kubernetes_manifests_pass_the_schema_check_and_the_policies() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy().join("kubernetes")).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
     assert_eq!(files.len(), 3);
     let out = Command::new("kubernetes-validate").arg("--strict").args(&files).output().unwrap();
     let text = ok(&out, "kubernetes-validate");
     for kind in [
-        "configmap/",
-        "secret/",
-        "persistentvolumeclaim/",
-        "cronjob/ferry-extract",
-        "cronjob/ferry-load",
+        "configmap/ferry-config",
+        "secret/ferry-secrets",
+        "job/ferry-migrate",
+        "persistentvolumeclaim/ferry-spool",
+        "cronjob/ferry-stages",
         "cronjob/ferry-gc",
         "cronjob/ferry-prune",
-        "deployment/ferry",
+        "statefulset/ferry",
     ] {
         assert!(text.contains(&format!("passed for resource {kind}")), "{kind}: {text}");
     }
+    assert_eq!(k8s_violations(&files), "", "the shipped manifests break no policy");
+    // The validator is strict: a misspelt field fails; and each policy catches its breach.
     let cron = std::fs::read_to_string(deploy().join("kubernetes/ferry-cronjobs.yaml")).unwrap();
-    assert_eq!(cron.matches("concurrencyPolicy: Forbid").count(), 6);
-    // The validator is strict: a misspelt field fails.
+    let sts = std::fs::read_to_string(deploy().join("kubernetes/ferry-statefulset.yaml")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, cron.replacen("concurrencyPolicy: Forbid", "concurrencyPolcy: Forbid", 1)).unwrap();
     let out = Command::new("kubernetes-validate").arg("--strict").arg(&bad).output().unwrap();
     assert!(!out.status.success(), "a misspelt field is caught");
+    for (text, breach, want) in [
+        (&cron, ("accessModes: [\"ReadWriteOnce\"]", "accessModes: [\"ReadWriteMany\"]"), "ReadWriteMany"),
+        (&sts, ("memory: 1Gi", "cpu: 1"), "without a memory request and limit"),
+        (&sts, ("migrate --check", "status"), "without waiting for the ledger"),
+        (&cron, ("concurrencyPolicy: Forbid", "concurrencyPolicy: Allow"), "may overlap"),
+    ] {
+        std::fs::write(&bad, text.replacen(breach.0, breach.1, 1)).unwrap();
+        let mut with_job = vec![bad.clone()];
+        with_job.push(deploy().join("kubernetes/ferry-config.yaml"));
+        let said = k8s_violations(&with_job);
+        assert!(said.contains(want), "{breach:?} is caught: {said}");
+    }
 }
 
 #[test]
