@@ -32,6 +32,9 @@ done
 binaries=(ferry ferry-extract ferry-transform ferry-copy ferry-load)
 
 if [ -z "$bin_dir" ]; then
+  # `--version` names the commit built.
+  FERRY_COMMIT=${FERRY_COMMIT:-$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+  export FERRY_COMMIT
   (cd "$repo" && cargo build --release --locked -p ferry-extract -p ferry-transform -p ferry-copy -p ferry-load -p ferry-admin)
   bin_dir=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
 fi
@@ -46,6 +49,12 @@ for b in "${binaries[@]}"; do
   install -m 0755 "$bin_dir/$b" "$root$prefix/bin/$b"
   strip "$root$prefix/bin/$b" 2>/dev/null || true
 done
+
+# Man pages and shell completions (bash, zsh) of the five binaries, written by `ferry` itself.
+install -d "$root$prefix/share/man/man1" "$root$prefix/share/bash-completion/completions" "$root$prefix/share/zsh/site-functions"
+"$root$prefix/bin/ferry" man --out "$root$prefix/share/man/man1" >/dev/null
+"$root$prefix/bin/ferry" completions bash --out "$root$prefix/share/bash-completion/completions" >/dev/null
+"$root$prefix/bin/ferry" completions zsh --out "$root$prefix/share/zsh/site-functions" >/dev/null
 
 # Units name /usr/local/bin; another prefix is written into them.
 for u in "$here"/systemd/*.service "$here"/systemd/*.timer; do

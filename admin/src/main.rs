@@ -32,7 +32,7 @@ Environment:
   RUST_LOG           log filter (default info)";
 
 #[derive(Parser, Debug)]
-#[command(name = "ferry", version = ferry_ledger::VERSION, about, long_about = None, after_help = ADMIN_HELP)]
+#[command(name = "ferry", version = ferry_ledger::version(), about, long_about = None, after_help = ADMIN_HELP)]
 struct Cli {
     #[command(flatten)]
     common: CommonArgs,
@@ -80,6 +80,20 @@ enum Cmd {
     },
     /// Print the resolved configuration (file + FERRY_* environment), or say what is wrong.
     CheckConfig,
+    /// Write shell completions for the five Ferry binaries into --out, each under the name
+    /// the shell finds it by (bash: `ferry.bash`, zsh: `_ferry`, fish: `ferry.fish`, ...).
+    /// deploy/install.sh installs bash's and zsh's.
+    Completions {
+        shell: clap_complete::Shell,
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
+    /// Write man pages (section 1) into --out: the five binaries and each `ferry` subcommand
+    /// (`ferry-status.1`, ...). deploy/install.sh installs them.
+    Man {
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Write deterministic sample events (as in seed 000: 200 B to 1 KB records).
     Gen {
         /// avro, jsonl or csv.
@@ -251,6 +265,13 @@ async fn main() {
     cli::exit_with(run(cli).await)
 }
 
+/// The command lines of the five binaries: `ferry` and the four stages.
+fn commands() -> Vec<clap::Command> {
+    let mut all = vec![<Cli as clap::CommandFactory>::command()];
+    all.extend(cli::STAGES.iter().map(|(name, _)| cli::stage_command(name, ferry_ledger::version())));
+    all
+}
+
 async fn run(cli: Cli) -> Result<i32, Error> {
     let config = || {
         cli.config
@@ -283,6 +304,22 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
         Cmd::Gen { format, out, files, records, seed, codec, block_records, payload, gap_ms } => {
             gen_files(format, out, *files, *records, *seed, *codec, *block_records, (*payload, *gap_ms))?;
+            return Ok(exit::OK);
+        }
+        Cmd::Completions { shell, out } => {
+            for mut c in commands() {
+                let name = c.get_name().to_string();
+                let path = clap_complete::generate_to(*shell, &mut c, &name, out)
+                    .map_err(|e| ConfigError::new("--out", format!("{}: {e}", out.display())))?;
+                println!("wrote {}", path.display());
+            }
+            return Ok(exit::OK);
+        }
+        Cmd::Man { out } => {
+            for c in commands() {
+                clap_mangen::generate_to(c, out).map_err(|e| ConfigError::new("--out", format!("{}: {e}", out.display())))?;
+            }
+            println!("wrote the man pages of ferry, its subcommands and the four stages into {}", out.display());
             return Ok(exit::OK);
         }
         _ => {}
@@ -321,7 +358,9 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             let ledger = Ledger::connect(&url, opts).await?;
             println!("ledger {} ({}) is migrated", redact_url(&url), ledger.backend_name());
         }
-        Cmd::CheckConfig | Cmd::Doctor { .. } | Cmd::Gen { .. } | Cmd::Status { .. } => unreachable!("handled before connecting"),
+        Cmd::CheckConfig | Cmd::Doctor { .. } | Cmd::Gen { .. } | Cmd::Status { .. } | Cmd::Completions { .. } | Cmd::Man { .. } => {
+            unreachable!("handled before connecting")
+        }
         Cmd::Gc { older_than, sweeps } => {
             let cfg = Config::load(config()?)?;
             return gc(&cfg, &url, older_than.map(Into::into), &sweeps).await;

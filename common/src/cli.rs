@@ -51,6 +51,60 @@ Environment:
   NOTIFY_SOCKET, WATCHDOG_USEC
                             set by systemd for Type=notify services (--watch)";
 
+/// The four stage binaries and what each does (their `--help`, man pages and completions).
+pub const STAGES: [(&str, &str); 4] = [
+    (
+        "ferry-extract",
+        "Take finished files from the source, split them at record boundaries into chunks, and \
+         stage the chunks (cluster B) for ferry-transform. Every file and chunk is recorded in the \
+         ledger; a file is never ingested twice, and a changed file is a new version.",
+    ),
+    (
+        "ferry-transform",
+        "Decode staged chunks (Avro, JSON lines, CSV) into the table's columns, apply the \
+         [transform] plan, and write Parquet to the local spool for ferry-copy. Bad records go to \
+         the ledger's `rejects` table; a chunk with too many is quarantined, the others flow on.",
+    ),
+    (
+        "ferry-copy",
+        "Move each transformed chunk from the local spool to the destination (cluster A): upload \
+         to a temp name under a deadline and a no-progress watchdog, verify size and hash, rename \
+         into place. A reset or a hung connection redoes one chunk, with backoff; the others keep \
+         going.",
+    ),
+    (
+        "ferry-load",
+        "Publish each landed chunk into the table exactly once: a Hive-partitioned table \
+         (<table>/<k=v>/part-<chunk>.parquet by atomic rename, with a manifest and Hive DDL under \
+         <table>/_ferry/) or a Delta table (one commit to its log), and record it in the ledger. \
+         Re-running publishes nothing twice.",
+    ),
+];
+
+// A stage binary's command line: the flags every binary takes and the stage's own. (Not a
+// doc comment: clap would take it for the binaries' about.)
+#[derive(Debug, Clone, clap::Args)]
+pub struct StageCli {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub stage: StageArgs,
+}
+
+/// The command of stage binary `name` (one of [`STAGES`]), at `version`: what the binary
+/// parses, and what `ferry completions` and `ferry man` describe.
+pub fn stage_command(name: &'static str, version: &'static str) -> clap::Command {
+    let about = STAGES.iter().find(|(n, _)| *n == name).map_or("", |(_, a)| a);
+    // The about after the flags: augment_args would set the struct's own.
+    <StageCli as clap::Args>::augment_args(clap::Command::new(name)).version(version).about(about).after_help(STAGE_HELP)
+}
+
+/// Parses stage binary `name`'s command line (help, version and errors exit as clap does).
+pub fn parse_stage(name: &'static str, version: &'static str) -> StageCli {
+    let matches = stage_command(name, version).get_matches();
+    <StageCli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     /// Human-readable lines (the default).

@@ -2,31 +2,18 @@
 
 use std::sync::Arc;
 
-use clap::Parser;
-use ferry_common::cli::{self, CommonArgs, StageArgs};
+use ferry_common::cli::{self, StageCli};
 use ferry_copy::{Copier, CopyError};
 use ferry_ledger::Stage;
 use ferry_runtime::runner::{self, StoreProbe, Stores, open_stage};
 
-/// Move each transformed chunk from the local spool to the destination (cluster A): upload to
-/// a temp name under a deadline and a no-progress watchdog, verify size and hash, rename into
-/// place. A reset or a hung connection redoes one chunk, with backoff; the others keep going.
-#[derive(Parser, Debug)]
-#[command(name = "ferry-copy", version = ferry_ledger::VERSION, about, after_help = cli::STAGE_HELP)]
-struct Args {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    stage: StageArgs,
-}
-
 fn main() {
-    let args = Args::parse();
+    let args = cli::parse_stage("ferry-copy", ferry_ledger::version());
     cli::init_logging(args.common.log_format);
     cli::exit_with(ferry_runtime::observe::block_on(args.stage.watch, run(args)))
 }
 
-async fn run(args: Args) -> Result<i32, CopyError> {
+async fn run(args: StageCli) -> Result<i32, CopyError> {
     let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
     // The store whose outage pauses this stage (its errors name it), and the ledger.
     let stores = vec![("destination", cfg.destination.url.clone()), ("ledger", "the work ledger".to_string())];

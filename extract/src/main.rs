@@ -1,31 +1,18 @@
 //! `ferry-extract`: stage finished source files as chunks on the staging store.
 
-use clap::Parser;
-use ferry_common::cli::{self, CommonArgs, StageArgs};
+use ferry_common::cli::{self, StageCli};
 use ferry_extract::{ExtractError, Extractor};
 use ferry_ledger::FileState;
 use ferry_runtime::observe::Observer;
 use ferry_runtime::runner::{self, open_stage};
 
-/// Take finished files from the source, split them at record boundaries into chunks, and
-/// stage the chunks (cluster B) for ferry-transform. Every file and chunk is recorded in the
-/// ledger; a file is never ingested twice, and a changed file is a new version.
-#[derive(Parser, Debug)]
-#[command(name = "ferry-extract", version = ferry_ledger::VERSION, about, after_help = cli::STAGE_HELP)]
-struct Args {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    stage: StageArgs,
-}
-
 fn main() {
-    let args = Args::parse();
+    let args = cli::parse_stage("ferry-extract", ferry_ledger::version());
     cli::init_logging(args.common.log_format);
     cli::exit_with(ferry_runtime::observe::block_on(args.stage.watch, run(args)))
 }
 
-async fn run(args: Args) -> Result<i32, ExtractError> {
+async fn run(args: StageCli) -> Result<i32, ExtractError> {
     let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
     let x = Extractor::new(cfg, ledger.clone())?;
     let stores = x.stores();

@@ -106,8 +106,17 @@ pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
 pub const SCHEMA_VERSION: i64 = 14;
-/// What `--version` prints.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (ledger schema 14)");
+/// What `--version` prints: the release, the commit it was built from (`FERRY_COMMIT` at
+/// build time, as deploy/install.sh, the Dockerfile and scripts/deb.sh set it; "unknown" for a
+/// plain `cargo build`, whose every commit would otherwise rebuild the workspace) and the
+/// ledger schema it needs.
+pub fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        let commit = option_env!("FERRY_COMMIT").filter(|c| !c.is_empty()).unwrap_or("unknown");
+        format!("{} (commit {commit}, ledger schema {SCHEMA_VERSION})", env!("CARGO_PKG_VERSION"))
+    })
+}
 
 /// The claim statement of each backend (its query plan is part of the tests).
 pub use tasks::{CLAIM_POSTGRES, CLAIM_SQLITE, DUE};

@@ -152,7 +152,7 @@ fn the_schema_version_is_the_number_of_migrations() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations").join(backend);
         assert_eq!(std::fs::read_dir(dir).unwrap().count() as i64, ferry_ledger::SCHEMA_VERSION, "{backend}");
     }
-    assert!(ferry_ledger::VERSION.ends_with(&format!("(ledger schema {})", ferry_ledger::SCHEMA_VERSION)));
+    assert!(ferry_ledger::version().ends_with(&format!(", ledger schema {})", ferry_ledger::SCHEMA_VERSION)));
 }
 
 /// `ferry migrate --check` reads pending migrations' compatibility from `ferry_ledger::COMPAT`;

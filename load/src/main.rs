@@ -2,31 +2,18 @@
 
 use std::sync::Arc;
 
-use clap::Parser;
-use ferry_common::cli::{self, CommonArgs, StageArgs};
+use ferry_common::cli::{self, StageCli};
 use ferry_ledger::Stage;
 use ferry_load::{LoadError, Loader};
 use ferry_runtime::runner::{self, StoreProbe, Stores, open_stage};
 
-/// Publish each landed chunk into the Hive-partitioned table as
-/// <table>/<k=v>/part-<chunk>.parquet by atomic rename, record it in the ledger, and keep the
-/// table's manifest and Hive DDL under <table>/_ferry/. Re-running publishes nothing twice.
-#[derive(Parser, Debug)]
-#[command(name = "ferry-load", version = ferry_ledger::VERSION, about, after_help = cli::STAGE_HELP)]
-struct Args {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    stage: StageArgs,
-}
-
 fn main() {
-    let args = Args::parse();
+    let args = cli::parse_stage("ferry-load", ferry_ledger::version());
     cli::init_logging(args.common.log_format);
     cli::exit_with(ferry_runtime::observe::block_on(args.stage.watch, run(args)))
 }
 
-async fn run(args: Args) -> Result<i32, LoadError> {
+async fn run(args: StageCli) -> Result<i32, LoadError> {
     let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
     // The store whose outage pauses this stage (its errors name it), and the ledger.
     let stores = vec![("destination", cfg.destination.url.clone()), ("ledger", "the work ledger".to_string())];

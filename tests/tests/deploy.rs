@@ -511,3 +511,66 @@ fn the_installed_kit_runs_a_full_cycle_on_postgres() {
     let pg = ferry_tests::postgres::Postgres::start(false);
     installed_kit_runs_a_full_cycle(Some(&pg.url()));
 }
+
+/// `scripts/deb.sh` packages what install.sh installs (binaries in /usr/bin, units in
+/// /usr/lib/systemd/system, man pages, completions, conffiles); dpkg installs it into a clean
+/// root, keeps the configuration on remove and drops it on purge.
+#[test]
+fn the_debian_package_installs_into_a_clean_root_keeps_its_configuration_on_remove_and_purges() {
+    let out = tempfile::tempdir().unwrap();
+    let bins = bin("ferry").parent().unwrap().to_path_buf();
+    let made = Command::new(repo_root().join("scripts/deb.sh"))
+        .arg("--bin-dir")
+        .arg(&bins)
+        .arg("--out")
+        .arg(out.path())
+        .env("FERRY_DEB_COMPRESSION", "none")
+        .output()
+        .unwrap();
+    let deb = PathBuf::from(ok(&made, "scripts/deb.sh").trim());
+    assert!(deb.is_file() && deb.extension().is_some_and(|e| e == "deb"), "{}", deb.display());
+    let info = ok(&Command::new("dpkg-deb").arg("--info").arg(&deb).output().unwrap(), "dpkg-deb --info");
+    assert!(info.contains("Package: ferry") && info.contains("conffiles"), "{info}");
+
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    for d in ["var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers"] {
+        std::fs::create_dir_all(r.join(d)).unwrap();
+    }
+    std::fs::write(r.join("var/lib/dpkg/status"), "").unwrap();
+    let dpkg = |args: &[&str]| {
+        // Maintainer scripts run here with DPKG_ROOT set (the root has no shell to chroot
+        // into); the package's postinst then only lays out files. The root has none of the
+        // packages it depends on.
+        let out = Command::new("dpkg")
+            .arg(format!("--root={}", r.display()))
+            .args(["--force-script-chrootless", "--force-depends"])
+            .args(args)
+            .output()
+            .unwrap();
+        ok(&out, &format!("dpkg {args:?}"))
+    };
+    dpkg(&["-i", deb.to_str().unwrap()]);
+    assert!(dpkg(&["-s", "ferry"]).contains("Status: install ok installed"));
+    let version = ok(&Command::new(r.join("usr/bin/ferry")).arg("--version").output().unwrap(), "ferry --version");
+    assert!(version.starts_with("ferry ") && version.contains("(commit "), "{version}");
+    for b in ["ferry-extract", "ferry-transform", "ferry-copy", "ferry-load"] {
+        assert!(r.join("usr/bin").join(b).is_file(), "{b}");
+        let unit = std::fs::read_to_string(r.join(format!("usr/lib/systemd/system/{b}.service"))).unwrap();
+        assert!(unit.contains(&format!("/usr/bin/{b} --once")), "{b}.service runs the packaged binary: {unit}");
+        let page = std::fs::read_to_string(r.join(format!("usr/share/man/man1/{b}.1"))).unwrap();
+        assert!(page.contains(&format!(".TH {b} 1")) && page.contains("\\-\\-config"), "{b}.1");
+        assert!(r.join(format!("usr/share/bash-completion/completions/{b}.bash")).is_file());
+        assert!(r.join(format!("usr/share/zsh/site-functions/_{b}")).is_file());
+    }
+    assert!(r.join("usr/share/man/man1/ferry-status.1").is_file(), "a page per ferry subcommand");
+    let conffiles = std::fs::read_to_string(r.join("var/lib/dpkg/info/ferry.conffiles")).unwrap();
+    assert_eq!(conffiles.lines().collect::<Vec<_>>(), ["/etc/ferry/ferry.toml", "/etc/ferry/ferry.env"]);
+    // A host's edits survive a remove; a purge takes them.
+    std::fs::write(r.join("etc/ferry/ferry.toml"), "# edited\n").unwrap();
+    dpkg(&["-r", "ferry"]);
+    assert!(!r.join("usr/bin/ferry").exists(), "the binaries went");
+    assert_eq!(std::fs::read_to_string(r.join("etc/ferry/ferry.toml")).unwrap(), "# edited\n", "the configuration stays");
+    dpkg(&["--purge", "ferry"]);
+    assert!(!r.join("etc/ferry/ferry.toml").exists(), "purged");
+}

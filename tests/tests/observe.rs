@@ -287,7 +287,7 @@ fn help_lists_exit_codes_and_environment_and_version_the_schema() {
         }
         let out = Command::new(bin(b)).arg("--version").output().unwrap();
         let v = String::from_utf8_lossy(&out.stdout);
-        assert!(v.contains(&format!("(ledger schema {})", ferry_ledger::SCHEMA_VERSION)), "{b}: {v}");
+        assert!(v.contains(&format!(", ledger schema {})", ferry_ledger::SCHEMA_VERSION)) && v.contains("(commit "), "{b}: {v}");
     }
     let help = String::from_utf8_lossy(&Command::new(bin("ferry")).args(["status", "--help"]).output().unwrap().stdout).into_owned();
     assert!(help.contains("--json") && help.contains("--check") && help.contains("--watch"), "{help}");

@@ -2,31 +2,18 @@
 
 use std::sync::Arc;
 
-use clap::Parser;
-use ferry_common::cli::{self, CommonArgs, StageArgs};
+use ferry_common::cli::{self, StageCli};
 use ferry_ledger::Stage;
 use ferry_runtime::runner::{self, StoreProbe, Stores, open_stage};
 use ferry_transform::{TransformError, Transformer};
 
-/// Decode staged chunks (Avro, JSON lines, CSV) into the table's columns, apply the
-/// [transform] plan, and write Parquet to the local spool for ferry-copy. Bad records go to
-/// the ledger's `rejects` table; a chunk with too many is quarantined, the others flow on.
-#[derive(Parser, Debug)]
-#[command(name = "ferry-transform", version = ferry_ledger::VERSION, about, after_help = cli::STAGE_HELP)]
-struct Args {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    stage: StageArgs,
-}
-
 fn main() {
-    let args = Args::parse();
+    let args = cli::parse_stage("ferry-transform", ferry_ledger::version());
     cli::init_logging(args.common.log_format);
     cli::exit_with(ferry_runtime::observe::block_on(args.stage.watch, run(args)))
 }
 
-async fn run(args: Args) -> Result<i32, TransformError> {
+async fn run(args: StageCli) -> Result<i32, TransformError> {
     let (cfg, ledger) = open_stage(&args.common, &args.stage).await?;
     // The store whose outage pauses this stage (its errors name it), and the ledger.
     let stores = vec![("staging", cfg.staging.url.clone()), ("ledger", "the work ledger".to_string())];
