@@ -64,6 +64,7 @@ done
 # The rest for reference: cron file, Kubernetes manifests, alert rules, dashboard, docs.
 cp -r "$here/cron" "$here/kubernetes" "$here/prometheus" "$here/grafana" "$root$prefix/share/ferry/"
 install -m 0644 "$repo/README.md" "$repo/CONTRIBUTING.md" "$here/ferry.example.toml" "$root$prefix/share/doc/ferry/"
+cp -r "$repo/docs" "$root$prefix/share/doc/ferry/"
 
 # A configuration skeleton for this host: embedded SQLite ledger, spool under /var/spool.
 if [ ! -e "$root/etc/ferry/ferry.toml" ]; then

@@ -14,6 +14,7 @@ deps=$!
 cargo build --profile demo -p ferry-extract -p ferry-transform -p ferry-copy -p ferry-load -p ferry-admin >&2
 BIN=$CARGO_TARGET_DIR/demo
 wait "$deps"
+ferry_python_path
 rm -rf "$DIR" && mkdir -p "$DIR"
 "$BIN/ferry" gen --format "$FORMAT" --codec deflate --out "$DIR/in" --files "$FILES" --records "$RECORDS" >/dev/null
 ferry_local_config "$DIR" "$FORMAT" 8MiB > "$DIR/ferry.toml"

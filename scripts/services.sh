@@ -28,6 +28,11 @@ ferry_local_config() {
       "${extra[@]}" "$(dirname "${BASH_SOURCE[0]}")/../deploy/ferry.example.toml"
 }
 
+ferry_apt_always() { # ferry_apt_always PACKAGE...: installs PACKAGEs from Debian
+  echo "installing $* from Debian" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@") >&2
+}
+
 ferry_apt() { # ferry_apt CMD PACKAGE...: installs PACKAGEs unless CMD already exists
   local cmd=$1; shift
   if ! command -v "$cmd" >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/"$cmd" >/dev/null 2>&1; then
@@ -84,12 +89,29 @@ ferry_stop_postgres() {
 
 # Python readers used as independent checks of the published tables, and the Kubernetes
 # schema checker for deploy/kubernetes.
+# The Python packages the demo and the tests read tables with. Where the system's Python has
+# them, nothing is installed. Else they go into a virtual environment under $FERRY_CACHE/venv
+# (a stock Debian's Python refuses `pip install` outside one: PEP 668), which sees the system's
+# packages too; ferry_python_path puts it first on PATH (in this shell: call it after a
+# ferry_python_deps that ran in the background).
+FERRY_PY_MODULES='pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate, deltalake, pyspark, delta'
+ferry_python_path() {
+  if [ -x "$FERRY_CACHE/venv/bin/python3" ]; then
+    case ":$PATH:" in *":$FERRY_CACHE/venv/bin:"*) ;; *) export PATH="$FERRY_CACHE/venv/bin:$PATH" ;; esac
+  fi
+}
 ferry_python_deps() {
-  python3 -c 'import pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate, deltalake, pyspark, delta' 2>/dev/null && return 0
+  ferry_python_path
+  python3 -c "import $FERRY_PY_MODULES" 2>/dev/null && return 0
+  if [ ! -x "$FERRY_CACHE/venv/bin/python3" ]; then
+    python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || ferry_apt_always python3-venv python3-pip
+    python3 -m venv --system-site-packages "$FERRY_CACHE/venv.part" >&2 && rm -rf "$FERRY_CACHE/venv" && mv "$FERRY_CACHE/venv.part" "$FERRY_CACHE/venv"
+    ferry_python_path
+  fi
   # pyspark and delta-spark: Delta's reference reader (its jars: ferry_spark_jars); delta-spark
   # 4.4.0 is built for Spark 4.2.0.
-  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate, deltalake, pyspark, delta-spark from PyPI" >&2
-  python3 -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd pyyaml kubernetes-validate deltalake \
+  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate, deltalake, pyspark, delta-spark from PyPI into $FERRY_CACHE/venv" >&2
+  "$FERRY_CACHE/venv/bin/python3" -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd pyyaml kubernetes-validate deltalake \
     'pyspark==4.2.0' 'delta-spark==4.4.0' >&2
 }
 

@@ -601,7 +601,7 @@ async fn postgres_skip_and_rerun_leave_a_task_claimed_meanwhile_alone() {
 }
 
 /// Postgres: `make_durable` flushes the WAL up to every commit made before it, also those the
-/// server acknowledged without flushing them (`synchronous_commit = off`, which the README
+/// server acknowledged without flushing them (`synchronous_commit = off`, which docs/operations.md
 /// calls safe because of this). The WAL writer flushes such commits by itself within
 /// `wal_writer_delay` (200 ms by default), so each check comes right after the call, and five
 /// rounds keep a `make_durable` that flushed nothing from passing by luck (it did flush

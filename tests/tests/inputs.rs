@@ -418,7 +418,7 @@ fn column_mismatches_are_noted_in_the_ledger() {
     }
 }
 
-/// Avro's other types (the README's table): uuid as a string, fixed and bytes as binary,
+/// Avro's other types (the table in docs/configuration.md): uuid as a string, fixed and bytes as binary,
 /// enums as strings, decimals as decimals, arrays, maps and records as Parquet's nested
 /// types, and the DDL with their Hive names.
 #[test]
