@@ -86,6 +86,24 @@ impl<'de> Deserialize<'de> for SourceFormat {
     }
 }
 
+impl schemars::JsonSchema for SourceFormat {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "SourceFormat".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "enum": ["auto", "avro", "jsonl", "csv"]})
+    }
+}
+
+impl schemars::JsonSchema for AsciiChar {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "AsciiChar".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "minLength": 1, "maxLength": 1})
+    }
+}
+
 impl Serialize for SourceFormat {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.serialize_str(match self {
@@ -96,7 +114,7 @@ impl Serialize for SourceFormat {
 }
 
 /// The type of a table column (`table.columns[].type`, `transform.cast`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ColumnType {
     String,
@@ -176,7 +194,7 @@ impl ColumnType {
 
 /// What a number in a timestamp column counts (`table.columns[].epoch`): without it, a number
 /// there is rejected, since seconds and milliseconds look alike.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EpochUnit {
     S,
@@ -196,14 +214,17 @@ impl EpochUnit {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnSpec {
+    /// The column's name (as written in the Parquet files and the table's schema).
     pub name: String,
     /// string, long (int64), int (int32), double, float, boolean, timestamp (UTC,
     /// microseconds; timestamp_ms, timestamp_us, timestamp_ns to choose), date
     #[serde(rename = "type")]
     pub ty: ColumnType,
+    /// Whether the column may be null: a record without it (or with a null) is kept when
+    /// true, rejected with its reason when false.
     #[serde(default = "nullable_by_default")]
     pub nullable: bool,
     /// Timestamp columns: what a number in the input counts (s, ms, us, ns). Unset: numbers
@@ -218,7 +239,7 @@ fn nullable_by_default() -> bool {
 
 /// `[source.csv]`: how CSV files are written. Extract frames records and transform reads
 /// them with the same settings.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CsvOptions {
     /// The field separator, one ASCII character (`","`, `";"`, `"\t"`, `"|"`).

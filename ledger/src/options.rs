@@ -7,7 +7,7 @@ use ferry_common::config::{HumanDuration, redact_url};
 use ferry_common::error::ConfigError;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerSection {
     /// sqlite://PATH or postgres://USER:PASSWORD@HOST/DB.
@@ -18,7 +18,9 @@ pub struct LedgerSection {
     pub lease: HumanDuration,
     /// Attempts per (chunk, stage) before the chunk is quarantined.
     pub max_attempts: i64,
+    /// The wait before a failed chunk's first retry; it doubles with each attempt (jittered).
     pub backoff_min: HumanDuration,
+    /// The longest wait between two attempts of a chunk.
     pub backoff_max: HumanDuration,
     /// Deadline of one ledger call.
     pub call_timeout: HumanDuration,

@@ -36,7 +36,7 @@ const LAYOUT: Layout = Layout {
 };
 
 /// The Parquet codec of transform's output (`transform.compression`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
     Zstd,
@@ -46,7 +46,7 @@ pub enum Compression {
     None,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// The pipeline this config runs: every file, chunk and task it makes carries the name,
@@ -72,7 +72,7 @@ pub struct Config {
     pub load: LoadSection,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Disposition {
     #[default]
@@ -82,7 +82,7 @@ pub enum Disposition {
 }
 
 /// What a file with new bytes at a path that was ingested before means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Versions {
     /// A correction: the new version's rows replace the old version's in the table.
@@ -92,7 +92,7 @@ pub enum Versions {
     Keep,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SourceSection {
     /// A directory: file:///path, /path, or a relative path.
@@ -135,7 +135,7 @@ fn default_settle() -> HumanDuration {
 }
 
 /// Where the table is published: a store, and the table's format there.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DestinationSection {
     /// The same URL forms as `staging.url`.
@@ -149,7 +149,7 @@ pub struct DestinationSection {
     pub table_format: TableFormat,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TableFormat {
     #[default]
@@ -157,7 +157,7 @@ pub enum TableFormat {
     Delta,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpoolSection {
     /// Local disk where transform writes Parquet for copy to ship.
@@ -170,9 +170,10 @@ pub struct SpoolSection {
     pub node: String,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TableSection {
+    /// The table's name: its directory under the destination, and its name in the DDL.
     pub name: String,
     /// Columns of the table (required for jsonl and csv; taken from the Avro schema if empty).
     #[serde(default)]
@@ -190,7 +191,7 @@ fn default_pipeline() -> String {
     "default".into()
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ExtractSection {
     /// Upper bound of a chunk's size; chunks end at record boundaries.
@@ -211,7 +212,7 @@ impl Default for ExtractSection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransformSection {
     /// Keep only these columns (after rename), in this order. Empty keeps all.
@@ -229,7 +230,9 @@ pub struct TransformSection {
     pub max_bad_records: u64,
     /// Parquet codec: zstd, snappy, gzip, lz4, none.
     pub compression: Compression,
+    /// The codec's level (zstd 1-22, gzip 0-9; ignored by the others).
     pub compression_level: i32,
+    /// Rows per Parquet row group at most.
     pub row_group_size: usize,
     /// Rows decoded per Arrow batch.
     pub batch_size: usize,
@@ -264,7 +267,7 @@ impl Default for TransformSection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CopySection {
     /// Deadline of one upload of one part (a try; a part is tried at most `retries` + 1
@@ -283,6 +286,7 @@ pub struct CopySection {
     /// to its own temp name; the first to land wins, the other is cancelled and removed.
     /// 0 turns hedging off.
     pub hedge_multiple: f64,
+    /// The shortest time a part's upload runs before a hedge may start.
     pub hedge_min: HumanDuration,
     /// A part whose upload fails on a transient error (a reset, a hung connection, a lost
     /// reply) is sent again this many times inside the attempt, on a new connection and to a
@@ -307,7 +311,7 @@ impl Default for CopySection {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoadSection {
     /// Chunks published at once. Default by destination: 64 for HDFS, where publishing a

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ferry_common::config::{ByteSize, HumanDuration, REDACTED, secret_from_file};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSection {
     /// `file:///dir`, `/dir`, `hdfs://nameservice/dir`, `viewfs://cluster/dir`, `s3://bucket/prefix`,
@@ -20,7 +20,7 @@ pub struct StoreSection {
 }
 
 /// How Ferry talks to one store. Every call has a deadline; none can hang.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreOptions {
     /// Deadline of one metadata call (list, stat, create, complete, rename, delete, HEAD).
@@ -47,7 +47,7 @@ impl Default for StoreOptions {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HdfsOptions {
     /// Directory with core-site.xml / hdfs-site.xml (HA nameservices, viewfs mounts).
@@ -55,9 +55,12 @@ pub struct HdfsOptions {
     pub conf_dir: Option<String>,
     /// Effective user (default: `HADOOP_USER_NAME`, then the login user).
     pub user: Option<String>,
-    /// Kerberos: principal, keytab and credential cache, passed to hdfs-native.
+    /// Kerberos: the principal to log in as (`etl@EXAMPLE.COM`), passed to hdfs-native.
     pub kerberos_principal: Option<String>,
+    /// Kerberos: the keytab holding `kerberos_principal`'s keys (readable by the user Ferry runs as).
     pub kerberos_keytab: Option<String>,
+    /// Kerberos: instead of a keytab, a credential cache someone else fills and renews
+    /// (`FILE:/var/lib/ferry/krb5cc_etl`); only read.
     pub kerberos_cache: Option<String>,
     /// Extra Hadoop settings (`"dfs.client.socket-timeout" = "30000"`), over the conf dir's.
     pub config: BTreeMap<String, String>,
@@ -84,7 +87,7 @@ pub struct ObjectLimits {
 macro_rules! object_store_section {
     ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty = $default:expr,)* }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Deserialize, Serialize)]
+        #[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
         #[serde(deny_unknown_fields, default)]
         pub struct $name {
             $($(#[$fmeta])* pub $field: $ty,)*
@@ -104,6 +107,7 @@ macro_rules! object_store_section {
             /// times, the requests object_store leaves alone although they are safe: one that never
             /// went out (its connect or handshake timed out), a delete, an abort.
             pub max_retries: usize,
+            /// The time budget of those retries of one request.
             pub retry_timeout: HumanDuration,
             /// Files larger than this go multipart, in parts of `part_size`.
             pub part_size: ByteSize,
@@ -159,13 +163,18 @@ object_store_section! {
         /// `AWS_SESSION_TOKEN`, else `profile` in ~/.aws/credentials (`AWS_PROFILE`), else the
         /// instance metadata service.
         access_key_id: Option<String> = None,
+        /// The secret key that goes with `access_key_id` (shown as `***` by `check-config`).
         secret_access_key: Option<String> = None,
+        /// A session token, for temporary credentials (shown as `***`).
         session_token: Option<String> = None,
-        /// The same three read from files (a mounted Kubernetes Secret, a systemd credential), so
-        /// secrets need not sit in the TOML. A key and its `_file` are not both set.
+        /// `access_key_id` read from this file (a mounted Kubernetes Secret, a systemd
+        /// credential), so secrets need not sit in the TOML. A key and its `_file` are not both set.
         access_key_id_file: Option<PathBuf> = None,
+        /// `secret_access_key` read from this file.
         secret_access_key_file: Option<PathBuf> = None,
+        /// `session_token` read from this file.
         session_token_file: Option<PathBuf> = None,
+        /// The profile in ~/.aws/credentials when no key is given (default: `AWS_PROFILE`).
         profile: Option<String> = None,
         /// Path-style requests (`endpoint/bucket/key`), which most self-hosted servers need.
         path_style: bool = false,
@@ -196,6 +205,7 @@ object_store_section! {
         /// `AZURE_STORAGE_ACCOUNT_KEY`, then the environment's Azure credentials (workload or
         /// managed identity, the Azure CLI).
         access_key: Option<String> = None,
+        /// `access_key` read from this file (a mounted Kubernetes Secret, a systemd credential).
         access_key_file: Option<PathBuf> = None,
         /// The account's blob endpoint with its path (`https://host:port/account` for Azurite or
         /// a private endpoint); default `https://<account>.blob.core.windows.net`.

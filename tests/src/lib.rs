@@ -198,6 +198,30 @@ max_bad_records = 5
         self.env.lock().unwrap().push((binary.into(), key.into(), value.into()));
     }
 
+    /// Raises `ledger.max_attempts` to `cap` for every stage: for tests whose fault proxy
+    /// fails a large share of all calls on purpose, where the default cap (8) would now and
+    /// then quarantine a chunk unlucky eight times in a row. The cap's own behaviour is the
+    /// ledger's conformance tests'; [`Pipeline::assert_attempts_within`] shows that a raised
+    /// cap was never needed near its end.
+    pub fn raise_attempt_cap(&self, cap: u32) {
+        for s in STAGES {
+            self.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", &cap.to_string());
+        }
+    }
+
+    /// Fails if a task took more than half of `cap` attempts: the raised cap hid no chunk that
+    /// kept failing. Returns the failed attempts (a test whose faults must fail some asserts so).
+    pub fn assert_attempts_within(&self, cap: u32) -> i64 {
+        let failed = self.count("SELECT COUNT(*) FROM attempts WHERE outcome <> 'done'");
+        let most = self.count("SELECT COALESCE(MAX(attempt), 0) FROM attempts");
+        assert!(
+            most <= i64::from(cap / 2),
+            "a task took {most} attempts, more than half the raised cap of {cap}: {}",
+            self.sql("SELECT group_concat(stage || ' ' || chunk_id || ': ' || COALESCE(error, ''), '; ') FROM (SELECT * FROM attempts ORDER BY attempt DESC LIMIT 3)")
+        );
+        failed
+    }
+
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
@@ -641,6 +665,14 @@ spark.stop()
 "#;
 
 /// Digest of input files (`fmt` = avro, jsonl or csv) read by Python's own readers.
+/// Fails unless digests `got` and `want` hold the same rows: count, distinct ids and the hash
+/// of every row.
+pub fn assert_same_rows(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{what}: {k} ({got} against {want})");
+    }
+}
+
 pub fn input_digest(fmt: &str, dir: &Path) -> serde_json::Value {
     python(DIGEST, &[fmt, dir.to_str().unwrap()])
 }

@@ -534,9 +534,7 @@ fn a_delta_table_on_hdfs_through_lost_commit_replies_holds_every_record_once() {
     );
     let p = Pipeline::with_stores("16KiB", "5s", "0s", None, Some(dest));
     p.stage_env("ferry-load", "FERRY_DESTINATION_URL", &format!("hdfs://{}/wh", proxy.addr));
-    for s in STAGES {
-        p.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", "40");
-    }
+    p.raise_attempt_cap(40);
     p.add_jsonl_batch("a", 3, 300, 11);
     proxy.set(Faults {
         on_request: vec![(b"rename2".to_vec(), 0.25, true), (b"rename2".to_vec(), 0.15, false), (b"complete".to_vec(), 0.1, false)],
@@ -546,6 +544,7 @@ fn a_delta_table_on_hdfs_through_lost_commit_replies_holds_every_record_once() {
     let c = proxy.counters();
     let hit = c.pattern_resets.load(std::sync::atomic::Ordering::SeqCst) + c.silences.load(std::sync::atomic::Ordering::SeqCst);
     assert!(hit > 0, "the proxy cut some of the commits' requests");
+    p.assert_attempts_within(40);
     let local = p.path("readback");
     a.fs(&["-get", "/wh/events", local.to_str().unwrap()]);
     same(&delta_digest(&local, None), &input_digest("jsonl", &p.path("in")), "read back from HDFS");
@@ -578,9 +577,7 @@ fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
         1,
     );
     let p = Pipeline::with_stores("16KiB", "5s", "0s", None, Some(dest));
-    for s in STAGES {
-        p.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", "40");
-    }
+    p.raise_attempt_cap(40);
     p.add_jsonl_batch("a", 3, 300, 12);
     proxy.set(Faults { reset: 0.35, reset_within: 24 << 10, reset_both_ways: true, ..Faults::default() });
     drained_within(&p, "S3 through faults");
@@ -596,6 +593,7 @@ fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
         drained_within(&p, "S3 through faults, another batch");
     }
     assert!(resets() > 0, "the proxy reset some of the stages' connections");
+    p.assert_attempts_within(40);
     let local = p.path("readback");
     download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &local);
     same(&delta_digest(&local, None), &input_digest("jsonl", &p.path("in")), "read back from S3");

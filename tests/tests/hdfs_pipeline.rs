@@ -19,9 +19,7 @@ fn hdfs_pipeline(a: &MiniDfs, b: &MiniDfs, proxy: &FaultProxy) -> Pipeline {
     // Only copy talks to A's NameNode through the proxy (seed 001: the transport is the
     // fragile part); load reaches A directly.
     p.stage_env("ferry-copy", "FERRY_DESTINATION_URL", &format!("hdfs://{}/wh", proxy.addr));
-    for s in STAGES {
-        p.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", "30");
-    }
+    p.raise_attempt_cap(30);
     p
 }
 
@@ -108,6 +106,7 @@ fn seed_001_resets_on_complete_redo_only_the_chunks_they_hit() {
     assert!(failed as u64 <= faults, "only chunks hit by a fault are retried: {failed} failed attempts > {faults} faults");
     assert!(redone < chunks, "a reset redoes one chunk, not the job");
     assert_eq!(other, 0, "extract, transform and load never saw a fault");
+    p.assert_attempts_within(30);
 
     // Nothing left behind on A: `ferry gc` with an age that fits this test (by default a temp
     // file must be a copy deadline plus two leases old before it counts as abandoned).
@@ -157,6 +156,7 @@ fn a_namenode_that_never_answers_costs_a_deadline_not_the_job() {
     let got = table_on(&a, &p);
     assert_eq!((got["rows"].clone(), got["distinct"].clone()), (want["rows"].clone(), want["distinct"].clone()));
     assert_eq!(got["digest"], want["digest"]);
+    assert!(p.assert_attempts_within(30) >= hung, "the hung calls' attempts failed");
 }
 
 /// A copy service (`--watch`) over many chunks holds a bounded number of NameNode connections:

@@ -93,9 +93,7 @@ fn publishes_exactly_once_through_faults_and_an_outage(t: Target) {
     let mut cfg = std::fs::read_to_string(&p.config).unwrap();
     cfg.push_str(&format!("\n[copy]\ndeadline = \"{DEADLINE_S}s\"\nstall_timeout = \"4s\"\nconcurrency = 4\nhedge_min = \"2s\"\n"));
     std::fs::write(&p.config, cfg).unwrap();
-    for s in STAGES {
-        p.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", "50");
-    }
+    p.raise_attempt_cap(50);
     let m = Command::new(bin("ferry")).args(["--ledger", &p.ledger_url(), "migrate"]).output().unwrap();
     assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
 
@@ -138,6 +136,7 @@ fn publishes_exactly_once_through_faults_and_an_outage(t: Target) {
         assert_eq!(code, Some(0), "{}: a stage exited {code:?} after SIGTERM:\n{log}", t.name);
     }
     assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0, "{}: nothing quarantined", t.name);
+    p.assert_attempts_within(50);
     let longest = p.count("SELECT MAX(ended_at - started_at) FROM attempts WHERE stage IN ('copy', 'load')");
     let which = p.sql(
         "SELECT stage || ' ' || chunk_id || ' ' || outcome || ': ' || COALESCE(error, '') FROM attempts \

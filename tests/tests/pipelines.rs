@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use ferry_tests::{Pipeline, STAGES, bin, table_digest};
+use ferry_tests::{Pipeline, STAGES, bin, input_digest, table_digest};
 
 /// A second config beside `p`'s: pipeline `name`, table `table`, source `source` (relative to
 /// the pipeline's directory); the same ledger, staging, spool and destination.
@@ -46,7 +46,15 @@ fn isolated(p: &Pipeline) {
     let (code, err) = run(p, "ferry-extract", &b);
     assert_eq!(code, Some(0), "{err}");
     all_stages(p, &p.config);
-    assert_eq!(table_digest(&p.path("wh/events"))["rows"], 600, "A's table holds A's rows only");
+    let (want_a, want_b) = (input_digest("jsonl", &p.path("in")), input_digest("jsonl", &p.path("in_b")));
+    assert_ne!(want_a["digest"], want_b["digest"], "the two sources differ (seeds 1 and 2)");
+    let same = |table: &str, want: &serde_json::Value, what: &str| {
+        let got = table_digest(&p.path(&format!("wh/{table}")));
+        for k in ["rows", "distinct", "digest"] {
+            assert_eq!(got[k], want[k], "{what}: {k}");
+        }
+    };
+    same("events", &want_a, "A's table holds exactly A's rows");
     assert!(!p.path("wh/events_b").exists(), "nothing of B published by A's stages");
     let a_status = p.command("ferry").args(["status", "--json"]).output().unwrap();
     let a_json: serde_json::Value = serde_json::from_slice(&a_status.stdout).unwrap();
@@ -56,8 +64,8 @@ fn isolated(p: &Pipeline) {
     assert_ne!(pending(&a_json), pending(&b_json), "each pipeline has its own status");
     // Now B's own stages: its table, exactly once, and A's untouched.
     all_stages(p, &b);
-    assert_eq!(table_digest(&p.path("wh/events_b"))["rows"], 600);
-    assert_eq!(table_digest(&p.path("wh/events"))["rows"], 600);
+    same("events_b", &want_b, "B's table holds exactly B's rows");
+    same("events", &want_a, "A's table, untouched by B's stages");
     // A config that names pipeline b with A's table is refused, naming both.
     let wrong = second_config(p, "b", "events", "in_b");
     let (code, err) = run(p, "ferry-transform", &wrong);

@@ -38,9 +38,7 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
     let mut cfg = std::fs::read_to_string(&p.config).unwrap();
     cfg.push_str(&format!("\n[copy]\ndeadline = \"{deadline_s}s\"\nstall_timeout = \"4s\"\nconcurrency = 4\nhedge_min = \"2s\"\n"));
     std::fs::write(&p.config, cfg).unwrap();
-    for s in STAGES {
-        p.stage_env(s, "FERRY_LEDGER_MAX_ATTEMPTS", "50");
-    }
+    p.raise_attempt_cap(50);
     // Make sure the ledger exists before four services and a monitor open it.
     let m = Command::new(bin("ferry")).args(["--ledger", &p.ledger_url(), "migrate"]).output().unwrap();
     assert!(m.status.success());
@@ -160,6 +158,7 @@ fn seed_000_events_keep_flowing_through_hung_handshakes() {
     let per_sec = (chunks as f64 / secs as f64).ceil() as i64;
     assert!(backlog <= per_sec * 15 + 8, "backlog grew to {backlog} chunks ({per_sec} chunks land per second)");
     assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0);
+    p.assert_attempts_within(50);
 }
 
 /// Hedged copies: one upload stalls mid-body on its connection (the proxy stops forwarding it);
