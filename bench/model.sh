@@ -3,7 +3,7 @@
 # random histories of arrivals, corrections, reverts, duplicates, kill -9, reruns, skips, gc, prune
 # and (on Postgres) ledger restarts, each checked against the model, on five setups: SQLite,
 # Postgres, the table on S3 through faults, staging and table on two MiniDFS clusters
-# (hdfs_pair, not in the suite), and a Delta table on local dirs (delta). Prints every seed, the
+# (hdfs_pair; the suite walks one seed of it), and a Delta table on local dirs (delta). Prints every seed, the
 # steps run and, on a failure, the seed, the history and the shortest failing prefix.
 #
 #   bench/model.sh                 # an hour on each setup, one after the other
