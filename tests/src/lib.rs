@@ -370,6 +370,20 @@ max_bad_records = 5
     }
 }
 
+/// Sets the modification time of `path` (a file, or a directory and everything under it) `secs`
+/// seconds back: a test of an age cutoff (`ferry gc --older-than`) makes its files old at once
+/// instead of sleeping past the cutoff.
+pub fn age(path: &Path, secs: u64) {
+    let when = std::time::SystemTime::now() - std::time::Duration::from_secs(secs);
+    if path.is_dir() {
+        for e in std::fs::read_dir(path).unwrap().flatten() {
+            age(&e.path(), secs);
+        }
+    }
+    let f = std::fs::File::open(path).unwrap();
+    f.set_modified(when).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
 /// `cp -a from to` (a file or a whole tree; `to` replaced).
 pub fn copy_tree(from: &Path, to: &Path) {
     let _ = std::fs::remove_dir_all(to);

@@ -206,7 +206,8 @@ fn gc_syncs_the_ledger_before_it_removes_spent_spool_and_stray_landed_copies() {
         std::fs::create_dir_all(f.parent().unwrap()).unwrap();
         std::fs::copy(p.path(&format!("wh/{path}")), f).unwrap();
     }
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    ferry_tests::age(&p.path(&format!("spool/events/{chunk}")), 60);
+    ferry_tests::age(&p.path(&format!("wh/_ferry/landed/events/{chunk}")), 60);
     let text = traced(&p, "gc", "ferry", &["gc", "--older-than", "1s", "--sweep", "spent-spool", "--sweep", "stray-landed"]);
     let (spent, stray) = (spent.display().to_string(), stray.display().to_string());
     let found = unsynced_at_unlinks(&text, &p, |f| f == spent || f == stray);

@@ -256,7 +256,8 @@ fn gc_removes_a_landed_copy_of_a_published_chunk() {
     let pending = p.path("wh/_ferry/landed/events/not-a-published-chunk/dt=2026-11-28/part-x.parquet");
     std::fs::create_dir_all(pending.parent().unwrap()).unwrap();
     std::fs::write(&pending, b"x").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    ferry_tests::age(&stray, 60);
+    ferry_tests::age(&pending, 60);
     // Sweeps run by name: another one leaves it, an unknown name is refused with the names.
     let out = ok(&ferry(&p, &["gc", "--older-than", "1s", "--sweep", "spent-spool", "--sweep", "staging-temps"]), "gc");
     assert!(stray.exists(), "only the named sweeps ran: {out}");
@@ -291,7 +292,7 @@ fn gc_removes_a_zombie_transforms_spool_files_once_the_chunk_is_copied() {
     // Younger than --older-than: a writer may be at work.
     let out = ok(&ferry(&p, &["gc", "--older-than", "1h"]), "gc");
     assert!(zombie.exists(), "a spool file written within --older-than stays: {out}");
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    ferry_tests::age(&p.path("spool/events"), 60);
     let out = ok(&ferry(&p, &["gc", "--older-than", "1s"]), "gc");
     assert!(!p.path(&format!("spool/events/{chunk}")).exists(), "the zombie's spool files are gone: {out}");
     assert!(waiting.exists(), "spool files of a chunk not copied yet stay");

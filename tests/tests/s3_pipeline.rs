@@ -201,9 +201,14 @@ fn a_stalled_upload_is_overtaken_by_its_hedge() {
     assert!(took < Duration::from_secs(10), "the hedge beat the 20 s deadline by far: {took:?}");
     assert_eq!(p.count("SELECT COUNT(*) FROM attempts WHERE stage = 'copy' AND outcome <> 'done'"), 0, "no attempt failed");
     assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load'"), chunks, "every chunk copied");
-    // The loser's temp object is removed (in the background, right after the win).
-    std::thread::sleep(Duration::from_secs(2));
-    let left = s3_keys(&s3, &format!("{prefix}/_ferry/tmp/"));
+    // The loser's temp object is removed (in the background, right after the win): looked for
+    // until it is gone, 30 s at most.
+    let t = Instant::now();
+    let mut left = s3_keys(&s3, &format!("{prefix}/_ferry/tmp/"));
+    while !left.is_empty() && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+        left = s3_keys(&s3, &format!("{prefix}/_ferry/tmp/"));
+    }
     assert!(left.is_empty(), "temp objects left: {left:?}");
     assert!(p.stage("ferry-load").status.success());
     let got = s3_table_digest(&format!("{}/{prefix}/events", s3.bucket));
