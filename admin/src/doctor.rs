@@ -72,6 +72,7 @@ async fn delta_steps(s: &mut Steps, cfg: &Config) -> Result<(), ()> {
         Err(e) => return s.fail("open", with_causes(&e)),
     };
     let name = &cfg.table.name;
+    put_if_absent_steps(s, &store, name).await?;
     let snapshot = s.step("read the Delta log", ferry_delta::DeltaLog::new(store.clone(), name).snapshot()).await?;
     if snapshot.version < 0 {
         s.note("no table yet: the first load creates it".into());
@@ -92,6 +93,42 @@ async fn delta_steps(s: &mut Steps, cfg: &Config) -> Result<(), ()> {
         "table features: none Ferry does not write{}",
         if snapshot.append_only() { "; append-only (a corrected file or a rerun that replaces rows is refused)" } else { "" }
     ));
+    Ok(())
+}
+
+/// A Delta commit is a put-if-absent: two writers (two loads, Ferry and another engine) that
+/// create the same log version must not both succeed. A store that lets a second create replace
+/// the first (an S3-compatible server that ignores `If-None-Match`) would lose commits without a
+/// word, so it is refused here by name: a probe object under the table's `_ferry/` is created
+/// twice; the second create must be refused and the first one's bytes kept. The probe is removed.
+async fn put_if_absent_steps(s: &mut Steps, store: &Store, table: &str) -> Result<(), ()> {
+    let nonce = format!("{}-{}", std::process::id(), chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default());
+    let probe = format!("{table}/_ferry/put-if-absent-probe-{nonce}");
+    let first = s.step("put-if-absent: a new object", store.create_new(&probe, b"first".to_vec())).await;
+    let second = match first {
+        Ok(true) => s.step("put-if-absent: the same object again", store.create_new(&probe, b"second".to_vec())).await,
+        Ok(false) => Ok(true),
+        Err(()) => Err(()),
+    };
+    let kept = match second {
+        Ok(_) => s.step("read the probe back", store.read(&probe)).await,
+        Err(()) => Err(()),
+    };
+    if let Err(e) = store.delete(&probe).await {
+        s.hop.steps.push(format!("remove the probe: {} is left ({e}); delete it by hand", store.url(&probe)));
+    }
+    let (first, second, kept) = (first?, second?, kept?);
+    if !first || second || kept != b"first" {
+        return s.fail(
+            "put-if-absent",
+            format!(
+                "{} let a second create of the same object replace the first (it does not honour If-None-Match): a Delta \
+                 table there would lose commits; use a store that does, or destination.table_format = \"hive\"",
+                store.url("")
+            ),
+        );
+    }
+    s.note("a second create is refused, as a Delta commit needs".into());
     Ok(())
 }
 

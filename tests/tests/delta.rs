@@ -796,3 +796,16 @@ fn a_load_gone_on_past_its_lease_does_not_undo_the_newer_load_of_its_chunk() {
     assert!(o.status.success(), "verify: {}", String::from_utf8_lossy(&o.stdout));
     no_version_doubles(&table(&p));
 }
+
+/// `ferry doctor` on a Delta table's destination checks the put-if-absent a commit needs (a
+/// second create of one object refused, the first one's bytes kept) and leaves no probe behind.
+#[test]
+fn doctor_checks_that_the_destination_refuses_a_second_create_and_leaves_no_probe() {
+    let p = delta_pipeline("16KiB");
+    let o = output_within(p.command("ferry").arg("doctor"), std::time::Duration::from_secs(120));
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && text.contains("a second create is refused"), "doctor: {text}");
+    let left: Vec<PathBuf> =
+        ferry_tests::files_under(&p.path("wh")).into_iter().filter(|f| f.to_string_lossy().contains("put-if-absent-probe")).collect();
+    assert!(left.is_empty(), "probes left: {left:?}");
+}
