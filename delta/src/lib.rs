@@ -373,12 +373,29 @@ impl DeltaLog {
     /// metadata, active files, the txns and tombstones still within their retention as of
     /// `now_ms`), then points `_last_checkpoint` at it. Each is written whole under its name
     /// (temp file, then rename or a single PUT); a checkpoint of a version holds the same
-    /// state whoever writes it, so two writers may both write it.
+    /// state whoever writes it, so two writers may both write it. `_last_checkpoint` is left
+    /// alone when it already names a newer checkpoint (a slower writer's older checkpoint would
+    /// otherwise send readers back to replay from it); two writers that both read an older one
+    /// can still race, which costs readers replayed commits, never a wrong table (they list the
+    /// log from the checkpoint it names).
     pub async fn checkpoint(&self, s: &Snapshot, now_ms: i64) -> Result<()> {
         let (bytes, rows) = checkpoint::encode(s, now_ms)?;
         self.store.put_atomic(&format!("{}/{:020}.checkpoint.parquet", self.log_dir(), s.version), bytes).await?;
+        let pointer = format!("{}/_last_checkpoint", self.log_dir());
+        let newer = match self.store.read(&pointer).await {
+            Ok(text) => serde_json::from_slice::<Value>(&text)
+                .ok()
+                .and_then(|v| v.get("version").and_then(Value::as_i64))
+                .is_some_and(|v| v >= s.version),
+            Err(e) if e.is_not_found() => false,
+            Err(e) => return Err(e.into()),
+        };
+        if newer {
+            tracing::debug!(table = %self.table, version = s.version, "checkpoint written; _last_checkpoint already names a newer one");
+            return Ok(());
+        }
         let last = serde_json::json!({"version": s.version, "size": rows});
-        self.store.put_atomic(&format!("{}/_last_checkpoint", self.log_dir()), last.to_string().into_bytes()).await?;
+        self.store.put_atomic(&pointer, last.to_string().into_bytes()).await?;
         tracing::debug!(table = %self.table, version = s.version, actions = rows, "checkpoint written");
         Ok(())
     }
@@ -479,8 +496,15 @@ mod tests {
             for v in [10, 20] {
                 assert!(dir.join(format!("{v:020}.checkpoint.parquet")).exists(), "checkpoint {v}");
             }
-            let last: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("_last_checkpoint")).unwrap()).unwrap();
-            assert_eq!(last["version"], 20);
+            let last = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(dir.join("_last_checkpoint")).unwrap()).unwrap() };
+            assert_eq!(last()["version"], 20);
+            // A slower writer's checkpoint of an older version leaves the pointer where it is.
+            let mut older = Snapshot::empty();
+            for v in 0..=10 {
+                older.apply(v, &std::fs::read_to_string(dir.join(format!("{v:020}.json"))).unwrap()).unwrap();
+            }
+            log.checkpoint(&older, 30 * day).await.unwrap();
+            assert_eq!(last()["version"], 20, "_last_checkpoint never goes back");
             // The commits a cleanup would remove go; the snapshot starts at the checkpoint.
             for v in 0..20 {
                 std::fs::remove_file(dir.join(format!("{v:020}.json"))).unwrap();
