@@ -22,6 +22,9 @@ pub struct Verified {
     pub lines: Vec<String>,
     pub bad_chunks: BTreeSet<String>,
     pub problems: usize,
+    /// Published parts another writer's commit took out (its DELETE, UPDATE, MERGE or
+    /// OPTIMIZE): not problems of the table, but switches and reruns of their chunks are refused.
+    pub rewritten: usize,
 }
 
 /// A log that cannot be read is a finding (the table is not what the ledger says), not an
@@ -41,7 +44,7 @@ fn read_error(e: DeltaError, what: &str, out: &mut Verified) -> Result<(), Error
 pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verified, Error> {
     let mut out = Verified::default();
     let log = DeltaLog::new(dest.clone(), table);
-    let s: Snapshot = match log.snapshot().await {
+    let mut s: Snapshot = match log.snapshot().await {
         Ok(s) => s,
         Err(e) => {
             read_error(e, &dest.url(&format!("{table}/_delta_log")), &mut out)?;
@@ -51,6 +54,13 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
     let v = s.version;
     let prefix = format!("{table}/");
     let want = ledger.published_files(table).await?;
+    // A published part out of the table: who took it out, when the checkpoint does not say.
+    if want.iter().any(|(path, _, _)| !s.has_part(path.strip_prefix(&prefix).unwrap_or(path)))
+        && let Err(e) = log.trace(&mut s).await
+    {
+        read_error(e, &dest.url(&format!("{table}/_delta_log")), &mut out)?;
+        return Ok(out);
+    }
     // Parts by table path, whether a file of their own or held by a compacted file.
     let parts: HashMap<&str, (i64, Option<&str>)> = s.parts().map(|(rel, size, file)| (rel, (size, file))).collect();
     let mut chunk_of: HashMap<&str, &str> = HashMap::new();
@@ -58,6 +68,16 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
         let rel = path.strip_prefix(&prefix).unwrap_or(path);
         chunk_of.insert(rel, chunk);
         match parts.get(rel).map(|(size, _)| size) {
+            // Another writer's to change: reported, not a fault of the table.
+            None if let Some(r) = s.rewritten.get(rel) => {
+                out.rewritten += 1;
+                out.lines.push(format!(
+                    "rewritten {path} (chunk {chunk}): taken out by another writer's commit {} ({}){}",
+                    r.version,
+                    r.operation,
+                    if r.kept { "; its rows are in that writer's files" } else { "; no file took its rows" }
+                ));
+            }
             None => {
                 out.problems += 1;
                 out.bad_chunks.insert(chunk.clone());
@@ -71,8 +91,13 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
             Some(_) => {}
         }
     }
-    let mut extra: Vec<(&str, Option<&str>)> =
-        parts.iter().filter(|(rel, _)| !chunk_of.contains_key(*rel)).map(|(rel, (_, file))| (*rel, *file)).collect();
+    // Files other writers added (not named as Ferry's parts) are theirs: counted, not faults.
+    type Found<'a> = Vec<(&'a str, Option<&'a str>)>;
+    let (mut extra, others): (Found, Found) = parts
+        .iter()
+        .filter(|(rel, _)| !chunk_of.contains_key(*rel))
+        .map(|(rel, (_, file))| (*rel, *file))
+        .partition(|(rel, file)| file.is_some() || ferry_delta::chunk_of(rel).is_some());
     extra.sort();
     for (rel, file) in extra {
         out.problems += 1;
@@ -126,12 +151,18 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
     out.lines.push(format!(
         "pipeline {}, Delta table {table}: version {v} ({checkpoint}), {} active file(s) ({compacted} compacted, holding {} \
          part(s)), {} part(s) in all, {} published in the ledger, {kept} file(s) on the store not in the table (removed by a \
-         commit, or never committed; `ferry vacuum` deletes them past the retention)",
+         commit, or never committed; `ferry vacuum` deletes them past the retention){}{}",
         ledger.pipeline(),
         s.files.len(),
         s.members.len(),
         parts.len(),
         want.len(),
+        if others.is_empty() { String::new() } else { format!("; {} active file(s) of other writers", others.len()) },
+        if out.rewritten > 0 {
+            format!("; {} published part(s) rewritten by other writers (a switch, rerun or skip of their chunks is refused)", out.rewritten)
+        } else {
+            String::new()
+        },
     ));
     Ok(out)
 }

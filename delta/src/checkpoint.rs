@@ -148,15 +148,19 @@ pub(crate) fn encode(s: &Snapshot, now_ms: i64) -> Result<(Vec<u8>, usize)> {
 
 /// The newest complete checkpoint among the log's file names.
 pub(crate) fn latest(names: &[String]) -> Option<Checkpoint> {
+    complete(names).pop()
+}
+
+/// Every complete checkpoint among the log's file names, oldest first (of two for one version,
+/// the single file).
+pub(crate) fn complete(names: &[String]) -> Vec<Checkpoint> {
     let mut parts: BTreeMap<(i64, u32), Vec<(u32, String)>> = BTreeMap::new();
-    let mut best: Option<Checkpoint> = None;
+    let mut found: BTreeMap<i64, Checkpoint> = BTreeMap::new();
     for n in names {
         let Some((version, rest)) = n.split_once(".checkpoint.") else { continue };
         let Ok(version) = version.parse::<i64>() else { continue };
         if rest == "parquet" {
-            if best.as_ref().is_none_or(|b| b.version < version) {
-                best = Some(Checkpoint { version, files: vec![n.clone()] });
-            }
+            found.insert(version, Checkpoint { version, files: vec![n.clone()] });
         } else if let Some((part, of)) = rest.strip_suffix(".parquet").and_then(|r| r.split_once('.'))
             && let (Ok(part), Ok(of)) = (part.parse::<u32>(), of.parse::<u32>())
         {
@@ -166,11 +170,11 @@ pub(crate) fn latest(names: &[String]) -> Option<Checkpoint> {
     for ((version, of), mut files) in parts {
         files.sort();
         files.dedup();
-        if files.len() == of as usize && best.as_ref().is_none_or(|b| b.version < version) {
-            best = Some(Checkpoint { version, files: files.into_iter().map(|(_, n)| n).collect() });
+        if files.len() == of as usize {
+            found.entry(version).or_insert(Checkpoint { version, files: files.into_iter().map(|(_, n)| n).collect() });
         }
     }
-    best
+    found.into_values().collect()
 }
 
 /// Replays checkpoint `c` (files in `dir`) into the empty snapshot `s`.
@@ -211,11 +215,13 @@ pub(crate) async fn read(store: &Store, dir: &str, c: &Checkpoint, s: &mut Snaps
             w.finish().map_err(|e| err(&e))?;
             for line in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                 let action: Value = serde_json::from_slice(line).map_err(|e| err(&e))?;
-                s.apply_action(c.version, action).map_err(|e| err(&e))?;
+                s.apply_action(c.version, action, None).map_err(|e| err(&e))?;
             }
         }
     }
     s.version = c.version;
+    // Who took out the files its tombstones name is not in a checkpoint.
+    s.replayed_from = c.version + 1;
     Ok(())
 }
 

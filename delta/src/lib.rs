@@ -119,6 +119,22 @@ pub struct Txn {
     pub last_updated: Option<i64>,
 }
 
+/// A part of Ferry's that another writer's commit took out of the table: a DELETE, UPDATE or
+/// MERGE that rewrote its file, an OPTIMIZE that merged it, a removal of a compacted file that
+/// held it. Ferry cannot name that writer's files by chunk, so it can neither take the part's
+/// rows out (a switch, a rerun, a skip would leave them beside the new ones) nor put the part
+/// back (the rows the other writer deleted would return).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rewritten {
+    /// The commit that took it out.
+    pub version: i64,
+    /// That commit's operation and writer, as its commitInfo says (`DELETE by delta-rs.0.25.1`).
+    pub operation: String,
+    /// The commit added files, where some of the part's rows may be now (a DELETE of whole
+    /// files adds none: the rows are gone).
+    pub kept: bool,
+}
+
 /// The table as of one version: what a reader of that version sees.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -133,6 +149,11 @@ pub struct Snapshot {
     pub txns: HashMap<String, Txn>,
     /// The compacted file that holds each part compacted away, by the part's path.
     pub members: HashMap<String, String>,
+    /// Ferry's parts out of this version that another writer took out, by path.
+    pub rewritten: HashMap<String, Rewritten>,
+    /// The first version whose commit was replayed: a tombstone of an older commit (read from
+    /// a checkpoint) says a file was removed, not by whom, until [`DeltaLog::trace`].
+    pub replayed_from: i64,
 }
 
 impl Snapshot {
@@ -142,32 +163,54 @@ impl Snapshot {
 
     /// Applies one commit's actions (`version`'s), as the protocol's replay does.
     pub fn apply(&mut self, version: i64, text: &str) -> Result<()> {
+        let mut actions = Vec::new();
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             let action: Value = serde_json::from_str(line)
                 .map_err(|e| DeltaError::Log(format!("commit {version}, line {}: not a JSON action ({e})", i + 1)))?;
-            self.apply_action(version, action).map_err(|e| DeltaError::Log(format!("commit {version}, line {}: {e}", i + 1)))?;
+            actions.push((i, action));
+        }
+        let foreign = foreign_commit(version, actions.iter().map(|(_, a)| a));
+        for (i, action) in actions {
+            self.apply_action(version, action, foreign.as_ref())
+                .map_err(|e| DeltaError::Log(format!("commit {version}, line {}: {e}", i + 1)))?;
         }
         self.version = version;
         Ok(())
     }
 
-    fn apply_action(&mut self, version: i64, mut action: Value) -> Result<(), String> {
+    /// One action; `foreign` is set when another writer's commit holds it (None for Ferry's
+    /// commits and a checkpoint's actions).
+    fn apply_action(&mut self, version: i64, mut action: Value, foreign: Option<&Rewritten>) -> Result<(), String> {
         let path = |a: &Value| a.get("path").and_then(Value::as_str).map(decode_path).ok_or("an action without a path");
         if let Some(a) = action.get_mut("add").map(Value::take) {
             let p = path(&a)?;
             let size = a.get("size").and_then(Value::as_i64).unwrap_or(0);
             let members = members_of(&a)?;
             self.removed.remove(&p);
+            self.rewritten.remove(&p);
             for m in &members {
                 self.members.insert(m.rel.clone(), p.clone());
+                self.rewritten.remove(&m.rel);
             }
             if let Some(old) = self.files.insert(p.clone(), Active { size, added_in: version, action: a, members }) {
                 self.forget_members(&p, &old);
             }
         } else if let Some(r) = action.get_mut("remove").map(Value::take) {
             let p = path(&r)?;
+            // The parts whose rows the removed file held: itself, or a compacted file's members.
+            let mut parts = if chunk_of(&p).is_some() { vec![p.clone()] } else { vec![] };
             if let Some(old) = self.files.remove(&p) {
                 self.forget_members(&p, &old);
+                if !old.members.is_empty() {
+                    parts = old.members.iter().map(|m| m.rel.clone()).collect();
+                }
+            }
+            for part in parts {
+                match foreign {
+                    Some(w) => self.rewritten.insert(part, w.clone()),
+                    // Ferry took it out itself: its rows are out, or in the file it added.
+                    None => self.rewritten.remove(&part),
+                };
             }
             self.removed.insert(p, r);
         } else if let Some(t) = action.get("txn") {
@@ -197,6 +240,17 @@ impl Snapshot {
         }
     }
 
+    /// The parts of `chunk` another writer took out of the table (see [`Rewritten`]).
+    pub fn rewritten_of<'a>(&'a self, chunk: &'a str) -> impl Iterator<Item = (&'a str, &'a Rewritten)> + 'a {
+        self.rewritten.iter().filter(move |(p, _)| chunk_of(p) == Some(chunk)).map(|(p, r)| (p.as_str(), r))
+    }
+
+    /// Whether a tombstone of one of `chunks`' parts came from a checkpoint, so who removed it
+    /// is not known yet (see [`DeltaLog::trace`]).
+    pub fn needs_trace(&self, chunks: &std::collections::HashSet<&str>) -> bool {
+        self.replayed_from > 0 && self.removed.keys().any(|p| chunk_of(p).is_some_and(|c| chunks.contains(c)))
+    }
+
     /// The table's current schema string, if it has one.
     pub fn schema_string(&self) -> Option<&str> {
         self.metadata.as_ref()?.get("schemaString")?.as_str()
@@ -211,6 +265,19 @@ impl Snapshot {
     pub fn checkpoint_interval(&self) -> i64 {
         self.property("delta.checkpointInterval").and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0).unwrap_or(CHECKPOINT_INTERVAL)
     }
+}
+
+/// The writer of a commit that is not Ferry's (its commitInfo's `engineInfo` does not start
+/// with `ferry/`), as a [`Rewritten`] for the parts it takes out; None for Ferry's.
+fn foreign_commit<'a>(version: i64, mut actions: impl Iterator<Item = &'a Value> + Clone) -> Option<Rewritten> {
+    let info = actions.clone().find_map(|a| a.get("commitInfo"));
+    let text = |k: &str| info.and_then(|i| i.get(k)).and_then(Value::as_str);
+    let engine = text("engineInfo").or(text("clientVersion"));
+    if engine.is_some_and(|e| e.starts_with("ferry/")) {
+        return None;
+    }
+    let operation = format!("{} by {}", text("operation").unwrap_or("a commit"), engine.unwrap_or("another writer"));
+    Some(Rewritten { version, operation, kept: actions.any(|a| a.get("add").is_some()) })
 }
 
 /// A Delta interval (`interval 7 days`, `interval 12 hours`) in milliseconds.
@@ -292,6 +359,40 @@ impl DeltaLog {
         let mut s = Snapshot::empty();
         self.catch_up(&mut s).await?;
         Ok(s)
+    }
+
+    /// Learns who removed the files `s`'s checkpoint names as removed: the log is replayed
+    /// from the oldest point every later commit is kept from (version 0, or the oldest
+    /// checkpoint), and the parts another writer took out since are marked in `s`. A removal
+    /// older than that point (the log cleaned up past `delta.logRetentionDuration`) stays
+    /// unknown. Costs a read of every kept commit, so it is asked for only when a chunk with
+    /// such a tombstone is to be written.
+    pub async fn trace(&self, s: &mut Snapshot) -> Result<()> {
+        if s.replayed_from == 0 {
+            return Ok(());
+        }
+        let names = self.store.children(&self.log_dir()).await?;
+        let commits: std::collections::BTreeSet<i64> = names.iter().filter_map(|n| n.strip_suffix(".json")?.parse().ok()).collect();
+        let mut h = Snapshot::empty();
+        if !commits.contains(&0) {
+            // The oldest checkpoint from which no commit is missing.
+            let last = commits.last().copied().unwrap_or(-1);
+            let Some(c) = checkpoint::complete(&names).into_iter().find(|c| (c.version + 1..=last).all(|v| commits.contains(&v))) else {
+                return Ok(());
+            };
+            if c.version + 1 >= s.replayed_from {
+                return Ok(());
+            }
+            checkpoint::read(&self.store, &self.log_dir(), &c, &mut h).await?;
+        }
+        self.catch_up(&mut h).await?;
+        for (p, r) in h.rewritten {
+            if !s.has_part(&p) {
+                s.rewritten.entry(p).or_insert(r);
+            }
+        }
+        s.replayed_from = h.replayed_from;
+        Ok(())
     }
 
     /// The version of the newest checkpoint in the log, if any.
@@ -413,11 +514,51 @@ mod tests {
     use std::collections::BTreeMap;
 
     use ferry_ledger::SchemaColumn;
+    use serde_json::json;
 
     use super::*;
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    }
+
+    /// Replay knows which of Ferry's parts another writer took out: a DELETE that rewrote one
+    /// (rows kept in its file), a DELETE of a whole file (none kept), an OPTIMIZE of a compacted
+    /// file (each member); Ferry's own removes and a part added again are not marked.
+    #[test]
+    fn replay_marks_the_parts_another_writer_took_out() {
+        let line = |v: Value| format!("{v}\n");
+        let ferry = |op: &str| line(commit_info(op, &[], 1));
+        let other = |op: &str| line(json!({"commitInfo": {"operation": op, "clientVersion": "delta-rs.0.25.1"}}));
+        let add_ = |p: &str| line(json!({"add": {"path": p, "size": 10, "partitionValues": {}, "dataChange": true}}));
+        let (p1, p2, p3, p4) =
+            ("part-c1-0000000a.parquet", "part-c2-0000000b.parquet", "part-c3-0000000c.parquet", "part-c4-0000000d.parquet");
+        let mut s = Snapshot::empty();
+        s.apply(0, &(ferry("WRITE") + &add_(p1) + &add_(p2) + &add_(p3) + &add_(p4))).unwrap();
+        s.apply(1, &(other("DELETE") + &line(remove(p1, 10, 2)) + &add_("part-00000-x.parquet"))).unwrap();
+        s.apply(2, &(other("DELETE") + &line(remove(p2, 10, 2)))).unwrap();
+        s.apply(3, &(ferry("MERGE") + &line(remove(p3, 10, 2)))).unwrap();
+        let merged = json!({"add": {"path": "compact-1.parquet", "size": 10, "partitionValues": {}, "dataChange": false,
+            "tags": {MEMBERS_TAG: json!([{"path": p4, "size": 10, "records": 3, "rowGroups": 1}]).to_string()}}});
+        s.apply(4, &(ferry("OPTIMIZE") + &line(remove(p4, 10, 2)) + &line(merged))).unwrap();
+        let mut marked: Vec<&str> = s.rewritten.keys().map(String::as_str).collect();
+        marked.sort();
+        assert_eq!(marked, [p1, p2], "Ferry's own remove and compaction mark nothing");
+        s.apply(5, &(other("OPTIMIZE") + &line(remove("compact-1.parquet", 10, 2)) + &add_("part-00001-y.parquet"))).unwrap();
+        let got: BTreeMap<&str, (i64, &str, bool)> =
+            s.rewritten.iter().map(|(p, r)| (p.as_str(), (r.version, r.operation.as_str(), r.kept))).collect();
+        assert_eq!(
+            got,
+            BTreeMap::from([
+                (p1, (1, "DELETE by delta-rs.0.25.1", true)),
+                (p2, (2, "DELETE by delta-rs.0.25.1", false)),
+                (p4, (5, "OPTIMIZE by delta-rs.0.25.1", true)),
+            ])
+        );
+        assert_eq!(s.rewritten_of("c1").count(), 1);
+        // Added again (a revert by an operator through Ferry): in, not marked.
+        s.apply(6, &(ferry("WRITE") + &add_(p2))).unwrap();
+        assert!(!s.rewritten.contains_key(p2));
     }
 
     #[test]

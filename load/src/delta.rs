@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ferry_common::paths;
-use ferry_delta::{self as delta, Change, DeltaError, DeltaLog, Snapshot, chunk_of};
+use ferry_delta::{self as delta, Change, DeltaError, DeltaLog, Rewritten, Snapshot, chunk_of};
 use ferry_ledger::{Lease, Part, SchemaColumn, Work};
 use ferry_storage::Store;
 use serde_json::Value;
@@ -107,6 +107,9 @@ struct Found {
     superseded: bool,
     /// A part to add was not placed (a merged file held it when load looked, and no longer).
     unplaced: bool,
+    /// Parts of this plan another writer took out (a retry or a rerun of the same bytes):
+    /// counted in as that writer left them, not added again.
+    rewritten: Vec<String>,
 }
 
 impl Plan<'_> {
@@ -126,13 +129,18 @@ impl Plan<'_> {
                 return Ok(None);
             }
         }
-        // A part counts as in whether its own file is active or a compacted file holds it.
-        let adds: Vec<&(String, &Part)> = self.parts.iter().filter(|(rel, _)| !s.has_part(rel)).collect();
+        // A part counts as in whether its own file is active or a compacted file holds it, or
+        // another writer took it out after it was in (its rows are that writer's now).
+        type Planned<'p> = Vec<&'p (String, &'p Part)>;
+        let (theirs, adds): (Planned, Planned) =
+            self.parts.iter().filter(|(rel, _)| !s.has_part(rel)).partition(|(rel, _)| s.rewritten.contains_key(rel));
         if adds.iter().any(|(rel, _)| self.held.contains(rel)) {
             found.unplaced = true;
             return Ok(None);
         }
         let wanted: HashSet<&str> = self.parts.iter().map(|(rel, _)| rel.as_str()).collect();
+        self.check_rewrites(s, &adds, &wanted, &version_of)?;
+        found.rewritten = theirs.iter().map(|(rel, _)| rel.clone()).collect();
         let mut drop: Vec<String> = s
             .parts()
             .map(|(f, _, _)| f)
@@ -170,6 +178,45 @@ impl Plan<'_> {
             actions.push(delta::txn(&app, version, self.now_ms));
         }
         Ok(Some(Change { actions, drop }))
+    }
+
+    /// Refuses a commit that would undo or double what another writer did to Ferry's parts
+    /// (see [`Rewritten`]): new bytes for a chunk some of whose parts it took out (the rows it
+    /// deleted would come back), or taking out a chunk whose rows may be in its files (a
+    /// rerun's earlier output, a skipped sibling, an older version in a switch: Ferry would
+    /// leave those rows beside the new ones). Nothing is written; the message names the commit.
+    fn check_rewrites(
+        &self,
+        s: &Snapshot,
+        adds: &[&(String, &Part)],
+        wanted: &HashSet<&str>,
+        version_of: &dyn Fn(&str) -> Option<i64>,
+    ) -> Result<(), DeltaError> {
+        let refuse = |chunk: &str, part: &str, r: &Rewritten, what: &str| Err(rewritten_refusal(&self.table, chunk, part, r, what));
+        for c in &self.chunks {
+            let new = adds.iter().any(|(rel, _)| chunk_of(rel) == Some(*c));
+            for (part, r) in s.rewritten_of(c) {
+                if new {
+                    return refuse(c, part, r, "loading other bytes for that chunk (a rerun or a corrected file)");
+                }
+                if r.kept && !wanted.contains(part) {
+                    return refuse(c, part, r, "taking the chunk's earlier output out");
+                }
+            }
+        }
+        for c in &self.skipped {
+            if let Some((part, r)) = s.rewritten_of(c).find(|(_, r)| r.kept) {
+                return refuse(c, part, r, "taking the skipped chunk's rows out");
+            }
+        }
+        if let Some((mine, _)) = self.version.as_ref().filter(|_| self.replaces) {
+            let older = s.rewritten.iter().filter(|(p, r)| r.kept && version_of(p).is_some_and(|v| v < *mine));
+            if let Some((part, r)) = older.min_by_key(|(p, _)| p.as_str()) {
+                let c = chunk_of(part).unwrap_or_default();
+                return refuse(c, part, r, "switching its source file to a newer version");
+            }
+        }
+        Ok(())
     }
 
     /// The `txn` app id of a chunk of this pipeline.
@@ -299,6 +346,28 @@ impl Plan<'_> {
     }
 }
 
+/// Why a commit that would undo or double another writer's rewrite of part `part` is refused.
+fn rewritten_refusal(table: &str, chunk: &str, part: &str, r: &Rewritten, what: &str) -> DeltaError {
+    DeltaError::Refused(format!(
+        "Delta table {table}: part {part} of chunk {chunk} was rewritten by another writer's commit {} ({}); its rows are that \
+         writer's now and Ferry cannot tell them apart in its files, so {what} is refused (nothing written). Skip the chunks \
+         this refuses (ferry skip --chunk) to leave the table as that writer left it",
+        r.version, r.operation
+    ))
+}
+
+/// Reads who removed the tombstoned parts of `chunks` when the cached snapshot came from a
+/// checkpoint (a rare path: a rerun, a switch, a revert of a chunk that was in before).
+async fn trace_for(table: &DeltaTable, chunks: &HashSet<&str>) -> Result<(), LoadError> {
+    let mut cached = table.snapshot.lock().await;
+    if let Some(s) = cached.as_mut()
+        && s.needs_trace(chunks)
+    {
+        table.log.trace(s).await.map_err(table_error)?;
+    }
+    Ok(())
+}
+
 /// A Delta type with the `metadata` of its nested fields left out (comments and such that
 /// another writer keeps there are not part of the type).
 fn without_metadata(ty: &Value) -> Value {
@@ -373,6 +442,14 @@ impl Loader {
             pipeline: self.cfg.pipeline.clone(),
             now_ms: self.ledger.now_ms(),
         };
+        let touched: HashSet<&str> = plan
+            .chunks
+            .iter()
+            .copied()
+            .chain(plan.skipped.iter().map(String::as_str))
+            .chain(plan.version.iter().flat_map(|(_, all)| all.keys().map(String::as_str)))
+            .collect();
+        trace_for(table, &touched).await?;
         let kill_after_commit = commit_gate().await;
         let mut confirmed: Option<Txns> = None;
         let mut rounds = 0;
@@ -422,6 +499,13 @@ impl Loader {
         if let Some(v) = committed {
             tracing::debug!(chunk = %lease.chunk_id, table_version = v, parts = moving.len(), "committed to the Delta log");
         }
+        if !found.rewritten.is_empty() {
+            tracing::warn!(
+                chunk = %lease.chunk_id,
+                parts = %found.rewritten.join(" "),
+                "another writer took these parts out of the table after they were in; counted in as it left them, not added again"
+            );
+        }
         // The version that made the chunk whole in the table: this commit's, or, on a retry
         // after a commit that landed unrecorded, the one the snapshot says added its files.
         let table_version = {
@@ -450,6 +534,9 @@ impl Loader {
             table
                 .log
                 .commit_parts(&mut cached, now_ms, |s| {
+                    if let Some((part, r)) = s.rewritten_of(&lease.chunk_id).find(|(_, r)| r.kept) {
+                        return Err(rewritten_refusal(name, &lease.chunk_id, part, r, "taking the superseded chunk's rows out"));
+                    }
                     let drop: Vec<String> = mine.iter().filter(|f| s.has_part(f)).cloned().collect();
                     let chunk = [lease.chunk_id.as_str()];
                     Ok((!drop.is_empty()).then(|| Change { actions: vec![delta::commit_info("DELETE", &chunk, now_ms)], drop }))
@@ -506,11 +593,16 @@ impl Loader {
         crate::withdraw_gate().await;
         self.ledger.make_durable().await?;
         let now_ms = self.ledger.now_ms();
+        trace_for(table, &HashSet::from([chunk])).await?;
+        let name = &self.cfg.table.name;
         let removed = {
             let mut cached = table.snapshot.lock().await;
             table
                 .log
                 .commit_parts(&mut cached, now_ms, |s| {
+                    if let Some((part, r)) = s.rewritten_of(chunk).find(|(_, r)| r.kept) {
+                        return Err(rewritten_refusal(name, chunk, part, r, "taking the superseded chunk's rows out"));
+                    }
                     let drop: Vec<String> =
                         s.parts().map(|(f, _, _)| f).filter(|f| chunk_of(f) == Some(chunk)).map(str::to_string).collect();
                     Ok((!drop.is_empty()).then(|| Change { actions: vec![delta::commit_info("DELETE", &[chunk], now_ms)], drop }))

@@ -809,3 +809,102 @@ fn doctor_checks_that_the_destination_refuses_a_second_create_and_leaves_no_prob
         ferry_tests::files_under(&p.path("wh")).into_iter().filter(|f| f.to_string_lossy().contains("put-if-absent-probe")).collect();
     assert!(left.is_empty(), "probes left: {left:?}");
 }
+
+/// Another engine (delta-rs) deletes rows of Ferry's chunks, then compacts the table's files:
+/// its DELETE and OPTIMIZE rewrite Ferry's parts into files Ferry cannot name by chunk. A rerun
+/// of those chunks from load changes nothing (the deleted rows stay deleted, none is doubled),
+/// also when the rerun reads the table from a checkpoint written after the DELETE; a corrected
+/// source file, whose switch would leave the old rows in the other engine's files beside the
+/// new ones, is refused naming that engine's commit, with the table as that engine left it;
+/// `ferry verify` reports the rewritten parts.
+#[test]
+fn another_engines_delete_and_optimize_are_never_undone_by_a_rerun_or_a_switch() {
+    let p = delta_pipeline("16KiB");
+    std::fs::write(p.path("in/a.jsonl"), events("a", 200)).unwrap();
+    std::fs::write(p.path("in/b.jsonl"), events("b", 200)).unwrap();
+    drained(&p);
+    let dir = table(&p);
+    other_engine(&dir, "dt.alter.set_table_properties({'delta.checkpointInterval': '2'})");
+    let gone = ["a-00003", "a-00100", "a-00151"];
+    other_engine(&dir, &format!("dt.delete(\"event_id in ('{}')\")", gone.join("', '")));
+    let deleted = commits(&dir).last().unwrap().0;
+    assert!(commits(&dir).last().unwrap().1.iter().any(|a| a.get("remove").is_some()), "the DELETE rewrote a file");
+    // More of Ferry's commits: a checkpoint after the DELETE, which loads start from.
+    std::fs::write(p.path("in/c.jsonl"), events("c", 100)).unwrap();
+    drained(&p);
+    let checkpoints: Vec<i64> = std::fs::read_dir(dir.join("_delta_log"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".checkpoint.parquet")?.parse().ok())
+        .collect();
+    assert!(checkpoints.iter().any(|c| *c > deleted), "a checkpoint after the DELETE at {deleted}: {checkpoints:?}");
+    let want = {
+        let d = p.path("expect");
+        std::fs::create_dir_all(&d).unwrap();
+        let a: String = events("a", 200).lines().filter(|l| !gone.iter().any(|g| l.contains(g))).map(|l| format!("{l}\n")).collect();
+        std::fs::write(d.join("a.jsonl"), a).unwrap();
+        std::fs::write(d.join("b.jsonl"), events("b", 200)).unwrap();
+        std::fs::write(d.join("c.jsonl"), events("c", 100)).unwrap();
+        input_digest("jsonl", &d)
+    };
+    same(&delta_digest(&dir, None), &want, "after the other engine's DELETE");
+    let chunks_of = |file: &str| -> Vec<String> {
+        p.sql(&format!(
+            "SELECT group_concat(id, ' ') FROM (SELECT c.id FROM chunks c JOIN source_files f ON f.id = c.file_id \
+             WHERE f.uri LIKE '%/{file}' ORDER BY c.id)"
+        ))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+    };
+    let rerun = |file: &str| {
+        let chunks = chunks_of(file);
+        assert!(chunks.len() > 1, "{file}: several chunks");
+        for c in &chunks {
+            let o = p.command("ferry").args(["rerun", "--chunk", c, "--from", "load"]).output().unwrap();
+            assert!(o.status.success(), "rerun: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        let before = commits(&dir).last().unwrap().0;
+        drained(&p);
+        for (v, actions) in commits(&dir).into_iter().filter(|(v, _)| *v > before) {
+            assert!(actions.iter().all(|a| a.get("add").is_none()), "version {v} added a part again: {actions:?}");
+        }
+    };
+    // A rerun of a's chunks: nothing comes back.
+    rerun("a.jsonl");
+    same(&delta_digest(&dir, None), &want, "a's chunks run again from load");
+    let verify = || {
+        let o = output_within(p.command("ferry").arg("verify"), std::time::Duration::from_secs(120));
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let (code, text) = verify();
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("rewritten ") && text.contains(&format!("commit {deleted} (DELETE")), "{text}");
+
+    // The other engine compacts every partition's files: b's and c's parts are its files now.
+    other_engine(&dir, "dt.optimize.compact()");
+    let optimized = commits(&dir).last().unwrap().0;
+    same(&delta_digest(&dir, None), &want, "after the other engine's OPTIMIZE");
+    rerun("b.jsonl");
+    same(&delta_digest(&dir, None), &want, "b's chunks run again from load");
+
+    // A corrected b.jsonl: its switch would take b's rows out of files that are the other
+    // engine's now. Refused, by the commit's name, and nothing written.
+    let last = commits(&dir).last().unwrap().0;
+    std::fs::write(p.path("in/.b.jsonl.part"), events("b2", 150)).unwrap();
+    std::fs::rename(p.path("in/.b.jsonl.part"), p.path("in/b.jsonl")).unwrap();
+    p.drain(6);
+    let refused = p.sql(
+        "SELECT COALESCE(group_concat(t.last_error, ' | '), '') FROM tasks t JOIN chunks c ON c.id = t.chunk_id \
+         JOIN source_files f ON f.id = c.file_id WHERE t.stage = 'load' AND t.state <> 'done' AND f.version = 2",
+    );
+    assert!(
+        refused.contains("rewritten by another writer's commit") && refused.contains(&format!("commit {optimized} (OPTIMIZE")),
+        "load's error: {refused:?}"
+    );
+    assert_eq!(commits(&dir).last().unwrap().0, last, "nothing committed");
+    same(&delta_digest(&dir, None), &want, "the table as the other engine left it");
+    let (code, text) = verify();
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("commit {optimized} (OPTIMIZE")), "{text}");
+}
