@@ -93,8 +93,17 @@ const PARTS_AT_ONCE: usize = 4;
 /// larger than the file, at least 64 KiB; see `ferry_storage::hdfs`).
 const UPLOAD_HOLDS: u64 = 4 << 20;
 
+/// What one upload of a part of `bytes` holds of its file in memory at once.
+fn holds(bytes: i64) -> u64 {
+    u64::try_from(bytes).unwrap_or(0).clamp(64 << 10, UPLOAD_HOLDS)
+}
+
 pub struct Copier {
     cfg: Config,
+    /// `copy.bytes_in_flight`, in KiB: every upload (first tries, retries, hedges) takes
+    /// [`holds`] of it before it starts and gives it back when it ends.
+    room: tokio::sync::Semaphore,
+    room_kib: u32,
     ledger: Ledger,
     dest: Store,
     recent: Recent,
@@ -161,7 +170,17 @@ impl Copier {
 
     pub fn new(cfg: Config, ledger: Ledger) -> Result<Copier, CopyError> {
         let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-        Ok(Copier { cfg, ledger, dest, recent: Recent::default(), hedges: Default::default(), hedges_won: Default::default() })
+        let room_kib = u32::try_from(cfg.copy.bytes_in_flight.0 >> 10).unwrap_or(u32::MAX).max(1);
+        Ok(Copier {
+            cfg,
+            ledger,
+            dest,
+            room: tokio::sync::Semaphore::new(room_kib as usize),
+            room_kib,
+            recent: Recent::default(),
+            hedges: Default::default(),
+            hedges_won: Default::default(),
+        })
     }
 
     fn spool_dir(&self, chunk: &str) -> PathBuf {
@@ -180,7 +199,7 @@ impl Copier {
         // up to UPLOAD_HOLDS of its file): small parts overlap, large ones still go one by one,
         // so a chunk in flight holds what it did when parts went one at a time.
         let at_once = if dest.capabilities().slow_close { PARTS_AT_ONCE } else { 1 };
-        let holds = |p: &Part| u64::try_from(p.bytes).unwrap_or(0).clamp(64 << 10, UPLOAD_HOLDS);
+        let holds = |p: &Part| holds(p.bytes);
         let mut next = parts.iter().enumerate().peekable();
         let mut running = futures::stream::FuturesUnordered::new();
         let mut holding = 0u64;
@@ -285,12 +304,16 @@ impl Copier {
     /// cancelled, its temp file removed before this returns (a `--once` run never exits
     /// ahead of it). Without hedging (or before the delay) it is one ship.
     async fn ship_hedged(&self, dest: &Store, src: &Path, tmp: &str, landed: &str, p: &Part, tally: &Tally) -> Result<(), CopyError> {
+        // Room in the byte budget first: a part waiting for it is not a slow upload (its hedge
+        // clock and its speed sample start once it goes).
+        let room = self.room(p).await;
         let started = std::time::Instant::now();
         let in_place = dest.uploads_in_place();
         let (res, loser) = match self.hedge_delay(p.bytes as u64) {
             None => (self.ship(dest, src, tmp, landed, p, in_place, tally).await, None),
             Some(delay) => self.race(dest, src, (tmp, landed), p, tally, delay).await,
         };
+        drop(room);
         // Both uploads' futures are gone by now (the loser cancelled): its temp file goes.
         if let Some(name) = loser {
             self.remove_temp(&name).await;
@@ -324,8 +347,12 @@ impl Copier {
         tracing::info!(chunk = %p.chunk_id, part = %p.rel_path(), after = ?delay, "copy is slow; starting a hedged upload");
         self.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         emit::hedges_started().increment(1);
-        // Always to its own temp name, even where the first went in place.
-        let second = self.ship(&hedge_dest, src, &hedge_tmp, landed, p, false, tally);
+        // Always to its own temp name, even where the first went in place; with room of its
+        // own (it reads the file again).
+        let second = async {
+            let _room = self.room(p).await;
+            self.ship(&hedge_dest, src, &hedge_tmp, landed, p, false, tally).await
+        };
         tokio::pin!(second);
         // First success wins; a failure waits for the other one.
         tokio::select! {
@@ -349,6 +376,13 @@ impl Copier {
                 }
             },
         }
+    }
+
+    /// Room for one upload of `p` in `copy.bytes_in_flight`, held until dropped (a part larger
+    /// than the whole budget waits for all of it, and goes alone).
+    async fn room(&self, p: &Part) -> tokio::sync::SemaphorePermit<'_> {
+        let kib = u32::try_from(holds(p.bytes).div_ceil(1024)).unwrap_or(u32::MAX).min(self.room_kib);
+        self.room.acquire_many(kib).await.expect("the budget is never closed")
     }
 
     /// Removes a temp file of a try that failed or lost, on a new connection (the try's own may

@@ -277,9 +277,9 @@ pub struct CopySection {
     pub stall_timeout: HumanDuration,
     /// Chunks copied at once. Default by destination: 64 for HDFS, where each file is one
     /// stream and every close waits for the DataNode's block report (hdfs-native sleeps
-    /// 500 ms), so most chunks in flight are waiting and hold no data (an upload holds at most
-    /// 4 MiB of its file at a time); 4 elsewhere (S3 already sends `part_concurrency` parts of
-    /// each file at once).
+    /// 500 ms), so most chunks in flight are waiting and hold little data (an upload holds at
+    /// most 4 MiB of its file at a time, and all of them together `bytes_in_flight`); 4
+    /// elsewhere (S3 already sends `part_concurrency` parts of each file at once).
     pub concurrency: Option<usize>,
     /// Hedged copies: when a part's upload runs longer than `hedge_multiple` times the recent
     /// p95 for its size (and at least `hedge_min`), a second upload starts on new connections
@@ -293,6 +293,12 @@ pub struct CopySection {
     /// new temp name, with capped, jittered backoff: a fault on one connection costs one
     /// retry of one part, not an attempt of the chunk.
     pub retries: u32,
+    /// The most bytes of part files that this process's uploads hold at once, first tries,
+    /// retries and hedges alike (an upload holds up to 4 MiB of its file: its whole size when
+    /// smaller). It bounds copy's memory whatever `concurrency` says: an upload waits for room
+    /// before it starts (a part larger than the budget goes alone). Uploads whose close waits
+    /// on the store keep their room until the close is answered.
+    pub bytes_in_flight: ByteSize,
 }
 
 impl Default for CopySection {
@@ -307,6 +313,7 @@ impl Default for CopySection {
             hedge_multiple: 3.0,
             hedge_min: HumanDuration(Duration::from_secs(1)),
             retries: 3,
+            bytes_in_flight: ByteSize(64 << 20),
         }
     }
 }
@@ -375,6 +382,11 @@ impl Config {
         // Also refuses NaN, which compares false with everything.
         if self.copy.hedge_multiple.is_nan() || self.copy.hedge_multiple < 0.0 {
             return Err("copy.hedge_multiple: must be 0 (off) or positive".into());
+        }
+        // At least one piece of the smallest upload (64 KiB); at most what a semaphore of KiB
+        // counts.
+        if !(64 << 10..=1 << 40).contains(&self.copy.bytes_in_flight.0) {
+            return Err(format!("copy.bytes_in_flight: {} bytes; must be 64KiB to 1TiB", self.copy.bytes_in_flight.0));
         }
         if self.ledger.max_attempts < 1 {
             return Err("ledger.max_attempts: must be at least 1".into());

@@ -584,28 +584,41 @@ impl Backend for HdfsStore {
     }
 
     async fn upload(&self, local: &Path, rel: &str, _expected: Option<&str>, progress: Progress) -> Result<(u64, String)> {
-        let f = tokio::fs::File::open(local).await.map_err(|e| Error::io(local.display(), e))?;
-        // Pieces of up to 4 MiB, each in its own buffer (handed to the writer): no larger than
-        // the file, so that many small parts in flight hold their size, not 4 MiB each.
-        let piece = f.metadata().await.map_err(|e| Error::io(local.display(), e))?.len().clamp(64 << 10, 4 << 20) as usize;
-        let f = Arc::new(tokio::sync::Mutex::new(f));
+        let f = std::fs::File::open(local).map_err(|e| Error::io(local.display(), e))?;
+        // Pieces of up to 4 MiB, each in its own buffer (handed to the writer, whose packets
+        // are slices of it): no larger than the file, so that many small parts in flight hold
+        // their size, not 4 MiB each. Read straight into that buffer (no file buffer beside
+        // it), and the file let go at its end: a close that waits on the NameNode holds none
+        // of it.
+        let piece = f.metadata().map_err(|e| Error::io(local.display(), e))?.len().clamp(64 << 10, 4 << 20) as usize;
+        let f = Arc::new(std::sync::Mutex::new(Some(f)));
         let src = local.display().to_string();
         let next = move || {
             let (f, src) = (f.clone(), src.clone());
             Box::pin(async move {
-                use tokio::io::AsyncReadExt;
-                let mut buf = vec![0u8; piece];
-                let mut g = f.lock().await;
-                let mut filled = 0;
-                while filled < buf.len() {
-                    let k = g.read(&mut buf[filled..]).await.map_err(|e| Error::io(&src, e))?;
-                    if k == 0 {
-                        break;
+                let what = src.clone();
+                tokio::task::spawn_blocking(move || {
+                    use std::io::Read;
+                    let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
+                    let Some(file) = g.as_mut() else { return Ok(None) };
+                    let mut buf = vec![0u8; piece];
+                    let mut filled = 0;
+                    while filled < buf.len() {
+                        match file.read(&mut buf[filled..]) {
+                            Ok(0) => {
+                                *g = None;
+                                break;
+                            }
+                            Ok(k) => filled += k,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(Error::io(&src, e)),
+                        }
                     }
-                    filled += k;
-                }
-                buf.truncate(filled);
-                Ok(if filled == 0 { None } else { Some(Bytes::from(buf)) })
+                    buf.truncate(filled);
+                    Ok((filled > 0).then(|| Bytes::from(buf)))
+                })
+                .await
+                .map_err(|e| Error::Other(format!("reading {what}: {e}")))?
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Bytes>>> + Send>>
         };
         self.write_new(rel, next, &progress).await

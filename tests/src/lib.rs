@@ -642,6 +642,39 @@ fn spark_read(table: &str, versions: &[Option<i64>], s3: Option<serde_json::Valu
         .collect()
 }
 
+/// Runs SQL statements in one Spark session with delta-spark (Delta's reference
+/// implementation) as another engine would (`delta.`<path>`` names a table by its directory),
+/// and returns each statement's rows, each row its values joined by `,`.
+pub fn spark_sql(statements: &[String]) -> Vec<Vec<String>> {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(SPARK_SQL)
+        .arg(spark_jars().join(","))
+        .arg(serde_json::to_string(statements).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "spark: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().rev().find(|l| l.starts_with('[')).unwrap_or_else(|| panic!("spark printed no result: {text}"));
+    serde_json::from_str(last).unwrap()
+}
+
+const SPARK_SQL: &str = r#"
+import sys, json
+from pyspark.sql import SparkSession
+jars, statements = sys.argv[1], json.loads(sys.argv[2])
+spark = (SparkSession.builder.master("local[2]").appName("ferry-spark-sql").config("spark.jars", jars)
+    .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "2")
+    .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+out = []
+for s in statements:
+    out.append([",".join("" if v is None else str(v) for v in r) for r in spark.sql(s).collect()])
+print(json.dumps(out))
+spark.stop()
+"#;
+
 const SPARK_READ: &str = r#"
 import sys, os, json, shutil, subprocess
 import pyarrow.parquet as pq
@@ -799,6 +832,21 @@ pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// Runs `cmd` to its end (its stdout and stderr to `log`) and returns how it exited and its own
+/// peak RSS in KiB (`wait4`), whatever other processes ran before or beside it.
+pub fn run_with_peak_rss(cmd: &mut Command, log: &Path) -> (std::process::ExitStatus, i64) {
+    use std::os::unix::process::ExitStatusExt;
+    let f = std::fs::File::create(log).unwrap();
+    // Reaped by the wait4 below, which also gives its rusage (Child::wait would not).
+    #[allow(clippy::zombie_processes)]
+    let child = cmd.stdout(f.try_clone().unwrap()).stderr(f).spawn().unwrap();
+    let (mut status, mut u): (libc::c_int, libc::rusage) = (0, unsafe { std::mem::zeroed() });
+    // SAFETY: the child is ours and not waited for yet; `status` and `u` are valid to fill.
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut u) };
+    assert_eq!(pid, child.id() as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
+    (std::process::ExitStatus::from_raw(status), u.ru_maxrss)
 }
 
 /// The largest peak RSS (KiB) of any child this process has waited for so far

@@ -211,7 +211,7 @@ fn kubernetes_manifests_pass_the_schema_check_and_the_policies() {
     assert!(!out.status.success(), "a misspelt field is caught");
     for (text, breach, want) in [
         (&cron, ("accessModes: [\"ReadWriteOnce\"]", "accessModes: [\"ReadWriteMany\"]"), "ReadWriteMany"),
-        (&sts, ("memory: 1Gi", "cpu: 1"), "without a memory request and limit"),
+        (&sts, ("memory: 256Mi", "cpu: 1"), "without a memory request and limit"),
         (&sts, ("migrate --check", "status"), "without waiting for the ledger"),
         (&cron, ("concurrencyPolicy: Forbid", "concurrencyPolicy: Allow"), "may overlap"),
     ] {
