@@ -379,9 +379,12 @@ impl Copier {
     }
 
     /// Room for one upload of `p` in `copy.bytes_in_flight`, held until dropped (a part larger
-    /// than the whole budget waits for all of it, and goes alone).
+    /// than the whole budget waits for all of it, and goes alone): its size, up to two pieces
+    /// (one read while the one before it is still on its way: an HDFS writer queues up to
+    /// ~6 MB of packets until the DataNodes acknowledge them).
     async fn room(&self, p: &Part) -> tokio::sync::SemaphorePermit<'_> {
-        let kib = u32::try_from(holds(p.bytes).div_ceil(1024)).unwrap_or(u32::MAX).min(self.room_kib);
+        let holds = u64::try_from(p.bytes).unwrap_or(0).clamp(64 << 10, 2 * UPLOAD_HOLDS);
+        let kib = u32::try_from(holds.div_ceil(1024)).unwrap_or(u32::MAX).min(self.room_kib);
         self.room.acquire_many(kib).await.expect("the budget is never closed")
     }
 
@@ -402,7 +405,8 @@ impl Copier {
     }
 
     /// When a hedge for a part of `bytes` starts: `hedge_multiple` x the recent p95 seconds per
-    /// byte x `bytes` (16 MB/s assumed until 8 copies have been seen), at least `hedge_min`;
+    /// byte x `bytes` (16 MB/s assumed until 8 copies have been seen), at least `hedge_min` (see
+    /// [`Config::copy_hedge_min`]);
     /// None when hedging is off.
     fn hedge_delay(&self, bytes: u64) -> Option<std::time::Duration> {
         let c = &self.cfg.copy;
@@ -415,7 +419,7 @@ impl Copier {
             // 16 MB/s, so a stuck first upload is hedged in seconds, not at its deadline.
             None => std::time::Duration::from_secs_f64(bytes as f64 / 16e6 * c.hedge_multiple),
         };
-        Some(est.max(c.hedge_min.0))
+        Some(est.max(self.cfg.copy_hedge_min()))
     }
 
     /// One upload of a part to `tmp` under the deadline and the watchdog, verified against

@@ -286,16 +286,19 @@ pub struct CopySection {
     /// to its own temp name; the first to land wins, the other is cancelled and removed.
     /// 0 turns hedging off.
     pub hedge_multiple: f64,
-    /// The shortest time a part's upload runs before a hedge may start.
-    pub hedge_min: HumanDuration,
+    /// The shortest time a part's upload runs before a hedge may start. Default by destination:
+    /// 4s for HDFS, past hdfs-native's waits for a file's close (it asks the NameNode again
+    /// after 0.5, 1 and 2 s while the block report is due), which a second upload cannot
+    /// shorten; 1s elsewhere.
+    pub hedge_min: Option<HumanDuration>,
     /// A part whose upload fails on a transient error (a reset, a hung connection, a lost
     /// reply) is sent again this many times inside the attempt, on a new connection and to a
     /// new temp name, with capped, jittered backoff: a fault on one connection costs one
     /// retry of one part, not an attempt of the chunk.
     pub retries: u32,
     /// The most bytes of part files that this process's uploads hold at once, first tries,
-    /// retries and hedges alike (an upload holds up to 4 MiB of its file: its whole size when
-    /// smaller). It bounds copy's memory whatever `concurrency` says: an upload waits for room
+    /// retries and hedges alike (an upload holds up to 8 MiB of its file, two 4 MiB pieces:
+    /// its whole size when smaller). It bounds copy's memory whatever `concurrency` says: an upload waits for room
     /// before it starts (a part larger than the budget goes alone). Uploads whose close waits
     /// on the store keep their room until the close is answered.
     pub bytes_in_flight: ByteSize,
@@ -311,7 +314,7 @@ impl Default for CopySection {
             // costs little, and it turns "one connection hung until its deadline" into
             // "one connection's worth of delay". See the copy stage's design note.
             hedge_multiple: 3.0,
-            hedge_min: HumanDuration(Duration::from_secs(1)),
+            hedge_min: None,
             retries: 3,
             bytes_in_flight: ByteSize(64 << 20),
         }
@@ -413,6 +416,11 @@ impl Config {
     /// `copy.concurrency`, or its default for the destination's kind.
     pub fn copy_concurrency(&self) -> usize {
         self.copy.concurrency.unwrap_or(if self.destination_is_hdfs() { 64 } else { 4 })
+    }
+
+    /// `copy.hedge_min`, or its default for the destination's kind.
+    pub fn copy_hedge_min(&self) -> Duration {
+        self.copy.hedge_min.map_or(Duration::from_secs(if self.destination_is_hdfs() { 4 } else { 1 }), |d| d.0)
     }
 
     /// `load.concurrency`, or its default for the destination's kind.
