@@ -616,7 +616,12 @@ fn spark_jars() -> Vec<String> {
     jars
 }
 
+/// One Spark session at a time per test binary: each is a JVM of its own, and several at once
+/// on two cores slow every test beside them.
+static SPARK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn spark_read(table: &str, versions: &[Option<i64>], s3: Option<serde_json::Value>) -> Vec<serde_json::Value> {
+    let _one = SPARK.lock().unwrap_or_else(|p| p.into_inner());
     let work = tempfile::tempdir().unwrap();
     // Spark's packages were fetched before the tests started (ferry_spark_jars in
     // scripts/services.sh): loaded here as files, so no test reaches the network and tests running
@@ -646,6 +651,7 @@ fn spark_read(table: &str, versions: &[Option<i64>], s3: Option<serde_json::Valu
 /// implementation) as another engine would (`delta.`<path>`` names a table by its directory),
 /// and returns each statement's rows, each row its values joined by `,`.
 pub fn spark_sql(statements: &[String]) -> Vec<Vec<String>> {
+    let _one = SPARK.lock().unwrap_or_else(|p| p.into_inner());
     let out = Command::new("python3")
         .arg("-c")
         .arg(SPARK_SQL)
