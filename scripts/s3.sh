@@ -5,7 +5,8 @@
 #
 # Source it:   . scripts/s3.sh; trap ferry_stop_s3 EXIT; ferry_start_s3   (start also installs)
 # Exports:     FERRY_TEST_S3_ENDPOINT (https://127.0.0.1:PORT), FERRY_TEST_S3_BUCKET (ferry),
-#              FERRY_TEST_S3_CA (PEM of the CA), FERRY_TEST_S3_ACCESS_KEY/_SECRET_KEY, and the
+#              FERRY_TEST_S3_CA (PEM of the CA), FERRY_TEST_S3_ACCESS_KEY/_SECRET_KEY,
+#              FERRY_TEST_S3_DATA (the posix backend's directory), FERRY_TEST_S3_BIN, and the
 #              same as AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION=us-east-1.
 # Options:     FERRY_S3_ARGS (default --keep-alive) replaces versitygw's extra global flags;
 #              FERRY_S3_PORT picks the port; FERRY_CACHE (default ~/.cache/ferry) holds the binary.
@@ -59,6 +60,9 @@ ferry_start_s3() {
   export FERRY_TEST_S3_CA=$FERRY_S3_DIR/tls/ca.pem
   # The posix backend's directory: a test may make one of its directories refuse writes.
   export FERRY_TEST_S3_DATA=$FERRY_S3_DIR/data
+  # The binary: a test may start a second gateway on that data over plain HTTP, where a proxy
+  # can see which request it faults.
+  export FERRY_TEST_S3_BIN=$FERRY_VERSITYGW
   export FERRY_TEST_S3_ACCESS_KEY=${FERRY_TEST_S3_ACCESS_KEY:-ferrytestaccess}
   export FERRY_TEST_S3_SECRET_KEY=${FERRY_TEST_S3_SECRET_KEY:-ferrytestsecret0123456789}
   export AWS_ACCESS_KEY_ID=$FERRY_TEST_S3_ACCESS_KEY

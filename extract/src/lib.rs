@@ -712,6 +712,10 @@ impl Extractor {
         drop(cpu);
         // Every chunk is in staging (or its write failed) before the file goes on.
         let written = writes.finish().await;
+        #[cfg(debug_assertions)]
+        if let Some(dir) = ferry_runtime::gate::dir("FERRY_TEST_SPLIT_GATE", Some("staged")) {
+            ferry_runtime::gate::hold_async(&dir).await;
+        }
         self.health.progressed();
         let mut split = split?;
         if split.outcome.is_ok() {
@@ -916,8 +920,9 @@ impl Extractor {
     }
 }
 
-/// Tests hold a split at `point` (`before` the file is opened, `after` it was read) to change
-/// the file at that instant: `FERRY_TEST_SPLIT_GATE=POINT:DIR` (see [`ferry_runtime::gate`]).
+/// Tests hold a split at `point` (`before` the file is opened, `after` it was read, `staged`
+/// when its chunks' writes have ended) to change the file or run something else at that
+/// instant: `FERRY_TEST_SPLIT_GATE=POINT:DIR` (see [`ferry_runtime::gate`]).
 #[cfg(debug_assertions)]
 fn test_gate(point: &str) {
     if let Some(dir) = ferry_runtime::gate::dir("FERRY_TEST_SPLIT_GATE", Some(point)) {

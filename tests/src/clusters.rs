@@ -304,6 +304,69 @@ impl S3Server {
     }
 }
 
+/// A second gateway of the S3 test server over plain HTTP: the same versitygw binary, data
+/// directory, bucket and keys. TLS hides a request from the fault proxy; through this gateway
+/// a proxy can aim a fault at a request by its method and path (a commit's PUT, say). Stopped
+/// when dropped.
+pub struct PlainS3Gateway {
+    /// `http://127.0.0.1:<port>`
+    pub endpoint: String,
+    pub addr: SocketAddr,
+    child: Child,
+}
+
+impl S3Server {
+    /// Starts a [`PlainS3Gateway`] on a free port (another one if a process took the port
+    /// between the look and versitygw's bind), ready when it answers a request.
+    pub fn plain_gateway(&self) -> PlainS3Gateway {
+        let how = "`. scripts/s3.sh && ferry_start_s3`";
+        let (bin, data) = (test_env("FERRY_TEST_S3_BIN", how), test_env("FERRY_TEST_S3_DATA", how));
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let mut child = Command::new(&bin)
+                .args(["--port", &format!("127.0.0.1:{port}"), "--region", "us-east-1", "--quiet", "--keep-alive", "posix", &data])
+                .env("ROOT_ACCESS_KEY_ID", &self.access_key)
+                .env("ROOT_SECRET_ACCESS_KEY", &self.secret_key)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{bin}: {e}"));
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(30) {
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                // Any HTTP answer means it is serving (a bare connect may reach another process).
+                if let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    use std::io::{Read, Write};
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut head = [0u8; 5];
+                    if s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").is_ok()
+                        && s.read_exact(&mut head).is_ok()
+                        && &head == b"HTTP/"
+                        && child.try_wait().unwrap().is_none()
+                    {
+                        return PlainS3Gateway { endpoint: format!("http://{addr}"), addr, child };
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("a plain-HTTP versitygw did not start in 5 tries");
+    }
+}
+
+impl Drop for PlainS3Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn test_env(k: &str, how: &str) -> String {
     std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: start the server first ({how}; scripts/test.sh does)"))
 }

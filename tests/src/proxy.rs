@@ -42,8 +42,10 @@ pub struct Faults {
     /// Reset right after forwarding a client read that contains this pattern, with this
     /// probability (counted once per matching read).
     pub reset_on: Option<(Vec<u8>, f64)>,
-    /// More request rules: after forwarding a client read that contains the pattern, with the
-    /// probability, reset (true) or go silent (false). The first rule that fires wins.
+    /// More request rules: when a client read contains the pattern, with the probability, the
+    /// connection goes on forwarding the client's bytes (not the server's) for 150 ms, then is
+    /// reset (true) or goes silent (false): the server had the request, its reply is lost. The
+    /// first rule that fires wins.
     pub on_request: Vec<(Vec<u8>, f64, bool)>,
     /// Random resets count the bytes of both directions (a reset can land in a reply too),
     /// not only the client's.
@@ -221,6 +223,8 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
     let (mut cbuf, mut sbuf) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
     let (mut c_open, mut s_open, mut sent) = (true, true, 0u64);
     let mut cut = st.cut.subscribe();
+    // A request rule fired: when, and whether to reset (else go silent).
+    let mut doomed: Option<(tokio::time::Instant, bool)> = None;
     while c_open || s_open {
         tokio::select! {
             _ = cut.changed() => return rst(client, server),
@@ -249,29 +253,37 @@ async fn forward(st: &Arc<State>, client: TcpStream) {
                         return rst(client, server);
                     }
                     sent += k as u64;
-                    for (pat, p, reset) in &rules {
-                        let hit = cbuf[..k].windows(pat.len()).any(|w| w == pat.as_slice());
-                        if hit && st.rng.lock().unwrap().random::<f64>() < *p {
-                            // Let the server act on the request; its reply never arrives.
-                            tokio::time::sleep(Duration::from_millis(150)).await;
-                            if *reset {
-                                st.counters.pattern_resets.fetch_add(1, Ordering::SeqCst);
-                                return rst(client, server);
+                    if doomed.is_none() {
+                        for (pat, p, reset) in &rules {
+                            let hit = cbuf[..k].windows(pat.len()).any(|w| w == pat.as_slice());
+                            if hit && st.rng.lock().unwrap().random::<f64>() < *p {
+                                // The server gets the rest of the request (a body may follow
+                                // its head in a later read) and acts on it; its reply never
+                                // arrives.
+                                doomed = Some((tokio::time::Instant::now() + Duration::from_millis(150), *reset));
+                                break;
                             }
-                            st.counters.silences.fetch_add(1, Ordering::SeqCst);
-                            let mut hung = st.hung.lock().unwrap();
-                            hung.push(client);
-                            hung.push(server);
-                            return;
                         }
                     }
                 }
+            },
+            _ = tokio::time::sleep_until(doomed.map_or_else(tokio::time::Instant::now, |d| d.0)), if doomed.is_some() => {
+                if doomed.is_some_and(|d| d.1) {
+                    st.counters.pattern_resets.fetch_add(1, Ordering::SeqCst);
+                    return rst(client, server);
+                }
+                st.counters.silences.fetch_add(1, Ordering::SeqCst);
+                let mut hung = st.hung.lock().unwrap();
+                hung.push(client);
+                hung.push(server);
+                return;
             },
             r = server.read(&mut sbuf), if s_open => match r {
                 Ok(0) | Err(_) => {
                     s_open = false;
                     let _ = client.shutdown().await;
                 }
+                Ok(_) if doomed.is_some() => {} // the reply of a doomed request: lost
                 Ok(k) => {
                     if both_ways
                         && let Some(limit) = reset_after

@@ -528,6 +528,65 @@ fn a_delta_table_on_s3_through_lost_commit_replies_holds_every_record_once() {
     compacted_reads_the_same(&p, "S3", |merged| download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), merged));
 }
 
+/// Faults aimed at the log's commits on S3. Over TLS the proxy cannot tell a commit from any
+/// other request, so load reaches the same server through a plain-HTTP gateway of it, and the
+/// proxy resets (or silences) connections right after a `PUT` of `_delta_log/<version>.json`
+/// went out: the server has the commit, the writer has no reply. The writer does not send it
+/// again: it reads the object, finds its own bytes there, and goes on (a retry would find the
+/// chunk in the snapshot too); nothing is written twice.
+#[test]
+fn a_delta_commit_whose_reply_is_lost_on_s3_is_found_not_written_again() {
+    use ferry_tests::clusters::S3Server;
+    use ferry_tests::proxy::{FaultProxy, Faults};
+    use std::sync::atomic::Ordering::SeqCst;
+    let s3 = S3Server::from_env();
+    let gateway = s3.plain_gateway();
+    let proxy = FaultProxy::start(gateway.addr, 3903);
+    let prefix = format!("delta-lost-{}", std::process::id());
+    let dest = s3.destination_toml(&prefix, &format!("http://{}", proxy.addr), 2, "12s").replacen(
+        "[destination.store]",
+        "table_format = \"delta\"\n[destination.store]",
+        1,
+    ) + "allow_http = true\n";
+    let p = Pipeline::with_stores("16KiB", "5s", "0s", None, Some(dest));
+    let commit = format!("PUT /{}/{prefix}/events/_delta_log/0", s3.bucket).into_bytes();
+    proxy.set(Faults { on_request: vec![(commit.clone(), 0.4, true), (commit, 0.15, false)], ..Faults::default() });
+    p.add_jsonl_batch("a", 3, 300, 12);
+    drained_within(&p, "S3 commits through lost replies");
+    // Each commit's PUT meets the rules at 0.4 + 0.6 * 0.15: more batches (more commits) until
+    // both a reset and a silence landed on one.
+    let hit = |p: &ferry_tests::proxy::FaultProxy| (p.counters().pattern_resets.load(SeqCst), p.counters().silences.load(SeqCst));
+    for round in 0..10u64 {
+        if hit(&proxy).0 > 0 && hit(&proxy).1 > 0 {
+            break;
+        }
+        p.add_jsonl_batch(&format!("more{round}"), 1, 200, 40 + round);
+        drained_within(&p, "S3 commits through lost replies, another batch");
+    }
+    let (resets, silences) = hit(&proxy);
+    eprintln!("{resets} commit replies reset, {silences} silenced ({})", proxy.summary());
+    assert!(resets > 0 && silences > 0, "replies of log commits were lost: {resets} reset, {silences} silenced");
+    // Each lost reply was settled where it happened (the object's bytes are the commit's):
+    // no attempt of the load failed for it.
+    let failed =
+        p.sql("SELECT COUNT(*) || ' ' || COALESCE(group_concat(error, '; '), '') FROM attempts WHERE stage = 'load' AND outcome <> 'done'");
+    assert!(failed.starts_with("0 "), "load attempts failed: {failed}");
+    let local = p.path("readback");
+    download_s3(&s3, &format!("{}/{prefix}/events", s3.bucket), &local);
+    same(&delta_digest(&local, None), &input_digest("jsonl", &p.path("in")), "read back from S3");
+    no_version_doubles(&local);
+    // One commit added each chunk: a lost reply was never answered by a second commit.
+    let mut carried = Vec::new();
+    for (_, actions) in commits(&local) {
+        if actions.iter().any(|a| a.get("add").is_some()) {
+            carried.extend(actions.iter().filter_map(|a| Some(a.get("txn")?.get("appId")?.as_str()?.to_string())));
+        }
+    }
+    let distinct: std::collections::BTreeSet<&String> = carried.iter().collect();
+    assert_eq!(carried.len(), distinct.len(), "a chunk added by two commits: {carried:?}");
+    assert_eq!(distinct.len() as i64, p.count("SELECT COUNT(*) FROM chunks"), "every chunk added");
+}
+
 /// `ferry compact` of `p`'s table, then `ferry verify`; the table fetched by `fetch` into a local
 /// directory reads as the input, every partition in one merged file.
 fn compacted_reads_the_same(p: &Pipeline, where_: &str, fetch: impl FnOnce(&Path)) {

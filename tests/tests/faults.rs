@@ -12,6 +12,8 @@
 //! sending), no temp file or multipart upload left without gc, and copy's wall time within a
 //! call timeout per fault met. `FERRY_FAULT_SEEDS` sets the seeds per profile (default 10).
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use ferry_tests::clusters::{MiniDfs, S3Server};
@@ -247,7 +249,10 @@ fn s3_every_request_kind_is_sent_again_after_a_failed_connect() {
     o.s3.retry_timeout = ferry_common::config::HumanDuration(Duration::from_secs(20));
     o.s3.part_size = ferry_common::config::ByteSize(5 << 20);
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-    let store = ferry_storage::Store::open(&format!("s3://{}/resend-{stamp}", s3.bucket), &o).unwrap();
+    // Each request kind gets a store of its own, so its first request needs a new connection
+    // (none pooled from the one before): the connection the fault is set for.
+    let open = || Rc::new(ferry_storage::Store::open(&format!("s3://{}/resend-{stamp}", s3.bucket), &o).unwrap());
+    let current = RefCell::new(open());
     let dir = tempfile::tempdir().unwrap();
     let small = dir.path().join("small");
     std::fs::write(&small, vec![7u8; 100_000]).unwrap();
@@ -255,33 +260,29 @@ fn s3_every_request_kind_is_sent_again_after_a_failed_connect() {
     std::fs::write(&large, (0..(11u32 << 20)).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     type Op<'a> = Box<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ferry_storage::Error>> + 'a>> + 'a>;
-    let store = &store;
-    let (small, large) = (&small, &large);
+    fn on<'a, F, Fut>(current: &'a RefCell<Rc<ferry_storage::Store>>, f: F) -> Op<'a>
+    where
+        F: Fn(Rc<ferry_storage::Store>) -> Fut + 'a,
+        Fut: std::future::Future<Output = Result<(), ferry_storage::Error>> + 'a,
+    {
+        Box::new(move || Box::pin(f(current.borrow().clone())))
+    }
+    let (small, large, c) = (&small, &large, &current);
     let ops: Vec<(&str, Op)> = vec![
-        (
-            "conditional PUT",
-            Box::new(move || Box::pin(async move { store.upload(small, "a/small", Default::default()).await.map(|_| ()) })),
-        ),
-        ("plain PUT", Box::new(move || Box::pin(async move { store.put_atomic("a/plain", b"hello".to_vec()).await }))),
-        ("HEAD", Box::new(move || Box::pin(async move { store.head("a/small").await.map(|h| assert!(h.is_some())) }))),
-        ("GET", Box::new(move || Box::pin(async move { store.read("a/plain").await.map(|b| assert_eq!(b, b"hello")) }))),
-        ("LIST", Box::new(move || Box::pin(async move { store.list("a").await.map(|l| assert_eq!(l.len(), 2)) }))),
-        (
-            "COPY + DELETE",
-            Box::new(move || Box::pin(async move { store.rename_noreplace("a/plain", "a/moved").await.map(|r| assert!(r)) })),
-        ),
-        ("DeleteObjects", Box::new(move || Box::pin(async move { store.delete("a/moved").await }))),
-        ("multipart", Box::new(move || Box::pin(async move { store.upload(large, "a/large", Default::default()).await.map(|_| ()) }))),
-        (
-            "ListMultipartUploads",
-            Box::new(move || Box::pin(async move { store.abandoned_uploads(i64::MAX).await.map(|u| assert!(u.is_empty())) })),
-        ),
+        ("conditional PUT", on(c, move |s| async move { s.upload(small, "a/small", Default::default()).await.map(|_| ()) })),
+        ("plain PUT", on(c, |s| async move { s.put_atomic("a/plain", b"hello".to_vec()).await })),
+        ("HEAD", on(c, |s| async move { s.head("a/small").await.map(|h| assert!(h.is_some())) })),
+        ("GET", on(c, |s| async move { s.read("a/plain").await.map(|b| assert_eq!(b, b"hello")) })),
+        ("LIST", on(c, |s| async move { s.list("a").await.map(|l| assert_eq!(l.len(), 2)) })),
+        ("COPY + DELETE", on(c, |s| async move { s.rename_noreplace("a/plain", "a/moved").await.map(|r| assert!(r)) })),
+        ("DeleteObjects", on(c, |s| async move { s.delete("a/moved").await })),
+        ("multipart", on(c, move |s| async move { s.upload(large, "a/large", Default::default()).await.map(|_| ()) })),
+        ("ListMultipartUploads", on(c, |s| async move { s.abandoned_uploads(i64::MAX).await.map(|u| assert!(u.is_empty())) })),
     ];
     for (what, op) in &ops {
         for hang in [true, false] {
-            // Pooled connections go first, so the request needs a new one, which fails.
-            proxy.cut_all();
-            std::thread::sleep(Duration::from_millis(100));
+            *current.borrow_mut() = open();
+            let store = current.borrow().clone();
             let next = proxy.counters().connections.load(SeqCst);
             let (hangs, resets) = (proxy.counters().hangs.load(SeqCst), proxy.counters().resets.load(SeqCst));
             proxy.set(if hang {

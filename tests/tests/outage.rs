@@ -47,16 +47,19 @@ fn a_destination_outage_quarantines_nothing_and_heals_by_itself() {
     p.stages_ok(&["ferry-extract", "ferry-transform"]);
     let chunks = p.count("SELECT COUNT(*) FROM chunks");
     assert!(chunks >= 8, "{chunks} chunks");
-    std::thread::sleep(Duration::from_secs(15));
-    // ...then every connection accepted and never answered (no TLS handshake).
+    // The resets last until copy has found the store down and probed it five times (with
+    // probes 0.5 s doubling to 2 s apart, several times the chunks' attempt budget)...
+    let probes = || p.count("SELECT COALESCE(MAX(probes), 0) FROM open_outages");
+    wait_until("copy finds the destination down and probes it", Duration::from_secs(120), || probes() >= 5);
+    // ...then every connection is accepted and never answered (no TLS handshake), for three
+    // more probes.
     proxy.set(Faults { hang: 1.0, ..Faults::default() });
-    std::thread::sleep(Duration::from_secs(10));
+    let before = probes();
+    wait_until("copy probes the hung destination", Duration::from_secs(120), || probes() >= before + 3);
 
     assert_eq!(p.count("SELECT COUNT(*) FROM tasks WHERE state = 'quarantined'"), 0, "an outage quarantines nothing");
     assert_eq!(p.count("SELECT COUNT(*) FROM outages"), 1, "one outage row, not one per chunk");
     assert_eq!(p.count("SELECT COUNT(*) FROM open_outages WHERE stage = 'copy' AND store LIKE 'destination s3://%'"), 1);
-    let probes = p.count("SELECT probes FROM open_outages");
-    assert!(probes >= 3, "probed with backoff: {probes}");
     assert!(p.count("SELECT MAX(attempt) FROM tasks WHERE stage = 'copy'") <= 3, "attempts while down are not counted");
     let m = metrics(port);
     assert!(m.contains("ferry_store_down{pipeline=\"default\",stage=\"copy\",store=\"destination\"} 1"), "{m}");
@@ -214,9 +217,17 @@ fn staging_unreachable_heals_by_itself() {
     proxy.cut_all();
     services[1].signal("-CONT");
     p.add_jsonl_batch("b", 2, 1000, 72);
-    std::thread::sleep(Duration::from_secs(20));
+    // Resets until transform has found staging down and probed it three times and extract has
+    // met the outage with the new files; then hung connections for three more probes.
+    let probes = || p.count("SELECT COALESCE(MAX(probes), 0) FROM open_outages WHERE stage = 'transform' AND store LIKE 'staging %'");
+    wait_until("transform finds staging down and probes it", Duration::from_secs(120), || probes() >= 3);
+    // Extract keeps no outage record: its log names each file it could not stage yet.
+    wait_until("extract meets the outage with the new files", Duration::from_secs(120), || {
+        services[0].log_so_far().matches("cannot extract now; will retry").count() >= 2
+    });
     proxy.set(Faults { hang: 1.0, ..Faults::default() });
-    std::thread::sleep(Duration::from_secs(20));
+    let before = probes();
+    wait_until("transform probes hung staging", Duration::from_secs(120), || probes() >= before + 3);
     for s in services.iter_mut() {
         assert!(s.running(), "{} ended while staging was down", s.name);
     }
@@ -263,7 +274,10 @@ fn a_lone_chunk_under_once_runs_outlives_an_outage_and_its_record_closes() {
     proxy.cut_all();
     for run in 0..5 {
         // As cron does: the next run comes after the chunk's retry is due (a second or two).
-        std::thread::sleep(Duration::from_millis(2500));
+        wait_until("the chunk's retry is due", Duration::from_secs(60), || {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+            p.count(&format!("SELECT COUNT(*) FROM tasks WHERE stage = 'copy' AND scheduled_at <= {now}")) == 1
+        });
         let out = p.stage("ferry-copy");
         let log = String::from_utf8_lossy(&out.stderr).to_string();
         assert_eq!(out.status.code(), Some(4), "run {run}: no progress while the destination is down: {log}");

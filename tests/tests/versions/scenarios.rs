@@ -662,9 +662,8 @@ fn gc_beside_a_revert_leaves_what_the_revert_staged() {
     table_is(&p, &[("data.jsonl", &v2)]);
     keep_staged(&p, "0s");
     put_back(&p, &v1);
-    let (extract, gate) = held_at_gate(&p, "ferry-extract", "FERRY_TEST_SPLIT_GATE", |d| format!("after:{}", d.display()));
-    // The split's last writes finish on another thread.
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Held once the split's writes have ended: the chunks are staged, the revert not recorded.
+    let (extract, gate) = held_at_gate(&p, "ferry-extract", "FERRY_TEST_SPLIT_GATE", |d| format!("staged:{}", d.display()));
     ferry_ok(&p, &["gc"]);
     release(extract, &gate, "the extract that put version 1 back");
     settle(&p);
