@@ -49,6 +49,10 @@ ferry_s3_curl() {
 # Starts versitygw over HTTPS on 127.0.0.1:<free port> with data in a temp dir, creates the
 # bucket, exports the variables above. Stopped by ferry_stop_s3 (the caller traps EXIT).
 ferry_start_s3() {
+  ferry_start_on_free_port FERRY_S3_PORT ferry_start_s3_try ferry_stop_s3
+}
+
+ferry_start_s3_try() {
   ferry_install_s3 || return 1
   FERRY_S3_DIR=$(mktemp -d /tmp/ferry-s3.XXXXXX)
   mkdir -p "$FERRY_S3_DIR/tls" "$FERRY_S3_DIR/data"

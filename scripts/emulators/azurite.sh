@@ -98,6 +98,10 @@ EOF
 # Starts Azurite's blob service on 127.0.0.1:<free port>, creates the container, exports the
 # variables above. Stopped by ferry_stop_azurite (the caller traps EXIT).
 ferry_start_azurite() {
+  ferry_start_on_free_port FERRY_AZURITE_PORT ferry_start_azurite_try ferry_stop_azurite
+}
+
+ferry_start_azurite_try() {
   ferry_install_azurite || return 1
   FERRY_AZURITE_DIR=$(mktemp -d /tmp/ferry-azurite.XXXXXX)
   local scheme=${FERRY_AZURITE_SCHEME:-https} tls=() ca=()

@@ -50,6 +50,10 @@ ferry_gcs_curl() {
 # Starts ferry-gcs on 127.0.0.1:<free port> with the bucket, exports the variables
 # above. Stopped by ferry_stop_gcs (the caller traps EXIT).
 ferry_start_gcs() {
+  ferry_start_on_free_port FERRY_GCS_PORT ferry_start_gcs_try ferry_stop_gcs
+}
+
+ferry_start_gcs_try() {
   ferry_install_gcs || return 1
   FERRY_GCS_DIR=$(mktemp -d /tmp/ferry-gcs.XXXXXX)
   local scheme=${FERRY_GCS_SCHEME:-https} tls=()
