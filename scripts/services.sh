@@ -173,6 +173,7 @@ PY
 # stage's fsyncs and unlinks.
 ferry_deploy_tools() {
   ferry_apt prometheus prometheus
+  ferry_apt prometheus-pushgateway prometheus-pushgateway
   ferry_apt systemd-analyze systemd
   ferry_apt strace strace
 }

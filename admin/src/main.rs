@@ -244,6 +244,17 @@ enum Cmd {
         #[arg(long, default_value = "20s")]
         timeout: humantime::Duration,
     },
+    /// Move this pipeline's SQLite ledger (--ledger, FERRY_LEDGER or the config's) into a new
+    /// Postgres ledger, every pipeline in it: stop every stage first, run `ferry migrate` on
+    /// the Postgres URL, move, then point `[ledger] url` (or FERRY_LEDGER) at it and start the
+    /// stages again. All rows go in one transaction; the SQLite file is kept as it was and
+    /// marked moved, so a stage that still names it is refused. Refused while a stage holds a
+    /// live lease, or when the target holds rows. Run again after an interruption.
+    MoveLedger {
+        /// The Postgres ledger to move into (migrated, empty).
+        #[arg(long)]
+        to: String,
+    },
     /// Delete history older than a retention: attempts of finished tasks, the transform and
     /// copy tasks of published chunks, closed outages, chunk notes. Kept: every source file,
     /// chunk, part, reject and published row, and each chunk's load task, so that re-running
@@ -360,6 +371,23 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
         Cmd::CheckConfig | Cmd::Doctor { .. } | Cmd::Gen { .. } | Cmd::Status { .. } | Cmd::Completions { .. } | Cmd::Man { .. } => {
             unreachable!("handled before connecting")
+        }
+        Cmd::MoveLedger { to } => {
+            let moved = ferry_ledger::move_ledger(&url, &to, chrono::Utc::now().timestamp_millis()).await?;
+            if moved.already {
+                println!("the rows were copied by an earlier run; the SQLite ledger is now marked moved");
+            }
+            for (table, n) in &moved.rows {
+                if *n > 0 {
+                    println!("{table}: {n} rows");
+                }
+            }
+            println!(
+                "moved {} to {}; {} says so beside it. Point [ledger] url (or FERRY_LEDGER) at the new ledger, then start the stages.",
+                redact_url(&url),
+                redact_url(&to),
+                moved.note.display()
+            );
         }
         Cmd::Gc { older_than, sweeps } => {
             let cfg = Config::load(config()?)?;

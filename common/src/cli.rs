@@ -42,6 +42,7 @@ Environment:
   FERRY_LOG_FORMAT          text or json (--log-format)
   FERRY_METRICS_ADDR        serve /metrics and /healthz here (--metrics-addr)
   FERRY_METRICS_TEXTFILE    write a node_exporter textfile here at exit (--metrics-textfile)
+  FERRY_METRICS_PUSH        push metrics to this Prometheus Pushgateway at exit (--metrics-push)
   FERRY_START_WAIT          how long --watch waits for the ledger and stores at start (--start-wait)
   RUST_LOG                  log filter, e.g. info (the default), debug, ferry_storage=debug
   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_PROFILE
@@ -245,6 +246,13 @@ pub struct StageArgs {
     /// collector (atomically: a scrape never sees half a file). For --once.
     #[arg(long, env = "FERRY_METRICS_TEXTFILE", value_name = "DIR")]
     pub metrics_textfile: Option<std::path::PathBuf>,
+
+    /// At exit, push this run's metrics to the Prometheus Pushgateway at URL
+    /// (http://HOST:PORT[/PATH]), grouped by job "ferry_<stage>" and the pipeline: each run
+    /// replaces the last one's. For --once runs nothing scrapes (Kubernetes CronJobs). A push
+    /// that fails is logged; the run's exit code stays its own.
+    #[arg(long, env = "FERRY_METRICS_PUSH", value_name = "URL")]
+    pub metrics_push: Option<String>,
 
     /// /healthz fails (and the systemd watchdog is no longer fed) when the stage has had work
     /// due and finished nothing for this long. Longer than a chunk can take (copy.deadline).

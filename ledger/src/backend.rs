@@ -138,6 +138,9 @@ impl Backend {
             LedgerUrl::Sqlite(path) => {
                 let lock = lock_beside(path).await?;
                 let backend = Backend::connect_sqlite(path, opts).await?;
+                if let Backend::Sqlite(pool) = &backend {
+                    crate::relocate::refuse_if_moved(pool, path).await?;
+                }
                 if opts.migrate
                     && let Backend::Sqlite(pool) = &backend
                 {

@@ -101,6 +101,7 @@ pub use files::{
 };
 pub use outages::Outage;
 pub use outputs::{Part, PartitionStats, Reject, VersionChunk, VersionState};
+pub use relocate::{Moved, TABLES, move_ledger};
 pub use schemas::{SchemaColumn, TableSchema};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
@@ -439,6 +440,7 @@ mod files;
 pub mod options;
 mod outages;
 mod outputs;
+mod relocate;
 mod schemas;
 pub mod state;
 mod tasks;

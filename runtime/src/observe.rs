@@ -192,6 +192,7 @@ pub struct Observer {
     handle: Option<PrometheusHandle>,
     health: Arc<Health>,
     textfile: Option<PathBuf>,
+    push: Option<PushTarget>,
 }
 
 impl Observer {
@@ -200,7 +201,9 @@ impl Observer {
     /// fresh, feeds systemd's watchdog while healthy, and tells systemd the stage is ready.
     pub async fn start(stage: &'static str, args: &StageArgs, ledger: &Ledger) -> Result<Observer> {
         let health = Health::new(args.health_window);
-        let handle = if args.metrics_addr.is_some() || args.metrics_textfile.is_some() { Some(install(ledger.pipeline())?) } else { None };
+        let push = args.metrics_push.as_deref().map(PushTarget::parse).transpose()?;
+        let wanted = args.metrics_addr.is_some() || args.metrics_textfile.is_some() || push.is_some();
+        let handle = if wanted { Some(install(ledger.pipeline())?) } else { None };
         if let Some(dir) = &args.metrics_textfile {
             // Fail at start, not after the run, when the directory cannot take the file.
             if !dir.is_dir() {
@@ -247,23 +250,35 @@ impl Observer {
             });
         }
         sd_notify("READY=1");
-        Ok(Observer { stage, handle, health, textfile: args.metrics_textfile.clone() })
+        Ok(Observer { stage, handle, health, textfile: args.metrics_textfile.clone(), push })
     }
 
     pub fn health(&self) -> Arc<Health> {
         self.health.clone()
     }
 
-    /// At exit: tells systemd, and writes the textfile (with the ledger's gauges as of now).
+    /// At exit: tells systemd, and writes the textfile and pushes to the Pushgateway (with
+    /// the ledger's gauges as of now).
     pub async fn finish(&self, ledger: &Ledger, exit_code: i32) {
         sd_notify("STOPPING=1");
-        let (Some(dir), Some(h)) = (&self.textfile, &self.handle) else { return };
+        let Some(h) = &self.handle else { return };
+        if self.textfile.is_none() && self.push.is_none() {
+            return;
+        }
         refresh(ledger, self.stage, &self.health).await;
         emit::last_run(self.stage).set(now_ms() as f64 / 1000.0);
         emit::last_exit(self.stage).set(exit_code as f64);
         h.run_upkeep();
-        if let Err(e) = write_textfile(dir, self.stage, &h.render()) {
+        let text = h.render();
+        if let Some(dir) = &self.textfile
+            && let Err(e) = write_textfile(dir, self.stage, &text)
+        {
             tracing::error!(dir = %dir.display(), error = %e, "cannot write the metrics textfile");
+        }
+        if let Some(to) = &self.push
+            && let Err(e) = to.push(self.stage, ledger.pipeline(), &text).await
+        {
+            tracing::error!(pushgateway = %to.url, error = %e, "cannot push the metrics");
         }
     }
 }
@@ -314,6 +329,75 @@ async fn refresh(ledger: &Ledger, stage: &'static str, health: &Health) {
     }
     let files = o.files.iter().find(|(s, _)| *s == FileState::Quarantined).map_or(0, |f| f.1);
     emit::quarantined_files().set(files as f64);
+}
+
+/// A Prometheus Pushgateway (`--metrics-push`): plain HTTP, as it runs beside Prometheus
+/// inside a cluster. One PUT per run, under [`PushTarget::DEADLINE`].
+struct PushTarget {
+    url: String,
+    /// `host:port`
+    authority: String,
+    /// The path before `/metrics/job/...`, without a trailing slash.
+    prefix: String,
+}
+
+impl PushTarget {
+    /// The whole push: connect, send, read the answer. A Pushgateway that hangs costs this,
+    /// never the run.
+    const DEADLINE: Duration = Duration::from_secs(10);
+
+    fn parse(url: &str) -> std::result::Result<PushTarget, ferry_common::ConfigError> {
+        let bad = |why: &str| ferry_common::ConfigError::new("--metrics-push", format!("{url}: {why}"));
+        let rest = url.strip_prefix("http://").ok_or_else(|| bad("want http://HOST:PORT[/PATH] (a Pushgateway speaks plain HTTP)"))?;
+        let (authority, prefix) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+        let port = authority.rsplit_once(':').map(|(_, p)| p);
+        if authority.is_empty() || port.is_none_or(|p| p.parse::<u16>().is_err()) {
+            return Err(bad("want http://HOST:PORT[/PATH], with the port"));
+        }
+        let prefix = prefix.trim_end_matches('/');
+        Ok(PushTarget {
+            url: url.to_string(),
+            authority: authority.to_string(),
+            prefix: if prefix.is_empty() { String::new() } else { format!("/{prefix}") },
+        })
+    }
+
+    /// PUT: the group (job `ferry_<stage>`, the pipeline) becomes exactly these metrics.
+    async fn push(&self, stage: &str, pipeline: &str, text: &str) -> std::io::Result<()> {
+        let path = format!("{}/metrics/job/ferry_{}/pipeline/{}", self.prefix, escape(stage), escape(pipeline));
+        let head = format!(
+            "PUT {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.authority,
+            text.len()
+        );
+        let exchange = async {
+            let mut s = tokio::net::TcpStream::connect(&self.authority).await?;
+            s.write_all(head.as_bytes()).await?;
+            s.write_all(text.as_bytes()).await?;
+            // The status line and a little of the reason; nothing more is needed or trusted.
+            let mut answer = Vec::with_capacity(512);
+            (&mut s).take(4096).read_to_end(&mut answer).await?;
+            let text = String::from_utf8_lossy(&answer);
+            let status = text.split(' ').nth(1).unwrap_or("");
+            if status.starts_with('2') {
+                Ok(())
+            } else {
+                let body = text.split("\r\n\r\n").nth(1).unwrap_or("").trim();
+                Err(std::io::Error::other(format!("PUT {path}: {} {body}", text.lines().next().unwrap_or("no answer"))))
+            }
+        };
+        tokio::time::timeout(Self::DEADLINE, exchange)
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no answer within {:?}", Self::DEADLINE))))
+    }
+}
+
+/// A path segment as the Pushgateway reads it: letters, digits and `_.-~` as they are, any
+/// other byte percent-encoded.
+fn escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"_.-~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
 }
 
 /// `DIR/ferry_<stage>.prom`, through a temp name in the same directory: node_exporter reads

@@ -242,6 +242,105 @@ fn a_once_run_leaves_a_textfile_node_exporter_reads() {
     assert_eq!(names.len(), 4, "{names:?}");
 }
 
+/// A Prometheus Pushgateway (Debian's `prometheus-pushgateway`, installed by the test command),
+/// on a port found free (started again on another if something took it first); killed on drop.
+struct Pushgateway {
+    child: Child,
+    port: u16,
+}
+
+impl Pushgateway {
+    fn start() -> Pushgateway {
+        for _ in 0..5 {
+            let port = free_port();
+            let child = Command::new("prometheus-pushgateway")
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("prometheus-pushgateway is installed by scripts/test.sh (Debian's package)");
+            let mut g = Pushgateway { child, port };
+            let t0 = Instant::now();
+            loop {
+                if g.child.try_wait().unwrap().is_some() {
+                    break; // its port was taken: it exits at once
+                }
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() && get(port, "/-/ready").0 == 200 {
+                    return g;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(30), "the pushgateway did not start");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        panic!("the pushgateway did not start on any of five ports");
+    }
+}
+
+impl Drop for Pushgateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `--metrics-push`: each --once run (a Kubernetes CronJob's, which nothing scrapes) leaves its
+/// metrics in a Pushgateway, one group per stage and pipeline that the next run replaces; a
+/// Pushgateway that is down or hangs is logged and costs the run nothing else.
+#[test]
+fn once_runs_push_their_metrics_to_a_pushgateway() {
+    let gw = Pushgateway::start();
+    let p = Pipeline::new("64KiB", "30s", "0s");
+    p.generate("in", "jsonl", "null", 2, 500, 3);
+    let url = format!("http://127.0.0.1:{}", gw.port);
+    for s in STAGES {
+        let out = p.command(s).arg("--once").env("FERRY_METRICS_PUSH", &url).output().unwrap();
+        assert!(out.status.success(), "{s}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // A series of `name` carrying every one of `labels` (the Pushgateway adds its own, such as
+    // instance=""), with `value` when given.
+    let has = |text: &str, name: &str, labels: &[String], value: Option<&str>| {
+        text.lines().any(|l| {
+            l.starts_with(&format!("{name}{{"))
+                && labels.iter().all(|x| l.contains(x.as_str()))
+                && value.is_none_or(|v| l.rsplit(' ').next() == Some(v))
+        })
+    };
+    let (code, text) = get(gw.port, "/metrics");
+    assert_eq!(code, 200);
+    let chunks = p.count("SELECT COUNT(*) FROM chunks").to_string();
+    let of = |s: &str| vec![format!("job=\"ferry_{s}\""), "pipeline=\"default\"".to_string()];
+    for s in ["extract", "transform", "copy", "load"] {
+        let mut labels = of(s);
+        labels.push(format!("stage=\"{s}\""));
+        assert!(has(&text, "ferry_last_run_exit_code", &labels, Some("0")), "{s}'s exit code in\n{text}");
+        assert!(has(&text, "push_time_seconds", &of(s), None), "{s} pushed:\n{text}");
+    }
+    let mut done = of("load");
+    done.extend(["stage=\"load\"".to_string(), "outcome=\"done\"".to_string()]);
+    assert!(has(&text, "ferry_chunks_total", &done, Some(&chunks)), "load's {chunks} chunks done in\n{text}");
+    // The next run replaces its group: load again, nothing to do, no chunk done this time.
+    let out = p.command("ferry-load").arg("--once").env("FERRY_METRICS_PUSH", &url).output().unwrap();
+    assert!(out.status.success());
+    let (_, again) = get(gw.port, "/metrics");
+    assert!(!has(&again, "ferry_chunks_total", &done, Some(&chunks)), "the second load run's group replaced the first's:\n{again}");
+    assert!(has(&again, "push_time_seconds", &of("load"), None), "{again}");
+    // Gone, or hanging: the run ends as it would have, and says why there are no metrics.
+    let gone = ferry_tests::ClosedPort::new();
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    for (what, at) in [("refused", gone.port), ("hung", hung.local_addr().unwrap().port())] {
+        let t0 = Instant::now();
+        let out = p.command("ferry-load").arg("--once").env("FERRY_METRICS_PUSH", format!("http://127.0.0.1:{at}")).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{what}: {err}");
+        assert!(err.contains("cannot push the metrics"), "{what}: {err}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "{what}: the push is bounded: {:?}", t0.elapsed());
+    }
+    // A URL that is not one is refused at start, naming the flag.
+    let out = p.command("ferry-load").args(["--once", "--metrics-push", "https://gw:9091"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--metrics-push"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn systemd_hears_ready_watchdog_and_stopping() {
     use std::os::unix::net::UnixDatagram;
