@@ -154,6 +154,8 @@ pub struct Snapshot {
     /// The first version whose commit was replayed: a tombstone of an older commit (read from
     /// a checkpoint) says a file was removed, not by whom, until [`DeltaLog::trace`].
     pub replayed_from: i64,
+    /// [`DeltaLog::trace`] read the log back as far as it goes: tracing again learns nothing.
+    pub traced: bool,
 }
 
 impl Snapshot {
@@ -248,7 +250,7 @@ impl Snapshot {
     /// Whether a tombstone of one of `chunks`' parts came from a checkpoint, so who removed it
     /// is not known yet (see [`DeltaLog::trace`]).
     pub fn needs_trace(&self, chunks: &std::collections::HashSet<&str>) -> bool {
-        self.replayed_from > 0 && self.removed.keys().any(|p| chunk_of(p).is_some_and(|c| chunks.contains(c)))
+        self.replayed_from > 0 && !self.traced && self.removed.keys().any(|p| chunk_of(p).is_some_and(|c| chunks.contains(c)))
     }
 
     /// The table's current schema string, if it has one.
@@ -368,9 +370,12 @@ impl DeltaLog {
     /// unknown. Costs a read of every kept commit, so it is asked for only when a chunk with
     /// such a tombstone is to be written.
     pub async fn trace(&self, s: &mut Snapshot) -> Result<()> {
-        if s.replayed_from == 0 {
+        if s.replayed_from == 0 || s.traced {
             return Ok(());
         }
+        // Once it has read back as far as the log goes, tracing again learns nothing: the log
+        // only loses its oldest commits and checkpoints over time, never gains them. (Not
+        // marked when a read fails: the next call tries again.)
         let names = self.store.children(&self.log_dir()).await?;
         let commits: std::collections::BTreeSet<i64> = names.iter().filter_map(|n| n.strip_suffix(".json")?.parse().ok()).collect();
         let mut h = Snapshot::empty();
@@ -378,9 +383,11 @@ impl DeltaLog {
             // The oldest checkpoint from which no commit is missing.
             let last = commits.last().copied().unwrap_or(-1);
             let Some(c) = checkpoint::complete(&names).into_iter().find(|c| (c.version + 1..=last).all(|v| commits.contains(&v))) else {
+                s.traced = true;
                 return Ok(());
             };
             if c.version + 1 >= s.replayed_from {
+                s.traced = true;
                 return Ok(());
             }
             checkpoint::read(&self.store, &self.log_dir(), &c, &mut h).await?;
@@ -392,6 +399,7 @@ impl DeltaLog {
             }
         }
         s.replayed_from = h.replayed_from;
+        s.traced = true;
         Ok(())
     }
 

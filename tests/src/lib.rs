@@ -665,32 +665,43 @@ pub fn spark_sql(statements: &[String]) -> Vec<Vec<String>> {
     serde_json::from_str(last).unwrap()
 }
 
-const SPARK_SQL: &str = r#"
-import sys, json
+/// Python that both Spark scripts start with: `delta_session(app, jars)`, a local Spark session
+/// builder with delta-spark's catalog, UTC, two shuffle partitions and no UI.
+macro_rules! spark_prelude {
+    () => {
+        r#"
 from pyspark.sql import SparkSession
+def delta_session(app, jars):
+    return (SparkSession.builder.master("local[2]").appName(app).config("spark.jars", jars)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
+"#
+    };
+}
+
+const SPARK_SQL: &str = concat!(
+    spark_prelude!(),
+    r#"
+import sys, json
 jars, statements = sys.argv[1], json.loads(sys.argv[2])
-spark = (SparkSession.builder.master("local[2]").appName("ferry-spark-sql").config("spark.jars", jars)
-    .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-    .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "2")
-    .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+spark = delta_session("ferry-spark-sql", jars).getOrCreate()
 out = []
 for s in statements:
     out.append([",".join("" if v is None else str(v) for v in r) for r in spark.sql(s).collect()])
 print(json.dumps(out))
 spark.stop()
-"#;
+"#
+);
 
-const SPARK_READ: &str = r#"
+const SPARK_READ: &str = concat!(
+    spark_prelude!(),
+    r#"
 import sys, os, json, shutil, subprocess
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
 table, out, jars, versions, s3 = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(","), sys.argv[5]
-b = (SparkSession.builder.master("local[2]").appName("ferry-delta-read").config("spark.jars", jars)
-    .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-    .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "2")
-    .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
+b = delta_session("ferry-delta-read", jars)
 if s3:
     s3 = json.loads(s3)
     # The JVM's own trust anchors and the test server's CA.
@@ -715,7 +726,8 @@ for i, v in enumerate(versions):
     os.makedirs(f"{out}/v{i}")
     pq.write_table(r.load(table).toArrow(), f"{out}/v{i}/rows.parquet")
 spark.stop()
-"#;
+"#
+);
 
 /// Digest of input files (`fmt` = avro, jsonl or csv) read by Python's own readers.
 /// Fails unless digests `got` and `want` hold the same rows: count, distinct ids and the hash
