@@ -453,7 +453,7 @@ EOF
   # ferry-copy next to Hadoop's own client, from the same spool.
   spool_for hdfscopy ""
   export -f ferry_fsshell ferry_build_minidfs _ferry_minidfs_built
-  export FERRY_MINIDFS_CLASSPATH_FILE FERRY_MINIDFS_HOME FERRY_FSSHELL_JAVA_OPTS
+  export FERRY_MINIDFS_CLASSPATH_FILE FERRY_MINIDFS_HOME FERRY_MINIDFS_BUILD FERRY_FSSHELL_JAVA_OPTS FERRY_CACHE
   out hdfs-put "$(du -sb "$DIR/hdfscopy/spool.orig/events" | cut -f1)"; out hdfscopy-ferry "$(cat "$DIR/o.hdfs-put")"
   for r in $(seq "$ROUNDS"); do
     measure_rpc hdfs-put bash -c 'ferry_fsshell -fs "$0" -put "$1" "/put$2" 2>/dev/null' "$FERRY_TEST_HDFS_A" "$DIR/hdfscopy/spool.orig/events" "$r"
