@@ -52,7 +52,7 @@ pub(crate) const NOT_COPIED: [&str; 3] = ["_sqlx_migrations", "ledger_compat", "
 /// `PRAGMA user_version` of a SQLite ledger that was moved ("FRMV").
 const MOVED: i64 = 0x4652_4d56;
 
-/// What a move did: rows copied per table (all zero and `already` when an earlier run had
+/// What a move did: rows copied per table (none listed, and `already`, when an earlier run had
 /// copied them).
 #[derive(Debug, Clone, Default)]
 pub struct Moved {
@@ -119,9 +119,9 @@ pub async fn move_ledger(from: &str, to: &str, now_ms: i64) -> Result<Moved> {
     };
     let db_err = |op: &'static str| move |source| Error::Database { op, source };
 
-    // The write lock, held to the end: nothing changes the source from here on.
-    let mut src = sqlite.acquire().await.map_err(db_err("move: source"))?;
-    sqlx::query("BEGIN IMMEDIATE").execute(&mut *src).await.map_err(db_err("move: lock the source"))?;
+    // The write lock, held to the end: nothing changes the source from here on. Dropped on any
+    // early return, the transaction rolls back and lets the lock go.
+    let mut src = sqlite.begin_with(crate::backend::Begin::SQLITE.0).await.map_err(db_err("move: lock the source"))?;
     let live: Vec<(String, String, String)> = sqlx::query_as(
         "SELECT chunk_id, stage, COALESCE(lease_owner, '') FROM tasks WHERE state = 'running' AND lease_expires_at > $1 LIMIT 5",
     )
@@ -130,7 +130,6 @@ pub async fn move_ledger(from: &str, to: &str, now_ms: i64) -> Result<Moved> {
     .await
     .map_err(db_err("move: live leases"))?;
     if let Some((chunk, stage, owner)) = live.first() {
-        let _ = sqlx::query("ROLLBACK").execute(&mut *src).await;
         return Err(bad(
             "--ledger",
             format!(
@@ -158,7 +157,6 @@ pub async fn move_ledger(from: &str, to: &str, now_ms: i64) -> Result<Moved> {
     let empty = counts.iter().all(|(_, _, there)| *there == 0);
     let same = counts.iter().all(|(_, n, there)| n == there);
     if !empty && !same {
-        let _ = sqlx::query("ROLLBACK").execute(&mut *src).await;
         let (table, _, there) = counts.iter().find(|(_, _, t)| *t > 0).expect("not empty");
         return Err(bad("--to", format!("{} is not empty ({there} rows in {table}): a ledger is moved into a new one", redact_url(to))));
     }
@@ -180,7 +178,6 @@ pub async fn move_ledger(from: &str, to: &str, now_ms: i64) -> Result<Moved> {
     } else {
         // Copied by an earlier run that ended before its mark (or nothing to copy).
         moved.already = counts.iter().any(|(_, n, _)| *n > 0);
-        moved.rows = counts.iter().map(|(t, n, _)| (*t, if moved.already { 0 } else { *n })).collect();
         tx.rollback().await.map_err(db_err("move: end"))?;
     }
 
@@ -192,7 +189,7 @@ pub async fn move_ledger(from: &str, to: &str, now_ms: i64) -> Result<Moved> {
         .execute(&mut *src)
         .await
         .map_err(db_err("move: mark the source"))?;
-    sqlx::query("COMMIT").execute(&mut *src).await.map_err(db_err("move: mark the source"))?;
+    src.commit().await.map_err(db_err("move: mark the source"))?;
     Ok(moved)
 }
 

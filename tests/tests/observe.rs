@@ -13,6 +13,13 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A server of its own (it cannot be handed a bound socket) started by `start` on a port found
+/// free; tried again on another, five times at most, when `start` says None (something took
+/// the port before the server bound it).
+fn on_a_free_port<T>(what: &str, mut start: impl FnMut(u16) -> Option<T>) -> T {
+    (0..5).find_map(|_| start(free_port())).unwrap_or_else(|| panic!("{what} did not start on any of five ports"))
+}
+
 fn sigterm(c: &mut Child) {
     let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
 }
@@ -41,12 +48,7 @@ impl Prometheus {
     /// Prometheus (a server of its own: it cannot be handed a bound socket) on a port found
     /// free; started again on another if something took that port before it bound it.
     fn start(targets: &[u16]) -> Prometheus {
-        for _ in 0..5 {
-            if let Some(p) = Prometheus::start_on(targets, free_port()) {
-                return p;
-            }
-        }
-        panic!("prometheus did not start on any of five ports");
+        on_a_free_port("prometheus", |port| Prometheus::start_on(targets, port))
     }
 
     fn start_on(targets: &[u16], port: u16) -> Option<Prometheus> {
@@ -251,8 +253,7 @@ struct Pushgateway {
 
 impl Pushgateway {
     fn start() -> Pushgateway {
-        for _ in 0..5 {
-            let port = free_port();
+        on_a_free_port("the pushgateway", |port| {
             let child = Command::new("prometheus-pushgateway")
                 .arg(format!("--web.listen-address=127.0.0.1:{port}"))
                 .stdout(std::process::Stdio::null())
@@ -263,16 +264,15 @@ impl Pushgateway {
             let t0 = Instant::now();
             loop {
                 if g.child.try_wait().unwrap().is_some() {
-                    break; // its port was taken: it exits at once
+                    return None; // its port was taken: it exits at once
                 }
                 if TcpStream::connect(("127.0.0.1", port)).is_ok() && get(port, "/-/ready").0 == 200 {
-                    return g;
+                    return Some(g);
                 }
                 assert!(t0.elapsed() < Duration::from_secs(30), "the pushgateway did not start");
                 std::thread::sleep(Duration::from_millis(100));
             }
-        }
-        panic!("the pushgateway did not start on any of five ports");
+        })
     }
 }
 
