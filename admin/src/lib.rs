@@ -1,7 +1,6 @@
 //! What the `ferry` admin binary does beyond calling the ledger: the sample generator, and
 //! the one error type of the admin commands.
 
-pub mod delta;
 pub mod doctor;
 pub mod sample;
 pub mod status;
@@ -13,13 +12,23 @@ use ferry_runtime::{Failure, StageError};
 /// for retry-or-not).
 pub type Error = StageError<AdminFailure>;
 
-/// The admin commands meet nothing the stages do not.
+/// The admin commands meet nothing the stages do not: what the table refuses is the table's.
 #[derive(Debug, thiserror::Error)]
-pub enum AdminFailure {}
+pub enum AdminFailure {
+    #[error(transparent)]
+    Table(ferry_table::TableFailure),
+}
 
 impl Failure for AdminFailure {
     const STORE: &'static str = "destination";
     fn class(&self) -> ErrorClass {
-        match *self {}
+        match self {
+            AdminFailure::Table(f) => f.class(),
+        }
     }
+}
+
+/// A table operation's error as the admin command's.
+pub fn from_table(e: ferry_table::TableError) -> Error {
+    e.map_stage(AdminFailure::Table)
 }

@@ -1,13 +1,13 @@
 //! `ferry`: the admin binary. Migrate and inspect the ledger, requeue quarantined work.
 
 use clap::{Parser, Subcommand};
+use ferry_admin::Error;
 use ferry_admin::sample::{AvroCodec, Payload};
-use ferry_admin::{AdminFailure, Error};
 use ferry_admin::{doctor, status};
 use ferry_common::cli::{self, CommonArgs, exit};
 use ferry_common::error::ConfigError;
 use ferry_ledger::{Ledger, LedgerOptions, RequeueFilter, Stage};
-use ferry_runtime::config::{Config, Format, LedgerUrl, TableFormat, Versions, redact_url};
+use ferry_runtime::config::{Config, Format, LedgerUrl, Versions, redact_url};
 use ferry_runtime::sweeps::{Places, Sweep};
 use ferry_storage::Store;
 
@@ -469,7 +469,8 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
         Cmd::Compact { target_size, dry_run } => {
             let cfg = Config::load(config()?)?;
-            return compact(&cfg, target_size, dry_run).await;
+            let ledger = existing_ledger(&url).await?;
+            return compact(&cfg, &ledger, target_size, dry_run).await;
         }
         Cmd::Prune { older_than, dry_run } => {
             let ledger = existing_ledger(&url).await?;
@@ -492,17 +493,9 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             // could not take them back) before recording them: only the store knows. Closing
             // it would leave them there with no row naming them. What the ledger can tell (a
             // sibling's switch, its own rows) `Ledger::skip` checks in its transaction.
-            let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-            let visible: Vec<String> = if cfg.destination.table_format == TableFormat::Delta {
-                // In a Delta table, "in the table" is "active in the latest version".
-                ferry_admin::delta::unrecorded_active(&dest, &ledger, &cfg.table.name, &chunk).await?
-            } else {
-                ferry_runtime::table::unrecorded_in_table::<AdminFailure>(&ledger, &cfg.table.name, &dest, &chunk)
-                    .await?
-                    .into_iter()
-                    .map(|(_, path)| path)
-                    .collect()
-            };
+            let table = ferry_load::open_table(&cfg, &ledger).map_err(ferry_admin::from_table)?;
+            let dest = table.store();
+            let visible = table.unrecorded(&chunk).await.map_err(ferry_admin::from_table)?;
             if let Some(path) = visible.first() {
                 return Err(ConfigError::new(
                     "--chunk",
@@ -543,13 +536,8 @@ async fn durable(ledger: &Ledger, dry_run: bool) -> Result<(), Error> {
 
 /// `ferry verify`: the table on the destination against what the ledger says is published.
 async fn verify(cfg: &Config, ledger: &Ledger, requeue: bool) -> Result<i32, Error> {
-    let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-    let table = &cfg.table.name;
-    let found = if cfg.destination.table_format == TableFormat::Delta {
-        ferry_admin::delta::verify(&dest, ledger, table).await?
-    } else {
-        verify_hive(&dest, ledger, table).await?
-    };
+    let table = ferry_load::open_table(cfg, ledger).map_err(ferry_admin::from_table)?;
+    let found = table.verify().await.map_err(ferry_admin::from_table)?;
     for line in &found.lines {
         println!("{line}");
     }
@@ -566,49 +554,7 @@ async fn verify(cfg: &Config, ledger: &Ledger, requeue: bool) -> Result<i32, Err
     Ok(if found.problems > 0 { exit::QUARANTINED } else { exit::OK })
 }
 
-/// A Hive-layout table: the ledger's published files against the directory.
-async fn verify_hive(dest: &Store, ledger: &Ledger, table: &str) -> Result<ferry_admin::delta::Verified, Error> {
-    let mut out = ferry_admin::delta::Verified::default();
-    let want = ledger.published_files(table).await?;
-    let have: std::collections::HashMap<String, u64> = dest
-        .list(table)
-        .await?
-        .into_iter()
-        .map(|e| (e.rel, e.size))
-        .filter(|(rel, _)| !rel.contains("/_ferry/") && !rel.rsplit('/').next().unwrap_or_default().starts_with('.'))
-        .collect();
-    let (mut missing, mut wrong) = (0, 0);
-    for (path, chunk, bytes) in &want {
-        match have.get(path) {
-            None => {
-                missing += 1;
-                out.bad_chunks.insert(chunk.clone());
-                out.lines.push(format!("missing  {path} (chunk {chunk})"));
-            }
-            Some(&size) if size != *bytes as u64 => {
-                wrong += 1;
-                out.bad_chunks.insert(chunk.clone());
-                out.lines.push(format!("size     {path}: {size} bytes, the ledger says {bytes} (chunk {chunk})"));
-            }
-            Some(_) => {}
-        }
-    }
-    let known: std::collections::HashSet<&str> = want.iter().map(|(p, _, _)| p.as_str()).collect();
-    let mut extra = 0;
-    for path in have.keys().filter(|p| p.ends_with(".parquet") && !known.contains(p.as_str())) {
-        extra += 1;
-        out.lines.push(format!("extra    {path} (not published by pipeline {} as far as the ledger knows)", ledger.pipeline()));
-    }
-    out.lines.push(format!(
-        "pipeline {}, table {table}: {} file(s) published, {missing} missing, {wrong} of the wrong size, {extra} extra",
-        ledger.pipeline(),
-        want.len()
-    ));
-    out.problems = missing + wrong + extra;
-    Ok(out)
-}
-
-/// `ferry vacuum`: a Delta table's removed files past the retention.
+/// `ferry vacuum`: files no reader of the table needs, past the retention (Delta).
 async fn vacuum(
     cfg: &Config,
     ledger: &Ledger,
@@ -616,38 +562,17 @@ async fn vacuum(
     allow_short: bool,
     dry_run: bool,
 ) -> Result<i32, Error> {
-    if cfg.destination.table_format != TableFormat::Delta {
-        return Err(ConfigError::new(
-            "destination.table_format",
-            "ferry vacuum is for Delta tables; a Hive table's replaced files are removed when a version switches",
-        )
-        .into());
-    }
-    let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-    let table = &cfg.table.name;
-    let table_ms = ferry_admin::delta::retention_ms(&dest, table).await?;
-    let retain_ms = retain.map_or(table_ms, |d| d.as_millis().min(i64::MAX as u128) as i64);
-    if retain_ms < table_ms && !allow_short {
-        return Err(ConfigError::new(
-            "--retain",
-            format!(
-                "{} is shorter than the table's delta.deletedFileRetentionDuration ({}): readers of versions within it would \
-                 fail; pass --allow-short-retention to do it anyway",
-                humantime::format_duration(std::time::Duration::from_millis(retain_ms as u64)),
-                humantime::format_duration(std::time::Duration::from_millis(table_ms as u64))
-            ),
-        )
-        .into());
-    }
-    let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(retain_ms);
-    let v = ferry_admin::delta::vacuum(&dest, ledger, table, cutoff, dry_run).await?;
+    let table = ferry_load::open_table(cfg, ledger).map_err(ferry_admin::from_table)?;
+    let v = table.vacuum(retain, allow_short, dry_run).await.map_err(ferry_admin::from_table)?;
     let verb = if dry_run { "would delete" } else { "deleted" };
     for f in &v.deleted {
         println!("{verb} {f}");
     }
     println!(
-        "Delta table {table} at version {}: {verb} {} removed file(s) and {} file(s) no version names, {} bytes; {} removed \
+        "{} table {} at version {}: {verb} {} removed file(s) and {} file(s) no version names, {} bytes; {} removed \
          file(s) within the retention kept, {} kept for chunks at work again",
+        format_name(table.format()),
+        cfg.table.name,
         v.version,
         v.files - v.untracked,
         v.untracked,
@@ -658,32 +583,36 @@ async fn vacuum(
     Ok(exit::OK)
 }
 
-/// `ferry compact`: a Delta table's small files merged.
-async fn compact(cfg: &Config, target: u64, dry_run: bool) -> Result<i32, Error> {
-    if cfg.destination.table_format != TableFormat::Delta {
-        return Err(ConfigError::new(
-            "destination.table_format",
-            "ferry compact is for Delta tables; a Hive table's files are read by name, and merging them would change what \
-             each partition's files hold",
-        )
-        .into());
-    }
+/// `ferry compact`: the table's small files merged (Delta).
+async fn compact(cfg: &Config, ledger: &Ledger, target: u64, dry_run: bool) -> Result<i32, Error> {
     if target < 2 {
         return Err(ConfigError::new("--target-size", "must be at least 2 bytes").into());
     }
-    let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
-    let table = &cfg.table.name;
-    let now_ms = chrono::Utc::now().timestamp_millis();
-    let c = ferry_admin::delta::compact(&dest, table, target.min(i64::MAX as u64) as i64, dry_run, now_ms).await?;
+    let table = ferry_load::open_table(cfg, ledger).map_err(ferry_admin::from_table)?;
+    let c = table.compact(target.min(i64::MAX as u64) as i64, dry_run).await.map_err(ferry_admin::from_table)?;
     for l in &c.lines {
         println!("{l}");
     }
     let verb = if dry_run { "would merge" } else { "merged" };
     println!(
-        "Delta table {table} at version {}: {verb} {} file(s), {} bytes, in {} merge(s); {} merge(s) lost to another commit",
-        c.version, c.files_in, c.bytes_in, c.merges, c.lost
+        "{} table {} at version {}: {verb} {} file(s), {} bytes, in {} merge(s); {} merge(s) lost to another commit",
+        format_name(table.format()),
+        cfg.table.name,
+        c.version,
+        c.files_in,
+        c.bytes_in,
+        c.merges,
+        c.lost
     );
     Ok(exit::OK)
+}
+
+/// A table format's name as the summaries print it: "Delta", "Hive".
+fn format_name(format: &str) -> String {
+    match format {
+        "delta" => "Delta".to_string(),
+        other => other[..1].to_uppercase() + &other[1..],
+    }
 }
 
 /// `--target-size 128MiB`.
@@ -705,10 +634,18 @@ async fn gc(cfg: &Config, url: &str, older_than: Option<std::time::Duration>, on
         None => cfg.temp_cutoff_ms(chrono::Utc::now().timestamp_millis()),
     };
     let staging = Store::open(&cfg.staging.url, &cfg.staging.store)?;
-    let dest = Store::open(&cfg.destination.url, &cfg.destination.store)?;
     let spool = Store::from_url(&cfg.spool.dir.to_string_lossy())?;
     let ledger = existing_ledger(url).await?.with_pipeline(&cfg.pipeline);
-    let at = Places { cfg, ledger: &ledger, staging: Some(&staging), destination: Some(&dest), spool: Some(&spool) };
+    let table = ferry_load::open_table(cfg, &ledger).map_err(ferry_admin::from_table)?;
+    let meta_dirs = table.meta_dirs();
+    let at = Places {
+        cfg,
+        ledger: &ledger,
+        staging: Some(&staging),
+        destination: Some(table.store()),
+        spool: Some(&spool),
+        meta_dirs: &meta_dirs,
+    };
     // Each place on its own: one store that is down does not stop the others' cleanup.
     let (mut n, mut failed) = (0, 0);
     for sweep in Sweep::ALL.into_iter().filter(|s| only.is_empty() || only.contains(s)) {

@@ -210,6 +210,15 @@ pub fn table_meta(table: &str) -> String {
     format!("{table}/{TABLE_META}")
 }
 
+/// A Delta table's log directory in the table, relative to the table (where a path in the
+/// table is one, as in the log's `add` actions): `_delta_log`.
+pub const DELTA_LOG: &str = "_delta_log";
+
+/// `<table>/_delta_log`: a Delta table's log.
+pub fn delta_log(table: &str) -> String {
+    format!("{table}/{DELTA_LOG}")
+}
+
 /// `<table>/_ferry/manifest/<chunk>.json`.
 pub fn manifest(table: &str, chunk: &str) -> String {
     format!("{}/manifest/{chunk}.json", table_meta(table))

@@ -515,7 +515,14 @@ impl Copier {
     pub async fn gc(&self) -> Result<(), CopyError> {
         let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
-        let at = Places { cfg: &self.cfg, ledger: &self.ledger, staging: None, destination: Some(&self.dest), spool: Some(&spool) };
+        let at = Places {
+            cfg: &self.cfg,
+            ledger: &self.ledger,
+            staging: None,
+            destination: Some(&self.dest),
+            spool: Some(&spool),
+            meta_dirs: &[],
+        };
         // Each place on its own: one that fails does not keep the others.
         let mut done = Vec::new();
         for sweep in [Sweep::SpentSpool, Sweep::AbandonedUploads, Sweep::SpoolTemps] {

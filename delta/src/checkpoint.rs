@@ -21,7 +21,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Value, json};
 
-use crate::{DeltaError, Result, Snapshot, TOMBSTONE_RETENTION, TXN_RETENTION, interval_ms};
+use crate::{DeltaError, Result, Snapshot};
 
 /// A checkpoint found in the log: its version and its files (one, or every part).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,12 +102,7 @@ pub(crate) fn encode(s: &Snapshot, now_ms: i64) -> Result<(Vec<u8>, usize)> {
     let (Some(protocol), Some(metadata)) = (&s.protocol, &s.metadata) else {
         return Err(DeltaError::Log(format!("version {}: no protocol or metadata to checkpoint", s.version)));
     };
-    let keep = |property: &str, default: &str| {
-        let ms = s.property(property).and_then(interval_ms).or_else(|| interval_ms(default)).unwrap_or(i64::MAX);
-        now_ms.saturating_sub(ms)
-    };
-    let (txns_since, tombstones_since) =
-        (keep("delta.setTransactionRetentionDuration", TXN_RETENTION), keep("delta.deletedFileRetentionDuration", TOMBSTONE_RETENTION));
+    let (txns_since, tombstones_since) = s.retained_since(now_ms);
     let mut lines = vec![json!({"protocol": protocol}), json!({"metaData": metadata})];
     // Sorted: the same state is the same rows, whoever writes it.
     let txns: BTreeMap<_, _> = s.txns.iter().filter(|(_, t)| t.last_updated.is_none_or(|at| at >= txns_since)).collect();
@@ -138,7 +133,9 @@ pub(crate) fn encode(s: &Snapshot, now_ms: i64) -> Result<(Vec<u8>, usize)> {
     let err = |e: &dyn std::fmt::Display| DeltaError::Log(format!("version {}: writing its checkpoint: {e}", s.version));
     let reader = arrow::json::ReaderBuilder::new(schema.clone()).with_batch_size(8192).build(text.as_bytes()).map_err(|e| err(&e))?;
     let mut out = Vec::new();
-    let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, schema, None).map_err(|e| err(&e))?;
+    // Snappy: what Spark and delta-rs write, and every Delta reader reads.
+    let props = parquet::file::properties::WriterProperties::builder().set_compression(parquet::basic::Compression::SNAPPY).build();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, schema, Some(props)).map_err(|e| err(&e))?;
     for batch in reader {
         w.write(&batch.map_err(|e| err(&e))?).map_err(|e| err(&e))?;
     }

@@ -55,6 +55,8 @@ mod checkpoint;
 mod compact;
 mod features;
 pub mod stats;
+mod table;
+mod upkeep;
 
 use std::collections::HashMap;
 
@@ -62,6 +64,7 @@ pub use actions::*;
 pub use compact::{Change, Input, MEMBERS_TAG, Member, Rewrite, compatibility, members_of, merge};
 use ferry_storage::Store;
 use serde_json::Value;
+pub use table::DeltaTable;
 
 /// What went wrong with a table's log.
 #[derive(Debug, thiserror::Error)]
@@ -263,6 +266,24 @@ impl Snapshot {
         self.metadata.as_ref()?.get("configuration")?.get(key)?.as_str()
     }
 
+    /// The oldest `lastUpdated` of a txn, and the oldest `deletionTimestamp` of a tombstone,
+    /// that a checkpoint written at `now_ms` keeps (the table's retentions, or Delta's defaults).
+    pub(crate) fn retained_since(&self, now_ms: i64) -> (i64, i64) {
+        let keep = |property: &str, default: &str| {
+            let ms = self.property(property).and_then(interval_ms).or_else(|| interval_ms(default)).unwrap_or(i64::MAX);
+            now_ms.saturating_sub(ms)
+        };
+        (keep("delta.setTransactionRetentionDuration", TXN_RETENTION), keep("delta.deletedFileRetentionDuration", TOMBSTONE_RETENTION))
+    }
+
+    /// Forgets the txns and tombstones past their retention at `now_ms`, as a checkpoint
+    /// written then does: a long-running writer's snapshot stays the size of the table.
+    pub fn prune(&mut self, now_ms: i64) {
+        let (txns_since, tombstones_since) = self.retained_since(now_ms);
+        self.txns.retain(|_, t| t.last_updated.is_none_or(|at| at >= txns_since));
+        self.removed.retain(|_, r| r.get("deletionTimestamp").and_then(Value::as_i64).unwrap_or(i64::MAX) >= tombstones_since);
+    }
+
     /// Commits between checkpoints: `delta.checkpointInterval`, or [`CHECKPOINT_INTERVAL`].
     pub fn checkpoint_interval(&self) -> i64 {
         self.property("delta.checkpointInterval").and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0).unwrap_or(CHECKPOINT_INTERVAL)
@@ -306,11 +327,42 @@ pub struct DeltaLog {
     store: Store,
     /// The table's directory in the store.
     table: String,
+    /// Set by [`DeltaLog::deferring_checkpoints`]: the snapshot a commit made due for a
+    /// checkpoint, written by [`DeltaLog::write_due_checkpoint`] once the committer let go of
+    /// its lock.
+    due: Option<std::sync::Arc<std::sync::Mutex<Option<Due>>>>,
+    /// A commit at a checkpoint version failed with no answer (it may have landed): the next
+    /// commit this log makes writes the checkpoint instead, or the interval would go without.
+    missed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// A snapshot a commit made due for a checkpoint, and the commit's time.
+type Due = (Snapshot, i64);
 
 impl DeltaLog {
     pub fn new(store: Store, table: &str) -> DeltaLog {
-        DeltaLog { store, table: table.to_string() }
+        DeltaLog { store, table: table.to_string(), due: None, missed: Default::default() }
+    }
+
+    /// A log whose commits leave their checkpoint to [`DeltaLog::write_due_checkpoint`]: a
+    /// writer that commits under a lock (load's group commit) writes it after letting go, so
+    /// the next commit does not wait for it.
+    pub fn deferring_checkpoints(mut self) -> DeltaLog {
+        self.due = Some(Default::default());
+        self
+    }
+
+    /// Writes the checkpoint the newest commit made due, if one is and no other task took it
+    /// first. A failure is logged: the commit stands without it (a checkpoint only saves
+    /// readers a replay), and the next interval writes one again.
+    pub async fn write_due_checkpoint(&self) {
+        let Some(due) = &self.due else { return };
+        let taken = due.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((s, now_ms)) = taken
+            && let Err(e) = self.checkpoint(&s, now_ms).await
+        {
+            tracing::warn!(table = %self.store.url(&self.table), version = s.version, error = %e, "could not write the checkpoint");
+        }
     }
 
     /// The store the table is in, and the table's directory in it.
@@ -323,7 +375,7 @@ impl DeltaLog {
     }
 
     fn log_dir(&self) -> String {
-        format!("{}/_delta_log", self.table)
+        ferry_common::paths::delta_log(&self.table)
     }
 
     fn commit_path(&self, version: i64) -> String {
@@ -455,14 +507,32 @@ impl DeltaLog {
                 text.push_str(&a.to_string());
                 text.push('\n');
             }
-            if self.store.create_new(&self.commit_path(version), text.clone().into_bytes()).await? {
+            let boundary = version > 0 && version % s.checkpoint_interval() == 0;
+            let created = match self.store.create_new(&self.commit_path(version), text.clone().into_bytes()).await {
+                Ok(created) => created,
+                Err(e) => {
+                    if boundary {
+                        self.missed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    return Err(e.into());
+                }
+            };
+            if created {
                 s.apply(version, &text)?;
-                if version > 0 && version % s.checkpoint_interval() == 0 {
-                    // The commit stands without it: a checkpoint only saves readers a replay,
-                    // and the next interval's writes one again.
+                if boundary || self.missed.swap(false, std::sync::atomic::Ordering::SeqCst) {
                     let now_ms = actions.iter().find_map(|a| a.get("commitInfo")?.get("timestamp")?.as_i64()).unwrap_or(0);
-                    if let Err(e) = self.checkpoint(s, now_ms).await {
-                        tracing::warn!(table = %self.store.url(&self.table), version, error = %e, "could not write the checkpoint");
+                    // What the checkpoint leaves out (tombstones and txns past their
+                    // retention) leaves this writer's snapshot too, so it does not grow for ever.
+                    s.prune(now_ms);
+                    match &self.due {
+                        Some(due) => *due.lock().unwrap_or_else(|e| e.into_inner()) = Some((s.clone(), now_ms)),
+                        // The commit stands without it: a checkpoint only saves readers a
+                        // replay, and the next interval's writes one again.
+                        None => {
+                            if let Err(e) = self.checkpoint(s, now_ms).await {
+                                tracing::warn!(table = %self.store.url(&self.table), version, error = %e, "could not write the checkpoint");
+                            }
+                        }
                     }
                 }
                 return Ok(Some(version));

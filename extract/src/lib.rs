@@ -185,7 +185,14 @@ impl Extractor {
         };
         if sweep {
             let cutoff = self.cfg.temp_cutoff_ms(self.ledger.now_ms());
-            let at = Places { cfg: &self.cfg, ledger: &self.ledger, staging: Some(&self.staging), destination: None, spool: None };
+            let at = Places {
+                cfg: &self.cfg,
+                ledger: &self.ledger,
+                staging: Some(&self.staging),
+                destination: None,
+                spool: None,
+                meta_dirs: &[],
+            };
             ferry_runtime::runner::cleanup(Sweep::StagingTemps.run(&at, cutoff)).await;
         }
         let listing = self.source.list_source("").await?;

@@ -27,19 +27,25 @@ async fn run(args: StageCli) -> Result<i32, LoadError> {
         let s = s.clone();
         async move { runner::cleanup(s.gc()).await }
     });
-    let writer = tokio::spawn(s.clone().ddl_writer());
-    let loader = s.clone();
+    // What the table's format keeps up to date while chunks go in (the Hive layout's DDL).
+    let upkeep = tokio::spawn({
+        let table = s.table().clone();
+        async move { table.upkeep().await }
+    });
+    let table = s.table().clone();
     let work = move |lease| Box::pin(s.clone().chunk(lease)) as runner::TaskFuture<_>;
     let served =
         runner::serve(&ledger, &args.stage, Stage::Load, concurrency, Stores { names: stores, probe: Some(probe) }, work, None).await;
-    // The DDL as the ledger has it now, before the stage exits, however serving ended. Its
-    // failure is the exit status only when serving went well (it is logged either way).
-    let ddl = loader.finish_ddl(writer).await;
-    if let Err(e) = &ddl {
-        tracing::error!(error = %e, "the table's DDL could not be rewritten; the next run that publishes rewrites it");
+    // The table's metadata as the ledger has it now (the Hive layout's DDL), before the stage
+    // exits, however serving ended. Its failure is the exit status only when serving went well
+    // (it is logged either way).
+    let finished = table.finish().await;
+    let _ = upkeep.await;
+    if let Err(e) = &finished {
+        tracing::error!(error = %e, "the table's metadata could not be rewritten; the next run that publishes rewrites it");
     }
     let _ = gc.await;
     let code = served?;
-    ddl?;
+    finished?;
     Ok(code)
 }

@@ -77,6 +77,20 @@ impl<F: Failure> StageError<F> {
         StageError::Io { path: path.to_string(), source }
     }
 
+    /// The same error with its own failure turned into another stage's (`F` into `G`): an
+    /// admin command that calls the table reports the table's failure as it is.
+    pub fn map_stage<G: Failure>(self, f: impl FnOnce(F) -> G) -> StageError<G> {
+        match self {
+            StageError::Config(e) => StageError::Config(e),
+            StageError::Ledger(e) => StageError::Ledger(e),
+            StageError::Storage(e) => StageError::Storage(e),
+            StageError::Io { path, source } => StageError::Io { path, source },
+            StageError::Internal(e) => StageError::Internal(e),
+            StageError::Panicked(e) => StageError::Panicked(e),
+            StageError::Stage(s) => StageError::Stage(f(s)),
+        }
+    }
+
     /// Whether a later try may get past it.
     pub fn is_transient(&self) -> bool {
         self.class() == ErrorClass::Transient

@@ -14,6 +14,5 @@ pub mod gate;
 pub mod observe;
 pub mod runner;
 pub mod sweeps;
-pub mod table;
 
 pub use error::{Failure, StageError};

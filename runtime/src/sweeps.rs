@@ -45,6 +45,9 @@ pub struct Places<'a> {
     pub staging: Option<&'a Store>,
     pub destination: Option<&'a Store>,
     pub spool: Option<&'a Store>,
+    /// The table's metadata directories (`ferry_table::Table::meta_dirs`): where
+    /// [`Sweep::TableMetaTemps`] looks.
+    pub meta_dirs: &'a [String],
 }
 
 impl Sweep {
@@ -103,11 +106,12 @@ impl Sweep {
             Sweep::AbandonedUploads => abandoned_uploads(at.ledger, at.store(at.destination, "destination")?, table, cutoff).await,
             Sweep::TableMetaTemps => {
                 let dest = at.store(at.destination, "destination")?;
-                let mut n = dest.remove_stale_temps(&paths::table_meta(table), cutoff).await?;
-                // A Delta commit is written to a temp name in the log and renamed to its version
-                // without replacing (local dirs, HDFS): a load killed between the two leaves it.
-                if at.cfg.destination.table_format == crate::config::TableFormat::Delta {
-                    match dest.remove_stale_temps(&format!("{table}/_delta_log"), cutoff).await {
+                // Each format writes its metadata through temp names (a Delta commit is written
+                // to a temp name in the log and renamed to its version without replacing, on
+                // local dirs and HDFS): a load killed between the two leaves one.
+                let mut n = 0;
+                for dir in at.meta_dirs {
+                    match dest.remove_stale_temps(dir, cutoff).await {
                         Ok(k) => n += k,
                         Err(e) if e.is_not_found() => {}
                         Err(e) => return Err(e),

@@ -649,7 +649,9 @@ fn spark_read(table: &str, versions: &[Option<i64>], s3: Option<serde_json::Valu
 
 /// Runs SQL statements in one Spark session with delta-spark (Delta's reference
 /// implementation) as another engine would (`delta.`<path>`` names a table by its directory),
-/// and returns each statement's rows, each row its values joined by `,`.
+/// and returns each statement's rows, each row its values joined by `,`. A statement
+/// `-- wait for <path>` waits (ten minutes at most) until that file exists: a test paces
+/// Spark's commits against Ferry's with it.
 pub fn spark_sql(statements: &[String]) -> Vec<Vec<String>> {
     let _one = SPARK.lock().unwrap_or_else(|p| p.into_inner());
     let out = Command::new("python3")
@@ -688,7 +690,14 @@ import sys, json
 jars, statements = sys.argv[1], json.loads(sys.argv[2])
 spark = delta_session("ferry-spark-sql", jars).getOrCreate()
 out = []
+import os, time
 for s in statements:
+    if s.startswith("-- wait for "):
+        path, t = s[len("-- wait for "):], time.time()
+        while not os.path.exists(path) and time.time() - t < 600:
+            time.sleep(0.05)
+        out.append([])
+        continue
     out.append([",".join("" if v is None else str(v) for v in r) for r in spark.sql(s).collect()])
 print(json.dumps(out))
 spark.stop()

@@ -10,7 +10,9 @@ use std::process::Command;
 mod delta_common;
 
 use delta_common::*;
-use ferry_tests::{Pipeline, STAGES, copy_tree, delta_digest, input_digest, output_within, spark_delta_digests, spark_delta_digests_s3};
+use ferry_tests::{
+    Pipeline, STAGES, copy_tree, delta_digest, input_digest, output_within, spark_delta_digests, spark_delta_digests_s3, wait_until,
+};
 
 #[test]
 fn every_record_is_in_the_delta_table_once_at_every_version() {
@@ -398,8 +400,9 @@ fn load_killed_at_every_step_leaves_every_record_once() {
     }
 }
 
-#[test]
-fn two_loads_on_one_table_commit_every_chunk_once() {
+/// A Delta pipeline whose input (four files, small chunks) went through extract, transform and
+/// copy, with its number of chunks: load is what the test runs.
+fn landed_for_load() -> (Pipeline, i64) {
     let p = delta_pipeline("8KiB");
     p.add_jsonl_batch("a", 4, 300, 3);
     for s in &STAGES[..3] {
@@ -407,6 +410,12 @@ fn two_loads_on_one_table_commit_every_chunk_once() {
         assert!(o.status.success(), "{s}: {}", String::from_utf8_lossy(&o.stderr));
     }
     let chunks = p.count("SELECT COUNT(*) FROM chunks");
+    (p, chunks)
+}
+
+#[test]
+fn two_loads_on_one_table_commit_every_chunk_once() {
+    let (p, chunks) = landed_for_load();
     assert!(chunks >= 12, "{chunks} chunks");
     let spawn =
         || p.command("ferry-load").arg("--once").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
@@ -421,6 +430,57 @@ fn two_loads_on_one_table_commit_every_chunk_once() {
     let adds: usize = log.iter().map(|(_, a)| a.iter().filter(|a| a.get("add").is_some()).count()).sum();
     assert_eq!(adds as i64, p.count("SELECT COUNT(*) FROM parts"), "every part added once, by one of the two");
     no_version_doubles(&table(&p));
+}
+
+/// Group commit: chunks whose plans are ready while a commit is made go in the next one
+/// together, each with its own txn. The first commit is held (with the log's lock taken) until
+/// the load's other tasks have queued their plans, so the figure is exact.
+#[test]
+fn chunks_ready_together_share_one_commit_with_a_txn_each() {
+    let (p, chunks) = landed_for_load();
+    let tasks = 6;
+    assert!(chunks > tasks as i64, "{chunks} chunks");
+    let gate = p.path("group-gate");
+    std::fs::create_dir_all(&gate).unwrap();
+    let load = p
+        .command("ferry-load")
+        .arg("--once")
+        .env("FERRY_LOAD_CONCURRENCY", tasks.to_string())
+        .env("FERRY_TEST_DELTA_GROUP_GATE", &gate)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Every task has a plan queued (the one holding the lock queued its own first).
+    let queued = || std::fs::read_dir(&gate).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("queued-")).count();
+    wait_until("every load task queues its plan", std::time::Duration::from_secs(60), || queued() >= tasks);
+    std::fs::write(gate.join("go"), b"").unwrap();
+    let o = load.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    drained(&p);
+    same(&delta_digest(&table(&p), None), &input_digest("jsonl", &p.path("in")), "after group commits");
+    no_version_doubles(&table(&p));
+    let log = commits(&table(&p));
+    let mut seen = std::collections::BTreeSet::new();
+    for (v, actions) in &log {
+        let apps: Vec<&str> = actions.iter().filter_map(|a| a.get("txn")?.get("appId")?.as_str()).collect();
+        let distinct: std::collections::BTreeSet<&str> = apps.iter().copied().collect();
+        assert_eq!(distinct.len(), apps.len(), "commit {v}: one txn per chunk: {apps:?}");
+        let info: Vec<&serde_json::Value> = actions.iter().filter_map(|a| a.get("commitInfo")).collect();
+        assert_eq!(info.len(), 1, "commit {v}: one commitInfo");
+        let named: std::collections::BTreeSet<String> =
+            info[0]["operationParameters"]["chunks"].as_str().unwrap().split(',').map(|c| format!("ferry:default:{c}")).collect();
+        assert_eq!(named, distinct.iter().map(|a| a.to_string()).collect(), "commit {v}: commitInfo names its chunks");
+        for a in distinct {
+            assert!(seen.insert(a.to_string()), "commit {v}: {a} carried by an earlier commit too");
+        }
+    }
+    assert_eq!(seen.len() as i64, chunks, "every chunk's txn, once");
+    // The first commit that adds files took every plan queued while it was held.
+    let first = log.iter().find(|(_, a)| a.iter().any(|a| a.get("add").is_some())).unwrap();
+    let carried = first.1.iter().filter(|a| a.get("txn").is_some()).count();
+    assert_eq!(carried, tasks, "commit {}: the chunks of every task, in one commit", first.0);
+    assert!((log.len() as i64) < chunks, "{} commits for {chunks} chunks", log.len());
 }
 
 /// Every stage to the end, several rounds (a chunk whose commit met a fault waits its backoff).

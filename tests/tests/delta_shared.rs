@@ -412,3 +412,96 @@ fn spark_deletes_updates_merges_and_compacts_beside_ferrys_loads() {
     assert_eq!(o.status.code(), Some(0), "{text}");
     assert!(text.contains("rewritten ") && text.contains("of other writers"), "{text}");
 }
+
+/// Two Ferry loads at once and a Spark writer, all on one table: Spark inserts four times in one
+/// session; after each of its first three inserts is in the log, Ferry's next batch goes in
+/// (two `ferry-load --once` at a time) while Spark makes its next insert, so commits of the
+/// three writers race for versions. Every row once at every version, and Ferry's commits
+/// between Spark's (the writers interleaved).
+#[test]
+fn two_ferry_loads_and_a_spark_writer_at_once_each_commit_every_row_once() {
+    let (p, dir) = loaded(&[("first", 50)]);
+    let t = spark_table(&dir);
+    let gate = p.path("spark-gate");
+    std::fs::create_dir_all(&gate).unwrap();
+    let inserts = 4;
+    let mut statements = Vec::new();
+    for k in 0..inserts {
+        if k > 0 {
+            statements.push(format!("-- wait for {}", gate.join(format!("go-{k}")).display()));
+        }
+        statements.push(format!(
+            "INSERT INTO {t} BY NAME SELECT concat('spark-{k}-', id) AS event_id, TIMESTAMP'2026-11-20 10:00:00' AS ts, \
+             'h' AS host, 'k' AS kind, id AS user_id, 'from spark' AS payload, CAST(NULL AS DOUBLE) AS score, \
+             DATE'2026-11-20' AS dt FROM range(10)"
+        ));
+    }
+    let before = spark_commits(&dir).len();
+    let spark = std::thread::spawn(move || ferry_tests::spark_sql(&statements));
+    let mut want = rows_of("first", 50);
+    for k in 0..inserts - 1 {
+        ferry_tests::wait_until(&format!("Spark's insert {k} in the log"), std::time::Duration::from_secs(600), || {
+            spark_commits(&dir).len() > before + k || spark.is_finished()
+        });
+        assert!(!spark.is_finished(), "Spark ended before its insert {}", k + 1);
+        std::fs::write(gate.join(format!("go-{}", k + 1)), b"").unwrap();
+        let tag = format!("batch{k}");
+        std::fs::write(p.path(&format!("in/{tag}.jsonl")), events(&tag, 60)).unwrap();
+        want.extend(rows_of(&tag, 60));
+        for s in ["ferry-extract", "ferry-transform", "ferry-copy"] {
+            p.stage_round(s);
+        }
+        let loads: Vec<_> = (0..2)
+            .map(|_| p.command("ferry-load").args(["--once", "--concurrency", "2"]).stdout(std::process::Stdio::null()).spawn().unwrap())
+            .collect();
+        for mut l in loads {
+            let code = l.wait().unwrap().code();
+            assert!(matches!(code, Some(0 | 3 | 4)), "load exited {code:?}");
+        }
+    }
+    spark.join().unwrap();
+    drained(&p);
+    for k in 0..inserts {
+        for id in 0..10 {
+            want.insert(format!("spark-{k}-{id}"), "from spark".into());
+        }
+    }
+    assert_eq!(rows(&dir), want, "every row once");
+    assert_eq!(versions_with_an_id_twice(&dir), Vec::<i64>::new(), "no version holds a row twice");
+    // The writers interleaved: Ferry committed between Spark's first insert and its last.
+    let spark_versions = spark_commits(&dir);
+    let (first, last) = (spark_versions[before], *spark_versions.last().unwrap());
+    let ferry_between = commits(&dir)
+        .iter()
+        .filter(|(v, a)| *v > first && *v < last && a.iter().any(|a| a.get("add").is_some()) && engine(a).starts_with("ferry/"))
+        .count();
+    assert!(ferry_between >= 2, "Ferry's commits between Spark's {first} and {last}: {ferry_between}");
+    let o = output_within(p.command("ferry").arg("verify"), std::time::Duration::from_secs(120));
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
+/// The writer of a commit, from its commitInfo.
+fn engine(actions: &[serde_json::Value]) -> String {
+    actions.iter().find_map(|a| a.get("commitInfo")?.get("engineInfo")?.as_str()).unwrap_or_default().to_string()
+}
+
+/// The versions of the commits that add files and are not Ferry's.
+fn spark_commits(dir: &std::path::Path) -> Vec<i64> {
+    commits(dir)
+        .iter()
+        .filter(|(_, a)| a.iter().any(|a| a.get("add").is_some()) && !engine(a).starts_with("ferry/"))
+        .map(|(v, _)| *v)
+        .collect()
+}
+
+/// Every version of the table read by delta-rs (in one process), and those in which an event
+/// id appears twice.
+fn versions_with_an_id_twice(dir: &std::path::Path) -> Vec<i64> {
+    let script = "import sys, os, json\nfrom deltalake import DeltaTable\nlast = DeltaTable(sys.argv[1]).version()\nbad = []\n\
+                  for v in range(last + 1):\n    ids = DeltaTable(sys.argv[1], version=v).to_pyarrow_table(columns=['event_id']).column(0)\n\
+                  \x20   if len(ids) != len(set(ids.to_pylist())):\n        bad.append(v)\n\
+                  print(json.dumps(bad)); sys.stdout.flush(); os._exit(0)";
+    let out = std::process::Command::new("python3").arg("-c").arg(script).arg(dir).output().unwrap();
+    assert!(out.status.success(), "delta-rs: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}

@@ -180,7 +180,7 @@ impl Transformer {
     /// Removes spool temp files left by a transform that crashed.
     pub async fn gc(&self) -> Result<(), TransformError> {
         let spool = Store::from_url(&self.cfg.spool.dir.to_string_lossy())?;
-        let at = Places { cfg: &self.cfg, ledger: &self.ledger, staging: None, destination: None, spool: Some(&spool) };
+        let at = Places { cfg: &self.cfg, ledger: &self.ledger, staging: None, destination: None, spool: Some(&spool), meta_dirs: &[] };
         Sweep::SpoolTemps.run(&at, self.cfg.temp_cutoff_ms(self.ledger.now_ms())).await?;
         Ok(())
     }

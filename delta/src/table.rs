@@ -1,8 +1,9 @@
-//! load into a Delta Lake table (`[destination] table_format = "delta"`).
+//! Ferry's Delta Lake table (`[destination] table_format = "delta"`): the `Table` seam's
+//! Delta side; `ferry verify`, `ferry vacuum` and `ferry compact` are in `upkeep`.
 //!
 //! The chunk's parts move into the table directory under content-addressed names, where no
-//! reader sees them, and one commit to the table's log adds them (see `ferry_delta`
-//! for the log and its commit rule). Each Hive step has its Delta counterpart:
+//! reader sees them, and one commit to the table's log adds them (see the crate's
+//! opening note for the log and its commit rule). Each Hive step has its Delta counterpart:
 //!
 //! | Hive layout (renames)                          | Delta (one commit per chunk)                     |
 //! |------------------------------------------------|--------------------------------------------------|
@@ -27,24 +28,96 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ferry_common::paths;
-use ferry_delta::{self as delta, Change, DeltaError, DeltaLog, Rewritten, Snapshot, chunk_of};
-use ferry_ledger::{Lease, Part, SchemaColumn, Work};
+use ferry_ledger::{Lease, Ledger, Part, SchemaColumn};
+use ferry_runtime::config::Config;
 use ferry_storage::Store;
+use ferry_table::{Compacted, Job, Outcome, Table, TableError, TableFailure, Vacuumed, Verified, WAIT_BRIEFLY};
 use serde_json::Value;
 
-use crate::{LoadError, LoadFailure, Loader, Moving, WAIT_BRIEFLY};
+use crate::{self as delta, Change, DeltaError, DeltaLog, Rewritten, Snapshot, chunk_of};
 
-/// The table's log and the newest snapshot this process has read of it.
-pub(crate) struct DeltaTable {
+type LoadError = TableError;
+type LoadFailure = TableFailure;
+
+/// A Delta table: its log, and the newest snapshot this process has read of it.
+pub struct DeltaTable {
+    cfg: Config,
+    ledger: Ledger,
     log: DeltaLog,
     /// Commits of this process go one at a time (they would race for the same version
-    /// anyway), each from the snapshot the one before it left.
+    /// anyway), each from the snapshot the one before it left. Whoever holds it commits every
+    /// plan queued meanwhile (see [`DeltaTable::commit_plan`]).
     snapshot: tokio::sync::Mutex<Option<Snapshot>>,
+    /// Chunks' plans waiting for the next commit.
+    queue: std::sync::Mutex<Vec<Queued>>,
+    /// The parts compacted files hold, as of the snapshot version it names: what a chunk reads
+    /// while a commit holds the snapshot (see [`DeltaTable::members_now`]).
+    members_seen: std::sync::Mutex<Option<(i64, Arc<HashSet<String>>)>>,
 }
 
 impl DeltaTable {
-    pub(crate) fn new(dest: Store, table: &str) -> DeltaTable {
-        DeltaTable { log: DeltaLog::new(dest, table), snapshot: tokio::sync::Mutex::new(None) }
+    pub fn new(cfg: Config, ledger: Ledger, dest: Store) -> DeltaTable {
+        let log = DeltaLog::new(dest, &cfg.table.name).deferring_checkpoints();
+        DeltaTable {
+            cfg,
+            ledger,
+            log,
+            snapshot: tokio::sync::Mutex::new(None),
+            queue: Default::default(),
+            members_seen: Default::default(),
+        }
+    }
+}
+
+/// One chunk's plan waiting for a commit, and where its answer goes.
+struct Queued {
+    plan: Arc<Plan>,
+    confirmed: Option<Txns>,
+    /// A commit of several plans failed: this one goes in a commit of its own, so the error it
+    /// meets is its own.
+    alone: bool,
+    answer: tokio::sync::oneshot::Sender<Answer>,
+}
+
+/// What became of a queued plan.
+enum Answer {
+    /// Planned against a snapshot and written in that commit (the version), or nothing of it
+    /// was to be written (None); with what planning found.
+    Done(Option<i64>, Found),
+    /// Its plan refused the commit, or its own commit failed.
+    Failed(DeltaError),
+    /// The commit it was in failed with others' plans: queue it again, alone.
+    Alone,
+}
+
+/// A protocol or metaData action: a commit holds one of each at most.
+fn is_table_action(a: &Value) -> bool {
+    a.get("protocol").is_some() || a.get("metaData").is_some()
+}
+
+/// A protocol or metaData action without what differs between two plans that change the table
+/// the same way (a new table's id and creation time).
+fn same_table(a: &Value) -> Value {
+    let mut a = a.clone();
+    if let Some(m) = a.get_mut("metaData").and_then(Value::as_object_mut) {
+        m.remove("id");
+        m.remove("createdTime");
+    }
+    a
+}
+
+/// Whether two plans may share a commit, each planned against the same snapshot: they carry
+/// no common chunk (each chunk's `txn` and parts appear once), and if they are of the same
+/// source file, they are chunks of one version that replaces none (one's files are never what
+/// the other takes out or is superseded by).
+fn independent(a: &Plan, b: &Plan) -> bool {
+    let chunks = |p: &Plan| -> HashSet<String> { p.chunks.iter().chain(&p.skipped).cloned().collect() };
+    if !chunks(a).is_disjoint(&chunks(b)) {
+        return false;
+    }
+    match (&a.version, &b.version) {
+        (Some((va, all_a)), Some((vb, all_b))) if all_a.keys().any(|c| all_b.contains_key(c)) => va == vb && !a.replaces && !b.replaces,
+        _ => true,
     }
 }
 
@@ -70,14 +143,14 @@ pub(crate) fn part_rel(p: &Part) -> String {
 }
 
 /// What one chunk's commit is to bring about, fixed before the log is read.
-struct Plan<'a> {
+struct Plan {
     /// Every part going in (the chunk's, and in a version switch its siblings'), by table path.
-    parts: Vec<(String, &'a Part)>,
+    parts: Vec<(String, Part)>,
     /// Of those, the ones not placed in the directory: a merged file held them when load
     /// looked (their own file may be vacuumed since), so they cannot be added.
     held: HashSet<String>,
     /// The chunks whose parts these are.
-    chunks: HashSet<&'a str>,
+    chunks: HashSet<String>,
     /// The source file's version, with every chunk of every version of it (versions = replace).
     version: Option<(i64, HashMap<String, i64>)>,
     /// Siblings an operator skipped: their files must not stay in the table.
@@ -96,7 +169,7 @@ struct Plan<'a> {
 type Txns = HashMap<String, Option<i64>>;
 
 /// What planning found, besides the actions.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Found {
     /// A commit carried a chunk of this plan since this load last confirmed its lease (or it
     /// never did): the lease is confirmed with the ledger, then the plan made again. Written
@@ -112,7 +185,13 @@ struct Found {
     rewritten: Vec<String>,
 }
 
-impl Plan<'_> {
+impl Plan {
+    /// Every chunk whose files the plan may add or take out: a snapshot read from a
+    /// checkpoint learns who removed theirs before the plan is made (see `DeltaLog::trace`).
+    fn touched(&self) -> impl Iterator<Item = &str> {
+        self.chunks.iter().chain(&self.skipped).chain(self.version.iter().flat_map(|(_, all)| all.keys())).map(String::as_str)
+    }
+
     /// The commit's actions against snapshot `s` and the parts it takes out, or None when there
     /// is nothing to write: every part is in and nothing is to go (a retry after a commit that
     /// landed).
@@ -131,7 +210,7 @@ impl Plan<'_> {
         }
         // A part counts as in whether its own file is active or a compacted file holds it, or
         // another writer took it out after it was in (its rows are that writer's now).
-        type Planned<'p> = Vec<&'p (String, &'p Part)>;
+        type Planned<'p> = Vec<&'p (String, Part)>;
         let (theirs, adds): (Planned, Planned) =
             self.parts.iter().filter(|(rel, _)| !s.has_part(rel)).partition(|(rel, _)| s.rewritten.contains_key(rel));
         if adds.iter().any(|(rel, _)| self.held.contains(rel)) {
@@ -160,7 +239,7 @@ impl Plan<'_> {
         if adds.is_empty() && drop.is_empty() && metadata.is_none() {
             return Ok(None);
         }
-        let mut chunks: Vec<&str> = self.chunks.iter().copied().collect();
+        let mut chunks: Vec<&str> = self.chunks.iter().map(String::as_str).collect();
         chunks.sort();
         let op = if drop.is_empty() { "WRITE" } else { "MERGE" };
         let mut actions = vec![delta::commit_info(op, &chunks, self.now_ms)];
@@ -188,13 +267,13 @@ impl Plan<'_> {
     fn check_rewrites(
         &self,
         s: &Snapshot,
-        adds: &[&(String, &Part)],
+        adds: &[&(String, Part)],
         wanted: &HashSet<&str>,
         version_of: &dyn Fn(&str) -> Option<i64>,
     ) -> Result<(), DeltaError> {
         let refuse = |chunk: &str, part: &str, r: &Rewritten, what: &str| Err(rewritten_refusal(&self.table, chunk, part, r, what));
         for c in &self.chunks {
-            let new = adds.iter().any(|(rel, _)| chunk_of(rel) == Some(*c));
+            let new = adds.iter().any(|(rel, _)| chunk_of(rel) == Some(c.as_str()));
             for (part, r) in s.rewritten_of(c) {
                 if new {
                     return refuse(c, part, r, "loading other bytes for that chunk (a rerun or a corrected file)");
@@ -386,40 +465,28 @@ fn table_id(pipeline: &str, table: &str, now_ms: i64) -> String {
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
-impl Loader {
+impl DeltaTable {
     /// Publishes one chunk into a Delta table: its parts into the directory, then one commit.
-    pub(crate) async fn chunk_delta(self: Arc<Self>, lease: Lease, table: &DeltaTable) -> Result<Work, LoadError> {
+    async fn publish_chunk(&self, job: &Job<'_>) -> Result<Outcome, LoadError> {
+        let Job { lease, dest, parts, moving, siblings: _, version } = *job;
+        let table = self;
         let name = &self.cfg.table.name;
-        let replace = self.cfg.source.versions == ferry_runtime::config::Versions::Replace;
-        let dest = self.dest.isolated()?;
-        if replace
-            && self.ledger.newer_version_published(&lease.chunk_id).await?.is_some()
-            && self.withdraw_delta(&dest, &lease, table).await?
-        {
-            return Ok(Work::default());
-        }
-        let version = if replace { Some(self.ledger.version_of(&lease.chunk_id).await?) } else { None };
-        let Moving { parts, moving, siblings, switching: _switching } = self.moving(&lease, version.as_ref()).await?;
+        let replace = version.is_some();
         // Into the directory, under names no reader looks at until the commit adds them; not
         // the parts a merged file holds (`ferry compact`): they are in, and their own files
         // may be gone with a vacuum.
         let held: HashSet<String> = {
-            let mut cached = table.snapshot.lock().await;
-            match cached.as_mut() {
-                Some(s) => table.log.catch_up(s).await.map_err(table_error)?,
-                None => *cached = Some(table.log.snapshot().await.map_err(table_error)?),
-            }
-            let s = cached.as_ref().expect("read above");
-            moving.iter().map(part_rel).filter(|rel| s.members.contains_key(rel)).collect()
+            let members = self.members_now().await.map_err(table_error)?;
+            moving.iter().map(part_rel).filter(|rel| members.contains(rel)).collect()
         };
         for p in moving.iter().filter(|p| !held.contains(&part_rel(p))) {
-            self.place(&dest, p).await?;
+            self.place(dest, p).await?;
         }
         let columns = match self.ledger.table_schemas(name).await?.pop() {
             Some(v) => v.columns,
             None => return Err(LoadError::Stage(LoadFailure::Table(format!("no schema of table {name} is recorded")))),
         };
-        let every_version = match &version {
+        let every_version = match version {
             Some(v) => Some((v.version, self.ledger.chunks_of_every_version(&lease.chunk_id).await?.into_iter().collect())),
             None => None,
         };
@@ -428,10 +495,10 @@ impl Loader {
             .filter(|v| v.replaces)
             .map(|v| v.chunks.iter().filter(|c| c.skipped).map(|c| c.id.clone()).collect())
             .unwrap_or_default();
-        let plan = Plan {
-            parts: moving.iter().map(|p| (part_rel(p), p)).collect(),
+        let plan = Arc::new(Plan {
+            parts: moving.iter().map(|p| (part_rel(p), p.clone())).collect(),
             held,
-            chunks: moving.iter().map(|p| p.chunk_id.as_str()).chain([lease.chunk_id.as_str()]).collect(),
+            chunks: moving.iter().map(|p| p.chunk_id.clone()).chain([lease.chunk_id.clone()]).collect(),
             version: every_version,
             skipped,
             replaces: version.as_ref().is_some_and(|v| v.replaces),
@@ -441,28 +508,12 @@ impl Loader {
             epoch: lease.epoch,
             pipeline: self.cfg.pipeline.clone(),
             now_ms: self.ledger.now_ms(),
-        };
-        let touched: HashSet<&str> = plan
-            .chunks
-            .iter()
-            .copied()
-            .chain(plan.skipped.iter().map(String::as_str))
-            .chain(plan.version.iter().flat_map(|(_, all)| all.keys().map(String::as_str)))
-            .collect();
-        trace_for(table, &touched).await?;
+        });
         let kill_after_commit = commit_gate().await;
         let mut confirmed: Option<Txns> = None;
         let mut rounds = 0;
         let (committed, found) = loop {
-            let mut found = Found::default();
-            let committed = {
-                let mut cached = table.snapshot.lock().await;
-                table
-                    .log
-                    .commit_parts(&mut cached, plan.now_ms, |s| plan.actions(s, confirmed.as_ref(), &mut found))
-                    .await
-                    .map_err(table_error)?
-            };
+            let (committed, mut found) = self.commit_plan(&plan, confirmed.take()).await.map_err(table_error)?;
             let Some(txns) = found.confirm.take() else { break (committed, found) };
             // The fence: a load whose lease another claim took fails here (LeaseLost) and
             // writes nothing. The ledger's answer holds for the snapshot it was asked about; a
@@ -474,7 +525,7 @@ impl Loader {
                     after: WAIT_BRIEFLY,
                 }));
             }
-            self.ledger.heartbeat(&lease).await?;
+            self.ledger.heartbeat(lease).await?;
             confirmed = Some(txns);
         };
         if kill_after_commit {
@@ -488,8 +539,8 @@ impl Loader {
         }
         if found.superseded {
             tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file is in the table; not added");
-            if self.withdraw_delta(&dest, &lease, table).await? {
-                return Ok(Work::default());
+            if self.withdraw_chunk(dest, lease).await? {
+                return Ok(Outcome::Superseded);
             }
             return Err(LoadError::Stage(LoadFailure::Waiting {
                 reason: "the table holds a newer version of the source file, the ledger does not yet".into(),
@@ -513,7 +564,7 @@ impl Loader {
             cached.as_ref().and_then(|s| parts.iter().filter_map(|p| s.part_added_in(&part_rel(p))).max())
         };
         let published: Vec<(String, Part)> = parts.iter().map(|p| (paths::table_file(name, &part_rel(p)), p.clone())).collect();
-        let recorded = self.ledger.record_published(&lease, name, &published, replace, table_version).await?;
+        let recorded = self.ledger.record_published(lease, name, &published, replace, table_version).await?;
         // The landed copies of parts a merged file held are not needed once the ledger
         // answered (until then they were what a retry would place if the merged file changed).
         for p in moving.iter().filter(|p| plan.held.contains(&part_rel(p))) {
@@ -543,19 +594,250 @@ impl Loader {
                 })
                 .await
                 .map_err(table_error)?;
-            return Ok(Work::default());
+            return Ok(Outcome::Superseded);
         }
-        if let Some(v) = &version {
+        if let Some(v) = version {
             // The older versions' files left the table in the commit; their rows go now.
             let old: Vec<String> = self.ledger.older_versions_published(&lease.chunk_id).await?.into_iter().map(|(p, _)| p).collect();
             if !old.is_empty() {
                 self.ledger.retract_published(&v.uri, &old).await?;
             }
-            if !siblings.is_empty() {
-                self.ledger.wake(&siblings, ferry_ledger::Stage::Load).await?;
+        }
+        Ok(Outcome::Published)
+    }
+
+    /// Commits `plan` (with its lease confirmed for `confirmed`), together with the plans
+    /// other chunks of this process queued meanwhile: group commit. On HDFS a commit costs
+    /// a file's close wait (~0.5 s) whatever it holds, so chunks that are ready together go in
+    /// one version, one `txn` each. The task that gets the log's lock commits every queued
+    /// plan and answers each; a plan that cannot share that commit (it touches a chunk or a
+    /// source file of another plan in it, or changes the table's schema beside another such
+    /// plan) waits for the next one. Each plan is judged on its own (its refusal, its
+    /// confirmation, its supersession are its own); a failed commit of several plans is
+    /// tried again by each of them alone, so no chunk fails for another's error.
+    async fn commit_plan(&self, plan: &Arc<Plan>, confirmed: Option<Txns>) -> Result<(Option<i64>, Found), DeltaError> {
+        let mut alone = false;
+        loop {
+            let (answer, mut rx) = tokio::sync::oneshot::channel();
+            self.lock_queue().push(Queued { plan: plan.clone(), confirmed: confirmed.clone(), alone, answer });
+            group_gate_queued(plan);
+            // An answer dropped unsent (a committer that panicked) is taken as "alone".
+            let answered = |rx: &mut tokio::sync::oneshot::Receiver<Answer>| match rx.try_recv() {
+                Ok(reply) => Some(reply),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => None,
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => Some(Answer::Alone),
+            };
+            let reply = loop {
+                let mut cached = self.snapshot.lock().await;
+                // Another task's commit took this plan while this one waited for the lock.
+                if let Some(reply) = answered(&mut rx) {
+                    break reply;
+                }
+                self.commit_queued(&mut cached).await;
+                drop(cached);
+                if let Some(reply) = answered(&mut rx) {
+                    break reply;
+                }
+                // Left queued for the next commit: take the lock again.
+            };
+            self.log.write_due_checkpoint().await;
+            match reply {
+                Answer::Done(version, found) => return Ok((version, found)),
+                Answer::Failed(e) => return Err(e),
+                Answer::Alone => alone = true,
             }
         }
-        Ok(Work { bytes: parts.iter().map(|p| p.bytes).sum(), records: parts.iter().map(|p| p.records).sum(), ..Work::default() })
+    }
+
+    /// The parts compacted files hold (a chunk's part held by one is not placed again): read
+    /// from the log when no commit holds the snapshot; while one does, as the last look left
+    /// them, rather than wait for its close. A stale answer is safe: a part compacted since is
+    /// placed needlessly (its name is in the table already, or becomes a file no version names,
+    /// for vacuum), and one no longer held is found unplaced at planning, and placed on retry.
+    async fn members_now(&self) -> Result<Arc<HashSet<String>>, DeltaError> {
+        let seen = || self.members_seen.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(_, m)| m.clone());
+        let mut cached = match self.snapshot.try_lock() {
+            Ok(cached) => cached,
+            Err(_) => match seen() {
+                Some(members) => return Ok(members),
+                None => self.snapshot.lock().await,
+            },
+        };
+        match cached.as_mut() {
+            Some(s) => self.log.catch_up(s).await?,
+            None => *cached = Some(self.log.snapshot().await?),
+        }
+        Ok(self.remember_members(cached.as_ref().expect("read above")))
+    }
+
+    fn remember_members(&self, s: &Snapshot) -> Arc<HashSet<String>> {
+        let mut seen = self.members_seen.lock().unwrap_or_else(|e| e.into_inner());
+        match &*seen {
+            Some((version, members)) if *version == s.version => members.clone(),
+            _ => {
+                let members: Arc<HashSet<String>> = Arc::new(s.members.keys().cloned().collect());
+                *seen = Some((s.version, members.clone()));
+                members
+            }
+        }
+    }
+
+    /// The snapshot read (or caught up), and traced if a chunk of `batch` has a tombstone whose
+    /// writer it does not know.
+    async fn prepare(&self, cached: &mut Option<Snapshot>, batch: &[Queued]) -> Result<(), DeltaError> {
+        match cached.as_mut() {
+            Some(s) => self.log.catch_up(s).await?,
+            None => *cached = Some(self.log.snapshot().await?),
+        }
+        let s = cached.as_mut().expect("read above");
+        let touched: HashSet<&str> = batch.iter().flat_map(|q| q.plan.touched()).collect();
+        if s.needs_trace(&touched) {
+            self.log.trace(s).await?;
+        }
+        Ok(())
+    }
+
+    fn lock_queue(&self) -> std::sync::MutexGuard<'_, Vec<Queued>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One commit of the plans queued now (the caller holds the log's lock): every one taken
+    /// is answered, or put back in the queue for the next commit.
+    async fn commit_queued(&self, cached: &mut Option<Snapshot>) {
+        group_gate().await;
+        let mut batch: Vec<Queued> = Vec::new();
+        {
+            let mut queue = self.lock_queue();
+            // A plan that must go alone goes first and by itself.
+            match queue.iter().position(|q| q.alone) {
+                Some(i) => batch.push(queue.remove(i)),
+                None => batch.append(&mut queue),
+            }
+        }
+        // A plan whose load was cut off (its deadline) is not committed for it: its retry plans again.
+        batch.retain(|q| !q.answer.is_closed());
+        if batch.is_empty() {
+            return;
+        }
+        let n = batch.len();
+        if let Err(e) = self.prepare(cached, &batch).await {
+            // Alone, each plan meets the error itself (its class is its own to keep).
+            if n == 1 {
+                let q = batch.pop().expect("one");
+                let _ = q.answer.send(Answer::Failed(e));
+            } else {
+                for q in batch {
+                    let _ = q.answer.send(Answer::Alone);
+                }
+            }
+            return;
+        }
+        let now_ms = self.ledger.now_ms();
+        // What each plan came to against the snapshot the commit was planned on (made again
+        // if another writer takes the version first).
+        let mut results: Vec<Option<Result<Found, DeltaError>>> = Vec::new();
+        let mut taken: Vec<bool> = Vec::new();
+        let mut deferred: Vec<bool> = Vec::new();
+        let committed = self
+            .log
+            .commit_parts(cached, now_ms, |s| {
+                results = (0..n).map(|_| None).collect();
+                taken = vec![false; n];
+                deferred = vec![false; n];
+                let mut actions: Vec<Value> = Vec::new();
+                let mut drop: Vec<String> = Vec::new();
+                let mut chunks: Vec<String> = Vec::new();
+                let mut schema_change: Option<Vec<Value>> = None;
+                let mut schema_written = false;
+                let mut included: Vec<usize> = Vec::new();
+                for (i, q) in batch.iter().enumerate() {
+                    if included.iter().any(|&j| !independent(&batch[j].plan, &q.plan)) {
+                        deferred[i] = true;
+                        continue;
+                    }
+                    let mut found = Found::default();
+                    let change = match q.plan.actions(s, q.confirmed.as_ref(), &mut found) {
+                        Ok(Some(change)) => change,
+                        Ok(None) => {
+                            results[i] = Some(Ok(found));
+                            continue;
+                        }
+                        Err(e) => {
+                            results[i] = Some(Err(e));
+                            continue;
+                        }
+                    };
+                    let table_actions: Vec<Value> = change.actions.iter().filter(|a| is_table_action(a)).map(same_table).collect();
+                    if !table_actions.is_empty() {
+                        match &schema_change {
+                            // The same protocol and metadata (two chunks of a new table, or
+                            // both adding the same column): the first plan's stand for both.
+                            Some(first) if *first == table_actions => {}
+                            Some(_) => {
+                                deferred[i] = true;
+                                continue;
+                            }
+                            None => schema_change = Some(table_actions),
+                        }
+                    }
+                    let first_schema = schema_change.is_some() && !schema_written;
+                    schema_written |= first_schema;
+                    // One commitInfo for the commit, naming every chunk in it; one protocol
+                    // and metaData at most.
+                    actions.extend(
+                        change.actions.into_iter().filter(|a| a.get("commitInfo").is_none() && (first_schema || !is_table_action(a))),
+                    );
+                    drop.extend(change.drop);
+                    chunks.extend(q.plan.chunks.iter().cloned());
+                    results[i] = Some(Ok(found));
+                    taken[i] = true;
+                    included.push(i);
+                }
+                if included.is_empty() {
+                    return Ok(None);
+                }
+                chunks.sort();
+                let names: Vec<&str> = chunks.iter().map(String::as_str).collect();
+                let op = if drop.is_empty() { "WRITE" } else { "MERGE" };
+                actions.insert(0, delta::commit_info(op, &names, now_ms));
+                drop.sort();
+                Ok(Some(Change { actions, drop }))
+            })
+            .await;
+        let mut requeue = Vec::new();
+        match committed {
+            Ok(version) => {
+                for (i, q) in batch.into_iter().enumerate() {
+                    if deferred[i] {
+                        requeue.push(q);
+                        continue;
+                    }
+                    let answer = match results[i].take() {
+                        Some(Ok(found)) => Answer::Done(version.filter(|_| taken[i]), found),
+                        Some(Err(e)) => Answer::Failed(e),
+                        None => Answer::Failed(DeltaError::Log("a queued plan was not looked at".into())),
+                    };
+                    let _ = q.answer.send(answer);
+                }
+                if n > 1 {
+                    tracing::debug!(table = %self.cfg.table.name, ?version, plans = n, "group commit");
+                }
+            }
+            Err(e) if n == 1 => {
+                let q = batch.pop().expect("one");
+                let _ = q.answer.send(Answer::Failed(e));
+            }
+            Err(e) => {
+                tracing::debug!(table = %self.cfg.table.name, plans = n, error = %e, "a group commit failed; each plan commits alone");
+                for q in batch {
+                    let _ = q.answer.send(Answer::Alone);
+                }
+            }
+        }
+        if let Some(s) = cached.as_ref() {
+            self.remember_members(s);
+        }
+        self.lock_queue().extend(requeue);
     }
 
     /// Moves a part's landed file to its name in the table directory (where no reader looks
@@ -567,13 +849,13 @@ impl Loader {
         if dest.rename_noreplace(&landed, &target).await.or_else(|e| if e.is_not_found() { Ok(false) } else { Err(e) })? {
             return Ok(());
         }
-        match ferry_runtime::table::in_table::<LoadFailure>(dest, &target, p).await? {
+        match ferry_table::in_table::<LoadFailure>(dest, &target, p).await? {
             Some(true) => {
                 let _ = dest.delete(&landed).await;
                 Ok(())
             }
-            Some(false) => Err(self.conflict(dest, &target, &p.chunk_id)),
-            None => Err(self.missing(dest, &landed, &target, &p.chunk_id)),
+            Some(false) => Err(ferry_table::conflict(dest, &target, &p.chunk_id)),
+            None => Err(ferry_table::missing(dest, &landed, &target, &p.chunk_id)),
         }
     }
 
@@ -586,11 +868,12 @@ impl Loader {
     /// removal is its own commit, made after the withdrawal is recorded (and durable), so a
     /// revert of these bytes, which waits for the withdrawal, finds them out of the table. The
     /// removed files stay in the directory for readers of older table versions until a vacuum.
-    async fn withdraw_delta(&self, dest: &Store, lease: &Lease, table: &DeltaTable) -> Result<bool, LoadError> {
+    async fn withdraw_chunk(&self, dest: &Store, lease: &Lease) -> Result<bool, LoadError> {
+        let table = self;
         let chunk = lease.chunk_id.as_str();
         let Some(newer) = self.ledger.begin_withdrawal(lease).await? else { return Ok(false) };
         tracing::info!(chunk, newer_version = newer, "withdrawing: a newer version of its source file is in the table");
-        crate::withdraw_gate().await;
+        ferry_table::withdraw_gate().await;
         self.ledger.make_durable().await?;
         let now_ms = self.ledger.now_ms();
         trace_for(table, &HashSet::from([chunk])).await?;
@@ -613,14 +896,96 @@ impl Loader {
         if let Some(v) = removed {
             tracing::info!(chunk, table_version = v, "took the superseded chunk's files out of the table");
         }
-        for p in self.ledger.parts(chunk).await? {
-            let landed = paths::landed(&self.cfg.table.name, &p.chunk_id, &p.rel_path());
-            if let Err(e) = dest.delete(&landed).await {
-                tracing::debug!(file = %dest.url(&landed), error = %e, "cannot remove a landed file now; gc will");
-            }
-        }
+        ferry_table::remove_landed(&self.ledger, dest, name, chunk).await?;
         Ok(true)
     }
+}
+
+#[async_trait::async_trait]
+impl Table for DeltaTable {
+    fn format(&self) -> &'static str {
+        "delta"
+    }
+
+    fn store(&self) -> &Store {
+        self.log.store()
+    }
+
+    fn meta_dirs(&self) -> Vec<String> {
+        let name = &self.cfg.table.name;
+        vec![paths::table_meta(name), paths::delta_log(name)]
+    }
+
+    async fn publish(&self, job: &Job<'_>) -> Result<Outcome, TableError> {
+        self.publish_chunk(job).await
+    }
+
+    async fn withdraw(&self, dest: &Store, lease: &Lease) -> Result<bool, TableError> {
+        self.withdraw_chunk(dest, lease).await
+    }
+
+    /// In a Delta table, "in the table" is "active in the latest version".
+    async fn unrecorded(&self, chunk: &str) -> Result<Vec<String>, TableError> {
+        crate::upkeep::unrecorded_active(self.log.store(), &self.ledger, &self.cfg.table.name, chunk).await
+    }
+
+    async fn verify(&self) -> Result<Verified, TableError> {
+        crate::upkeep::verify(self.log.store(), &self.ledger, &self.cfg.table.name).await
+    }
+
+    async fn vacuum(&self, retain: Option<std::time::Duration>, allow_short: bool, dry_run: bool) -> Result<Vacuumed, TableError> {
+        let (dest, table) = (self.log.store(), &self.cfg.table.name);
+        let table_ms = crate::upkeep::retention_ms(dest, table).await?;
+        let retain_ms = retain.map_or(table_ms, |d| d.as_millis().min(i64::MAX as u128) as i64);
+        if retain_ms < table_ms && !allow_short {
+            let human = |ms: i64| humantime::format_duration(std::time::Duration::from_millis(ms as u64)).to_string();
+            return Err(ferry_common::error::ConfigError::new(
+                "--retain",
+                format!(
+                    "{} is shorter than the table's delta.deletedFileRetentionDuration ({}): readers of versions within it \
+                     would fail; pass --allow-short-retention to do it anyway",
+                    human(retain_ms),
+                    human(table_ms)
+                ),
+            )
+            .into());
+        }
+        let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(retain_ms);
+        crate::upkeep::vacuum(dest, &self.ledger, table, cutoff, dry_run).await
+    }
+
+    async fn compact(&self, target: i64, dry_run: bool) -> Result<Compacted, TableError> {
+        let clock = || chrono::Utc::now().timestamp_millis();
+        crate::upkeep::compact(self.log.store(), &self.cfg.table.name, target, dry_run, clock).await
+    }
+}
+
+/// Tests hold the first group commit of this process with the log's lock taken, before it
+/// looks at the queue (debug builds only): `FERRY_TEST_DELTA_GROUP_GATE=DIR`; every plan
+/// queued writes `DIR/queued-<chunk>`, so a test knows how many the commit will find.
+async fn group_gate() {
+    #[cfg(debug_assertions)]
+    {
+        static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if let Some(dir) = ferry_runtime::gate::dir("FERRY_TEST_DELTA_GROUP_GATE", None)
+            && !USED.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            ferry_runtime::gate::hold_async(&dir).await;
+        }
+    }
+}
+
+fn group_gate_queued(plan: &Plan) {
+    #[cfg(debug_assertions)]
+    if let Some(dir) = ferry_runtime::gate::dir("FERRY_TEST_DELTA_GROUP_GATE", None) {
+        let mut chunks: Vec<&String> = plan.chunks.iter().collect();
+        chunks.sort();
+        if let Some(c) = chunks.first() {
+            let _ = std::fs::write(dir.join(format!("queued-{c}")), b"");
+        }
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = plan;
 }
 
 /// Tests hold the first commit of this process before it is made (debug builds only):
@@ -665,11 +1030,11 @@ mod tests {
         assert_eq!(chunk_of("part-a-b-0123abcd.parquet"), Some("a-b"));
     }
 
-    fn plan<'a>(parts: &'a [Part], version: Option<(i64, &[(&str, i64)])>, replaces: bool) -> Plan<'a> {
+    fn plan(parts: &[Part], version: Option<(i64, &[(&str, i64)])>, replaces: bool) -> Plan {
         Plan {
-            parts: parts.iter().map(|p| (part_rel(p), p)).collect(),
+            parts: parts.iter().map(|p| (part_rel(p), p.clone())).collect(),
             held: HashSet::new(),
-            chunks: parts.iter().map(|p| p.chunk_id.as_str()).collect(),
+            chunks: parts.iter().map(|p| p.chunk_id.clone()).collect(),
             version: version.map(|(v, all)| (v, all.iter().map(|(c, v)| (c.to_string(), *v)).collect())),
             skipped: HashSet::new(),
             replaces,
@@ -680,6 +1045,17 @@ mod tests {
             pipeline: "p".into(),
             now_ms: 1_000,
         }
+    }
+
+    #[test]
+    fn plans_share_a_commit_only_when_neither_can_change_what_the_other_finds() {
+        let (a, b, c) = ([part("aaaa", "dt=1", "11111111ff")], [part("bbbb", "dt=1", "22222222ff")], [part("cccc", "dt=1", "33333333ff")]);
+        let every: &[(&str, i64)] = &[("aaaa", 1), ("bbbb", 1), ("cccc", 2)];
+        assert!(independent(&plan(&a, None, false), &plan(&b, None, false)), "chunks of other files");
+        assert!(independent(&plan(&a, Some((1, every)), false), &plan(&b, Some((1, every)), false)), "chunks of one version");
+        assert!(!independent(&plan(&a, Some((1, every)), false), &plan(&c, Some((2, every)), true)), "a version and the one replacing it");
+        assert!(!independent(&plan(&a, Some((1, every)), false), &plan(&c, Some((2, every)), false)), "two versions of a file");
+        assert!(!independent(&plan(&a, None, false), &plan(&a, None, false)), "one chunk twice");
     }
 
     /// The plan's change against `s` once the lease is confirmed (as the load does when a

@@ -1,4 +1,4 @@
-//! `ferry verify` and `ferry vacuum` on a Delta table (`[destination] table_format = "delta"`).
+//! `ferry verify`, `ferry vacuum` and `ferry compact` on a Delta table (`[destination] table_format = "delta"`).
 //!
 //! In a Delta table the log, not the directory, says which files a reader sees: files that
 //! commits removed stay on disk for readers of older versions until a vacuum. So verify
@@ -6,25 +6,20 @@
 //! is on the store at its size), and vacuum deletes only files that a commit removed more than
 //! the retention ago and that the latest version does not name again.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::Bytes;
 
-use ferry_delta::{Active, DeltaError, DeltaLog, Input, Snapshot};
+use ferry_common::paths::DELTA_LOG;
 use ferry_ledger::Ledger;
 use ferry_storage::Store;
+use ferry_table::{Compacted, TableError as Error, Vacuumed, Verified};
 
-use crate::Error;
+use crate::{Active, DeltaError, DeltaLog, Input, Snapshot};
 
-/// What `ferry verify` found: lines to print, the chunks involved, and the number of problems.
-#[derive(Debug, Default)]
-pub struct Verified {
-    pub lines: Vec<String>,
-    pub bad_chunks: BTreeSet<String>,
-    pub problems: usize,
-    /// Published parts another writer's commit took out (its DELETE, UPDATE, MERGE or
-    /// OPTIMIZE): not problems of the table, but switches and reruns of their chunks are refused.
-    pub rewritten: usize,
+/// A path (relative to the table) in its `_delta_log`.
+fn in_log(rel: &str) -> bool {
+    rel.strip_prefix(DELTA_LOG).is_some_and(|r| r.starts_with('/'))
 }
 
 /// A log that cannot be read is a finding (the table is not what the ledger says), not an
@@ -41,13 +36,13 @@ fn read_error(e: DeltaError, what: &str, out: &mut Verified) -> Result<(), Error
 }
 
 /// The ledger's published files of `table` against the table's latest version.
-pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verified, Error> {
+pub(crate) async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verified, Error> {
     let mut out = Verified::default();
     let log = DeltaLog::new(dest.clone(), table);
     let mut s: Snapshot = match log.snapshot().await {
         Ok(s) => s,
         Err(e) => {
-            read_error(e, &dest.url(&format!("{table}/_delta_log")), &mut out)?;
+            read_error(e, &dest.url(&ferry_common::paths::delta_log(table)), &mut out)?;
             return Ok(out);
         }
     };
@@ -58,7 +53,7 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
     if want.iter().any(|(path, _, _)| !s.has_part(path.strip_prefix(&prefix).unwrap_or(path)))
         && let Err(e) = log.trace(&mut s).await
     {
-        read_error(e, &dest.url(&format!("{table}/_delta_log")), &mut out)?;
+        read_error(e, &dest.url(&ferry_common::paths::delta_log(table)), &mut out)?;
         return Ok(out);
     }
     // Parts by table path, whether a file of their own or held by a compacted file.
@@ -97,7 +92,7 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
         .iter()
         .filter(|(rel, _)| !chunk_of.contains_key(*rel))
         .map(|(rel, (_, file))| (*rel, *file))
-        .partition(|(rel, file)| file.is_some() || ferry_delta::chunk_of(rel).is_some());
+        .partition(|(rel, file)| file.is_some() || crate::chunk_of(rel).is_some());
     extra.sort();
     for (rel, file) in extra {
         out.problems += 1;
@@ -114,7 +109,7 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
         .await?
         .into_iter()
         .filter_map(|e| Some((e.rel.strip_prefix(&prefix)?.to_string(), e.size)))
-        .filter(|(rel, _)| !rel.starts_with("_delta_log/") && !rel.contains("/_ferry/") && !rel.starts_with("_ferry/"))
+        .filter(|(rel, _)| !in_log(rel) && !rel.contains("/_ferry/") && !rel.starts_with("_ferry/"))
         .collect();
     let mut active: Vec<(&String, i64)> = s.files.iter().map(|(rel, a)| (rel, a.size)).collect();
     active.sort();
@@ -170,13 +165,13 @@ pub async fn verify(dest: &Store, ledger: &Ledger, table: &str) -> Result<Verifi
 /// The files of `chunk` that the table's latest version holds while no `published` row names
 /// them: a load committed them and ended before recording them. `ferry skip` refuses to close
 /// such a load (the rows are visible), as it does for a Hive table's unrecorded parts.
-pub async fn unrecorded_active(dest: &Store, ledger: &Ledger, table: &str, chunk: &str) -> Result<Vec<String>, Error> {
+pub(crate) async fn unrecorded_active(dest: &Store, ledger: &Ledger, table: &str, chunk: &str) -> Result<Vec<String>, Error> {
     let s = DeltaLog::new(dest.clone(), table).snapshot().await.map_err(log_error)?;
     let recorded: HashSet<String> = ledger.published_of(chunk).await?.into_iter().map(|(p, _)| p).collect();
     let mut found: Vec<String> = s
         .parts()
         .map(|(rel, _, _)| rel)
-        .filter(|rel| ferry_delta::chunk_of(rel) == Some(chunk))
+        .filter(|rel| crate::chunk_of(rel) == Some(chunk))
         .map(|rel| format!("{table}/{rel}"))
         .filter(|path| !recorded.contains(path))
         .collect();
@@ -193,31 +188,13 @@ fn log_error(e: DeltaError) -> Error {
     }
 }
 
-/// What `ferry vacuum` did (or would do, dry).
-#[derive(Debug, Default)]
-pub struct Vacuumed {
-    /// The files deleted (or that would be), as store URLs.
-    pub deleted: Vec<String>,
-    pub files: usize,
-    pub bytes: i64,
-    /// Of those, files no version of the table names (never committed).
-    pub untracked: usize,
-    /// Removed files still within the retention, kept.
-    pub kept: usize,
-    /// Removed parts past the retention kept because their chunk is at work again (a revert
-    /// or a rerun brings the same bytes back under the same name, and a load may be about to
-    /// add the file again).
-    pub again: usize,
-    pub version: i64,
-}
-
 /// Deletes the files of `table` that a commit removed before `cutoff_ms` and that the latest
 /// version does not name (a file removed and added again is live), and Ferry's files that no
 /// version names, written before `cutoff_ms` (parts a load placed and never committed, a
 /// compacted file whose commit lost), but for parts of chunks the ledger does not show settled
 /// (a load at work on them may commit them yet) and merged files younger than an hour. With `dry_run`, only counts them. A file
 /// already gone counts as deleted.
-pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, dry_run: bool) -> Result<Vacuumed, Error> {
+pub(crate) async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, dry_run: bool) -> Result<Vacuumed, Error> {
     let prefix = format!("{table}/");
     let now_ms = chrono::Utc::now().timestamp_millis();
     // In this order: the listing, the ledger, the log. A part listed here whose chunk the
@@ -232,9 +209,9 @@ pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, 
         // A merged file no version names may be one a compaction or a load is about to commit
         // (nothing in the ledger says so): those younger than an hour stay, whatever the
         // retention.
-        .filter(|(rel, _, mtime)| ferry_delta::chunk_of(rel).is_some() || *mtime < now_ms - MERGE_IN_FLIGHT_MS)
+        .filter(|(rel, _, mtime)| crate::chunk_of(rel).is_some() || *mtime < now_ms - MERGE_IN_FLIGHT_MS)
         .collect();
-    let chunks: Vec<String> = listed.iter().filter_map(|(rel, _, _)| ferry_delta::chunk_of(rel).map(str::to_string)).collect();
+    let chunks: Vec<String> = listed.iter().filter_map(|(rel, _, _)| crate::chunk_of(rel).map(str::to_string)).collect();
     let settled = ledger.settled_chunks(&chunks).await?;
     let log = DeltaLog::new(dest.clone(), table);
     let mut s = log.snapshot_with_history().await.map_err(log_error)?;
@@ -256,7 +233,7 @@ pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, 
     // add. Such parts stay while the ledger, read after the log, shows their chunk at work; and
     // the log is read again after the ledger, so a load that added one and recorded it in
     // between is seen too.
-    let chunks: Vec<String> = removed.iter().filter_map(|(rel, _)| ferry_delta::chunk_of(rel).map(str::to_string)).collect();
+    let chunks: Vec<String> = removed.iter().filter_map(|(rel, _)| crate::chunk_of(rel).map(str::to_string)).collect();
     let settled_now = ledger.settled_chunks(&chunks).await?;
     log.catch_up(&mut s).await.map_err(log_error)?;
     out.version = s.version;
@@ -265,7 +242,7 @@ pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, 
         if s.files.contains_key(&rel) {
             continue;
         }
-        if ferry_delta::chunk_of(&rel).is_some_and(|c| !settled_now.contains(c)) {
+        if crate::chunk_of(&rel).is_some_and(|c| !settled_now.contains(c)) {
             out.again += 1;
             continue;
         }
@@ -276,7 +253,7 @@ pub async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms: i64, 
         if live.contains(rel.as_str()) || s.removed.contains_key(&rel) {
             continue;
         }
-        if ferry_delta::chunk_of(&rel).is_some_and(|c| !settled.contains(c)) {
+        if crate::chunk_of(&rel).is_some_and(|c| !settled.contains(c)) {
             continue;
         }
         out.untracked += 1;
@@ -305,7 +282,7 @@ const MERGE_IN_FLIGHT_MS: i64 = 3_600_000;
 /// A data file of Ferry's in a table directory: a part (`part-<chunk>-<8 hex>.parquet`) or a
 /// compacted file (`compact-<16 hex>.parquet`), outside the log and Ferry's own directories.
 fn is_ferry_file(rel: &str) -> bool {
-    if rel.starts_with("_delta_log/") || rel.starts_with("_ferry/") || rel.contains("/_ferry/") {
+    if in_log(rel) || rel.starts_with("_ferry/") || rel.contains("/_ferry/") {
         return false;
     }
     let name = rel.rsplit('/').next().unwrap_or(rel);
@@ -313,33 +290,22 @@ fn is_ferry_file(rel: &str) -> bool {
         .strip_prefix("compact-")
         .and_then(|n| n.strip_suffix(".parquet"))
         .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-    compacted || ferry_delta::chunk_of(rel).is_some()
-}
-
-/// What `ferry compact` did (or would do, dry).
-#[derive(Debug, Default)]
-pub struct Compacted {
-    /// One line per merge: the files in, the file out.
-    pub lines: Vec<String>,
-    pub merges: usize,
-    pub files_in: usize,
-    pub bytes_in: i64,
-    /// Merges given up: their inputs changed before the commit (a load took a part out).
-    pub lost: usize,
-    pub version: i64,
+    compacted || crate::chunk_of(rel).is_some()
 }
 
 /// Merges the small files of each partition of `table` (those under `target` bytes) into files
 /// of up to `target` bytes, one commit per merge (see `ferry_delta`'s compaction: row groups
 /// copied whole, every part still found by its chunk). A merge whose inputs a commit changed
 /// meanwhile is not written; files of other writers are left alone.
-pub async fn compact(dest: &Store, table: &str, target: i64, dry_run: bool, now_ms: i64) -> Result<Compacted, Error> {
+/// `clock` stamps each merge (its file, its removes, its commit) with the time it is made: a
+/// long compaction's last merge is not dated at the run's start.
+pub(crate) async fn compact(dest: &Store, table: &str, target: i64, dry_run: bool, clock: fn() -> i64) -> Result<Compacted, Error> {
     let log = DeltaLog::new(dest.clone(), table);
     let start = log.snapshot().await.map_err(log_error)?;
     let mut out = Compacted { version: start.version, ..Default::default() };
     let mut by_dir: BTreeMap<&str, Vec<(&str, &Active)>> = BTreeMap::new();
     for (rel, a) in &start.files {
-        if a.size < target && (!a.members.is_empty() || ferry_delta::chunk_of(rel).is_some()) {
+        if a.size < target && (!a.members.is_empty() || crate::chunk_of(rel).is_some()) {
             by_dir.entry(rel.rsplit_once('/').map_or("", |(d, _)| d)).or_default().push((rel, a));
         }
     }
@@ -353,10 +319,10 @@ pub async fn compact(dest: &Store, table: &str, target: i64, dry_run: bool, now_
         for (rel, a) in files.iter() {
             let size: i64 = bin.iter().map(|(_, a, _)| a.size).sum();
             if !bin.is_empty() && size + a.size > target {
-                merge_bin(&log, &mut cache, &mut bin, dry_run, now_ms, &mut out).await?;
+                merge_bin(&log, &mut cache, &mut bin, dry_run, clock(), &mut out).await?;
             }
             let bytes = Bytes::from(dest.read(&format!("{table}/{rel}")).await?);
-            let key = match ferry_delta::compatibility(rel, &bytes) {
+            let key = match crate::compatibility(rel, &bytes) {
                 Ok(k) => k,
                 Err(e) => {
                     out.lines.push(format!("skipped  {table}/{rel}: {e}"));
@@ -364,12 +330,12 @@ pub async fn compact(dest: &Store, table: &str, target: i64, dry_run: bool, now_
                 }
             };
             if key != bin_key {
-                merge_bin(&log, &mut cache, &mut bin, dry_run, now_ms, &mut out).await?;
+                merge_bin(&log, &mut cache, &mut bin, dry_run, clock(), &mut out).await?;
                 bin_key = key;
             }
             bin.push((rel, a, bytes));
         }
-        merge_bin(&log, &mut cache, &mut bin, dry_run, now_ms, &mut out).await?;
+        merge_bin(&log, &mut cache, &mut bin, dry_run, clock(), &mut out).await?;
     }
     out.version = cache.map_or(out.version, |s| s.version);
     Ok(out)
@@ -389,11 +355,9 @@ async fn merge_bin(
     if inputs.len() < 2 {
         return Ok(());
     }
-    let merged = ferry_delta::merge(
-        &inputs.iter().map(|(rel, active, bytes)| Input { rel, active, bytes: bytes.clone() }).collect::<Vec<_>>(),
-        now_ms,
-    )
-    .map_err(log_error)?;
+    let merged =
+        crate::merge(&inputs.iter().map(|(rel, active, bytes)| Input { rel, active, bytes: bytes.clone() }).collect::<Vec<_>>(), now_ms)
+            .map_err(log_error)?;
     let names: Vec<&str> = inputs.iter().map(|(rel, _, _)| *rel).collect();
     let bytes_in: i64 = inputs.iter().map(|(_, a, _)| a.size).sum();
     let verb = if dry_run { "would merge" } else { "merged" };
@@ -409,9 +373,9 @@ async fn merge_bin(
                 if stale {
                     return Ok(None);
                 }
-                let mut actions = vec![ferry_delta::commit_info("OPTIMIZE", &[], now_ms)];
+                let mut actions = vec![crate::commit_info("OPTIMIZE", &[], now_ms)];
                 for (rel, a, _) in &inputs {
-                    let mut r = ferry_delta::remove(rel, a.size, now_ms);
+                    let mut r = crate::remove(rel, a.size, now_ms);
                     r["remove"]["dataChange"] = false.into();
                     actions.push(r);
                 }
@@ -434,7 +398,7 @@ async fn merge_bin(
 }
 
 /// The retention a table asks for (`delta.deletedFileRetentionDuration`), in ms, or 1 week.
-pub async fn retention_ms(dest: &Store, table: &str) -> Result<i64, Error> {
+pub(crate) async fn retention_ms(dest: &Store, table: &str) -> Result<i64, Error> {
     let s = DeltaLog::new(dest.clone(), table).snapshot().await.map_err(log_error)?;
-    Ok(s.property("delta.deletedFileRetentionDuration").and_then(ferry_delta::interval_ms).unwrap_or(7 * 86_400_000))
+    Ok(s.property("delta.deletedFileRetentionDuration").and_then(crate::interval_ms).unwrap_or(7 * 86_400_000))
 }
