@@ -252,6 +252,13 @@ impl Snapshot {
 
     /// Whether a tombstone of one of `chunks`' parts came from a checkpoint, so who removed it
     /// is not known yet (see [`DeltaLog::trace`]).
+    /// Read from a checkpoint and not traced yet: a tombstone (or the lack of one, once pruned
+    /// past its retention) says nothing of who took a part out. A rerun, a switch or a withdrawal
+    /// of a chunk that was in the table traces first (see [`DeltaLog::trace`]).
+    pub fn unknown_removers(&self) -> bool {
+        self.replayed_from > 0 && !self.traced
+    }
+
     pub fn needs_trace(&self, chunks: &std::collections::HashSet<&str>) -> bool {
         self.replayed_from > 0 && !self.traced && self.removed.keys().any(|p| chunk_of(p).is_some_and(|c| chunks.contains(c)))
     }
@@ -331,6 +338,9 @@ pub struct DeltaLog {
     /// checkpoint, written by [`DeltaLog::write_due_checkpoint`] once the committer let go of
     /// its lock.
     due: Option<std::sync::Arc<std::sync::Mutex<Option<Due>>>>,
+    /// The newest checkpoint version this log wrote: deferred checkpoints are written one at a
+    /// time and never an older one after a newer (`_last_checkpoint` would go back).
+    written: std::sync::Arc<tokio::sync::Mutex<i64>>,
     /// A commit at a checkpoint version failed with no answer (it may have landed): the next
     /// commit this log makes writes the checkpoint instead, or the interval would go without.
     missed: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -341,7 +351,7 @@ type Due = (Snapshot, i64);
 
 impl DeltaLog {
     pub fn new(store: Store, table: &str) -> DeltaLog {
-        DeltaLog { store, table: table.to_string(), due: None, missed: Default::default() }
+        DeltaLog { store, table: table.to_string(), due: None, written: Default::default(), missed: Default::default() }
     }
 
     /// A log whose commits leave their checkpoint to [`DeltaLog::write_due_checkpoint`]: a
@@ -357,11 +367,14 @@ impl DeltaLog {
     /// readers a replay), and the next interval writes one again.
     pub async fn write_due_checkpoint(&self) {
         let Some(due) = &self.due else { return };
+        let mut written = self.written.lock().await;
         let taken = due.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((s, now_ms)) = taken
-            && let Err(e) = self.checkpoint(&s, now_ms).await
-        {
-            tracing::warn!(table = %self.store.url(&self.table), version = s.version, error = %e, "could not write the checkpoint");
+        let Some((s, now_ms)) = taken.filter(|(s, _)| s.version > *written) else { return };
+        match self.checkpoint(&s, now_ms).await {
+            Ok(()) => *written = s.version,
+            Err(e) => {
+                tracing::warn!(table = %self.store.url(&self.table), version = s.version, error = %e, "could not write the checkpoint")
+            }
         }
     }
 

@@ -157,6 +157,10 @@ struct Plan {
     skipped: HashSet<String>,
     /// This version replaces an older one: the older one's files go in the same commit.
     replaces: bool,
+    /// Rows of the plan's chunks, its skipped siblings or older versions were in the table
+    /// before (a rerun, a retry after the record, a switch): another writer may have rewritten
+    /// them, and a snapshot read from a checkpoint must learn who removed what first.
+    was_in: bool,
     columns: Vec<SchemaColumn>,
     partition_by: Vec<String>,
     table: String,
@@ -435,12 +439,12 @@ fn rewritten_refusal(table: &str, chunk: &str, part: &str, r: &Rewritten, what: 
     ))
 }
 
-/// Reads who removed the tombstoned parts of `chunks` when the cached snapshot came from a
-/// checkpoint (a rare path: a rerun, a switch, a revert of a chunk that was in before).
-async fn trace_for(table: &DeltaTable, chunks: &HashSet<&str>) -> Result<(), LoadError> {
+/// Reads who removed the parts a checkpoint names as removed (or, past their retention, no
+/// longer names) before a superseded chunk's files are taken out: a rare path.
+async fn trace_removers(table: &DeltaTable) -> Result<(), LoadError> {
     let mut cached = table.snapshot.lock().await;
     if let Some(s) = cached.as_mut()
-        && s.needs_trace(chunks)
+        && s.unknown_removers()
     {
         table.log.trace(s).await.map_err(table_error)?;
     }
@@ -490,11 +494,18 @@ impl DeltaTable {
             Some(v) => Some((v.version, self.ledger.chunks_of_every_version(&lease.chunk_id).await?.into_iter().collect())),
             None => None,
         };
-        let skipped = version
+        let skipped: HashSet<String> = version
             .as_ref()
             .filter(|v| v.replaces)
             .map(|v| v.chunks.iter().filter(|c| c.skipped).map(|c| c.id.clone()).collect())
             .unwrap_or_default();
+        let mut was_in = version.is_some_and(|v| v.replaces) || !skipped.is_empty();
+        for c in moving.iter().map(|p| p.chunk_id.as_str()).chain([lease.chunk_id.as_str()]).collect::<HashSet<_>>() {
+            if was_in {
+                break;
+            }
+            was_in = !self.ledger.published_of(c).await?.is_empty();
+        }
         let plan = Arc::new(Plan {
             parts: moving.iter().map(|p| (part_rel(p), p.clone())).collect(),
             held,
@@ -502,6 +513,7 @@ impl DeltaTable {
             version: every_version,
             skipped,
             replaces: version.as_ref().is_some_and(|v| v.replaces),
+            was_in,
             columns,
             partition_by: self.cfg.table.partition_by.clone(),
             table: name.clone(),
@@ -581,19 +593,22 @@ impl DeltaTable {
             tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file was published meanwhile; taking it back out");
             let mine: Vec<String> = published.iter().map(|(_, p)| part_rel(p)).collect();
             let now_ms = self.ledger.now_ms();
-            let mut cached = table.snapshot.lock().await;
-            table
-                .log
-                .commit_parts(&mut cached, now_ms, |s| {
-                    if let Some((part, r)) = s.rewritten_of(&lease.chunk_id).find(|(_, r)| r.kept) {
-                        return Err(rewritten_refusal(name, &lease.chunk_id, part, r, "taking the superseded chunk's rows out"));
-                    }
-                    let drop: Vec<String> = mine.iter().filter(|f| s.has_part(f)).cloned().collect();
-                    let chunk = [lease.chunk_id.as_str()];
-                    Ok((!drop.is_empty()).then(|| Change { actions: vec![delta::commit_info("DELETE", &chunk, now_ms)], drop }))
-                })
-                .await
-                .map_err(table_error)?;
+            {
+                let mut cached = table.snapshot.lock().await;
+                table
+                    .log
+                    .commit_parts(&mut cached, now_ms, |s| {
+                        if let Some((part, r)) = s.rewritten_of(&lease.chunk_id).find(|(_, r)| r.kept) {
+                            return Err(rewritten_refusal(name, &lease.chunk_id, part, r, "taking the superseded chunk's rows out"));
+                        }
+                        let drop: Vec<String> = mine.iter().filter(|f| s.has_part(f)).cloned().collect();
+                        let chunk = [lease.chunk_id.as_str()];
+                        Ok((!drop.is_empty()).then(|| Change { actions: vec![delta::commit_info("DELETE", &chunk, now_ms)], drop }))
+                    })
+                    .await
+                    .map_err(table_error)?;
+            }
+            self.log.write_due_checkpoint().await;
             return Ok(Outcome::Superseded);
         }
         if let Some(v) = version {
@@ -691,7 +706,7 @@ impl DeltaTable {
         }
         let s = cached.as_mut().expect("read above");
         let touched: HashSet<&str> = batch.iter().flat_map(|q| q.plan.touched()).collect();
-        if s.needs_trace(&touched) {
+        if s.needs_trace(&touched) || (s.unknown_removers() && batch.iter().any(|q| q.plan.was_in)) {
             self.log.trace(s).await?;
         }
         Ok(())
@@ -751,6 +766,10 @@ impl DeltaTable {
                 let mut schema_written = false;
                 let mut included: Vec<usize> = Vec::new();
                 for (i, q) in batch.iter().enumerate() {
+                    // Its load was cut off since (its lease lost, its deadline): not written for it.
+                    if q.answer.is_closed() {
+                        continue;
+                    }
                     if included.iter().any(|&j| !independent(&batch[j].plan, &q.plan)) {
                         deferred[i] = true;
                         continue;
@@ -876,7 +895,7 @@ impl DeltaTable {
         ferry_table::withdraw_gate().await;
         self.ledger.make_durable().await?;
         let now_ms = self.ledger.now_ms();
-        trace_for(table, &HashSet::from([chunk])).await?;
+        trace_removers(table).await?;
         let name = &self.cfg.table.name;
         let removed = {
             let mut cached = table.snapshot.lock().await;
@@ -893,6 +912,7 @@ impl DeltaTable {
                 .await
                 .map_err(table_error)?
         };
+        self.log.write_due_checkpoint().await;
         if let Some(v) = removed {
             tracing::info!(chunk, table_version = v, "took the superseded chunk's files out of the table");
         }
@@ -952,6 +972,12 @@ impl Table for DeltaTable {
         }
         let cutoff = chrono::Utc::now().timestamp_millis().saturating_sub(retain_ms);
         crate::upkeep::vacuum(dest, &self.ledger, table, cutoff, dry_run).await
+    }
+
+    /// The checkpoint a commit of this run made due, if a task that ended early left it.
+    async fn finish(&self) -> Result<(), TableError> {
+        self.log.write_due_checkpoint().await;
+        Ok(())
     }
 
     async fn compact(&self, target: i64, dry_run: bool) -> Result<Compacted, TableError> {
@@ -1038,6 +1064,7 @@ mod tests {
             version: version.map(|(v, all)| (v, all.iter().map(|(c, v)| (c.to_string(), *v)).collect())),
             skipped: HashSet::new(),
             replaces,
+            was_in: false,
             columns: vec![SchemaColumn { name: "n".into(), hive: "BIGINT".into(), detail: "bigint".into(), nullable: true }],
             partition_by: vec!["dt".into()],
             table: "t".into(),
