@@ -3,14 +3,14 @@
 # same chunks. Extract and transform run once; then, ROUNDS times for each table format,
 # alternating, the ledger and spool go back to what transform left, the table is emptied, copy
 # lands the chunks and `ferry-load --once` is timed. Prints one markdown table (also written
-# to bench/results/delta-<date>.md): load's wall and CPU time, records/s, chunks/s (for Delta,
-# one commit per chunk), the log's bytes per chunk, and the checkpoints written. Then the last
-# round's Delta table is compacted (`ferry compact`, timed) and, on a local dir, read whole by
-# delta-rs before and after (median of 5 reads each).
+# to bench/results/delta-<date>.md): load's wall and CPU time, records/s, chunks/s, the Delta
+# log's commits (chunks ready together share one) and bytes per commit, and the checkpoints
+# written. Then the last round's Delta table is compacted (`ferry compact`, timed) and, on a
+# local dir, read whole by delta-rs before and after (median of 5 reads each).
 #
 #   bench/delta.sh [DIR]         (default /tmp/ferry-delta-bench)
 #   env: FILES=8, RECORDS=60000 (per file), CHUNK=2MiB (extract.chunk_size: small chunks, as the
-#        commit per chunk is what differs), ROUNDS=5, HDFS=1 (the table on a MiniDFS cluster,
+#        commits are what differs), ROUNDS=5, HDFS=1 (the table on a MiniDFS cluster,
 #        staging local; every commit there pays HDFS's close wait), BIN (release binaries; built
 #        when unset)
 set -euo pipefail
@@ -106,7 +106,7 @@ out=bench/results/delta-$([ "$HDFS" = 1 ] && echo hdfs- || true)$(date -u +%Y-%m
     printf '| %s | %.2f s | %.2f s | %d MiB | %.0f | %.1f |\n' "$fmt" "$w" "$c" $((${m%.*} / 1024)) "$(echo "$records / $w" | bc -l)" "$(echo "$chunks / $w" | bc -l)"
   done
   echo
-  echo "Delta log: $commits commits (one per chunk; the first also creates the table), $(( json_bytes / commits )) bytes per commit on average; $cp_count checkpoint(s), the last $cp_bytes bytes."
+  echo "Delta log of the last round: $commits commits for $chunks chunks (chunks ready together share a commit; the first also creates the table), $(( json_bytes / commits )) bytes per commit on average; $cp_count checkpoint(s), the last $cp_bytes bytes."
   echo
   echo "Compaction of the last round's table (\`ferry compact --target-size 128MiB\`): $files_before part files; $compact_wall s, peak RSS $((compact_kib / 1024)) MiB; $merged"
   echo "A full read by delta-rs (median of 5): $read_before before, $read_after after."

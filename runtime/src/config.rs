@@ -157,6 +157,17 @@ pub enum TableFormat {
     Delta,
 }
 
+impl TableFormat {
+    /// Whether a column's type can widen (`int` to `bigint`, `float` to `double`) in a table of
+    /// this format. A Delta table cannot without the `typeWidening` table feature, which Ferry
+    /// does not write (and readers without it could no longer read the table): there a wider
+    /// input is kept in the column's type where each value fits, and a value that does not is a
+    /// rejected record.
+    pub fn widens_columns(self) -> bool {
+        self == TableFormat::Hive
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpoolSection {

@@ -647,6 +647,17 @@ fn spark_read(table: &str, versions: &[Option<i64>], s3: Option<serde_json::Valu
         .collect()
 }
 
+/// Writes `in/<name>` of pipeline `p` as an Avro file with fastavro: `fields` and `records` as
+/// Python literals.
+pub fn write_avro(p: &Pipeline, name: &str, fields: &str, records: &str) {
+    let script = format!(
+        "import sys, fastavro\nschema = {{'type': 'record', 'name': 'e', 'fields': {fields}}}\n\
+         with open(sys.argv[1], 'wb') as f:\n    fastavro.writer(f, schema, {records})\n"
+    );
+    let out = Command::new("python3").arg("-c").arg(script).arg(p.path(&format!("in/{name}"))).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// Runs SQL statements in one Spark session with delta-spark (Delta's reference
 /// implementation) as another engine would (`delta.`<path>`` names a table by its directory),
 /// and returns each statement's rows, each row its values joined by `,`. A statement

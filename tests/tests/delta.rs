@@ -400,6 +400,40 @@ fn load_killed_at_every_step_leaves_every_record_once() {
     }
 }
 
+/// A Delta table keeps its column types (widening needs Delta's typeWidening feature, which
+/// Ferry does not write): an Avro field that went from int to long is no new schema version;
+/// its values that fit go in as the column's int, one that does not is a rejected record with
+/// the reason, and the chunks after it load (before, every later chunk failed on the type
+/// change at load).
+#[test]
+fn a_wider_input_keeps_a_delta_tables_column_type_and_rejects_values_that_do_not_fit() {
+    let p = delta_pipeline("64KiB");
+    p.set_columns("", "derive = { dt = \"date(ts)\" }");
+    let ts = "{'name': 'ts', 'type': {'type': 'long', 'logicalType': 'timestamp-micros'}}";
+    let id = "{'name': 'id', 'type': 'string'}";
+    let fields = |n: &str| format!("[{id}, {ts}, {{'name': 'n', 'type': '{n}'}}]");
+    ferry_tests::write_avro(&p, "a.avro", &fields("int"), "[{'id': 'a1', 'ts': 1796040000000000, 'n': 1}]");
+    drained(&p);
+    ferry_tests::write_avro(
+        &p,
+        "b.avro",
+        &fields("long"),
+        "[{'id': 'b1', 'ts': 1796040000000000, 'n': 2}, {'id': 'b2', 'ts': 1796040000000000, 'n': 3000000000}]",
+    );
+    ferry_tests::write_avro(&p, "c.avro", &fields("int"), "[{'id': 'c1', 'ts': 1796040000000000, 'n': 5}]");
+    drained(&p);
+    assert_eq!(p.sql("SELECT group_concat(version || ': ' || change, ' | ') FROM table_schemas"), "1: created");
+    let why = p.sql("SELECT group_concat(reason, ' | ') FROM rejects");
+    assert!(why.contains("\"n\"") && why.contains("3000000000") && why.contains("typeWidening"), "{why}");
+    let script = "import sys, json, os\nfrom deltalake import DeltaTable\nt = DeltaTable(sys.argv[1]).to_pyarrow_table(columns=['id', 'n'])\n\
+                  print(json.dumps({'type': str(t.schema.field('n').type), 'rows': sorted(zip(t.column('id').to_pylist(), t.column('n').to_pylist()))}))\n\
+                  sys.stdout.flush(); os._exit(0)";
+    let out = Command::new("python3").arg("-c").arg(script).arg(table(&p)).output().unwrap();
+    assert!(out.status.success(), "delta-rs: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v, serde_json::json!({"type": "int32", "rows": [["a1", 1], ["b1", 2], ["c1", 5]]}));
+}
+
 /// A Delta pipeline whose input (four files, small chunks) went through extract, transform and
 /// copy, with its number of chunks: load is what the test runs.
 fn landed_for_load() -> (Pipeline, i64) {

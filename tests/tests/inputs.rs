@@ -322,15 +322,7 @@ fn identical_bytes_in_one_pass_get_the_same_recorded_decision_every_time() {
     }
 }
 
-/// Writes an Avro file with fastavro: `fields` and `records` as Python literals.
-fn avro(p: &Pipeline, name: &str, fields: &str, records: &str) {
-    let script = format!(
-        "import sys, fastavro\nschema = {{'type': 'record', 'name': 'e', 'fields': {fields}}}\n\
-         with open(sys.argv[1], 'wb') as f:\n    fastavro.writer(f, schema, {records})\n"
-    );
-    let out = Command::new("python3").arg("-c").arg(script).arg(p.path(&format!("in/{name}"))).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
+use ferry_tests::write_avro as avro;
 
 /// Without `table.columns` the table's schema comes from the Avro files, and the ledger keeps
 /// it: a compatible change (a wider type, a new nullable column) is a new version with its

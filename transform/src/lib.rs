@@ -292,8 +292,22 @@ impl Transformer {
                     let dropped: std::collections::BTreeSet<usize> = bad.iter().map(|(r, _)| *r).collect();
                     (0..b.num_rows() + dropped.len()).filter(|r| !dropped.contains(r)).collect()
                 };
+                let before = b.num_rows();
                 let (b, cast_bad) = self.plan.apply(&b)?;
+                // Rows of the planned batch as rows of the decoded batch (the plan left out its
+                // own bad rows).
+                let planned: Vec<usize> = {
+                    let dropped: std::collections::BTreeSet<usize> = cast_bad.iter().map(|(r, _)| *r).collect();
+                    (0..before).filter(|r| !dropped.contains(r)).map(|r| kept[r]).collect()
+                };
                 bad.extend(cast_bad.into_iter().map(|(r, why)| (kept[r], why)));
+                // Every batch of a chunk has one schema: its fit to the table's is decided once.
+                if fit.is_none() {
+                    let widen = self.cfg.destination.table_format.widens_columns();
+                    fit = Some(schema::Fit::new(latest, &b.schema(), widen).map_err(bad_input)?);
+                }
+                let (b, fit_bad) = fit.as_ref().expect("set above").apply(b)?;
+                bad.extend(fit_bad.into_iter().map(|(r, why)| (planned[r], why)));
                 for (r, why) in bad {
                     let n = chunk.range_start + first + r as i64 + 1;
                     late.push(Reject { position: format!("decoded record {n} of the file"), reason: why });
@@ -305,11 +319,7 @@ impl Transformer {
                         f.position, f.reason
                     )));
                 }
-                // Every batch of a chunk has one schema: its fit to the table's is decided once.
-                if fit.is_none() {
-                    fit = Some(schema::Fit::new(latest, &b.schema()).map_err(bad_input)?);
-                }
-                out.write(&fit.as_ref().expect("set above").apply(b)?)
+                out.write(&b)
             };
             // Hashed as it is read; nothing is recorded before the hash is checked.
             let input = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };

@@ -10,7 +10,9 @@
 //! - a compatible change (a new nullable column, `int` to `bigint`, `float` to `double`,
 //!   millisecond to microsecond timestamps, a required column that may now be null): the
 //!   chunk is written in the new version, which transform records before the chunk's parts,
-//!   and load writes the DDL (`ALTER TABLE ... ADD COLUMNS`) from it;
+//!   and load writes the DDL (`ALTER TABLE ... ADD COLUMNS`) from it. Where the table's format
+//!   keeps column types (Delta), a wider number is not a change: the chunk's values go into the
+//!   column's type, and a value that does not fit is a rejected record;
 //! - anything else (another type, a new required column, a required column missing):
 //!   the chunk is bad input, with a message that names the column and both types.
 //!
@@ -111,6 +113,13 @@ fn widens(from: &str, to: &str) -> bool {
     )
 }
 
+/// Whether widening `from` to `to` changes the column's type in a table that keeps types
+/// (Delta): the numbers do; a timestamp's unit does not (Delta's timestamps are microseconds,
+/// whatever unit the files hold).
+fn changes_type(from: &str, to: &str) -> bool {
+    !(from.starts_with("timestamp") && to.starts_with("timestamp"))
+}
+
 /// The Arrow type of a primitive detail that [`widens`] names (the types a table column may be
 /// widened to, or filled with nulls in).
 fn arrow_of(detail: &str) -> Option<DataType> {
@@ -149,7 +158,9 @@ pub enum Fit {
 
 impl Fit {
     /// The fit of a chunk whose batches have `schema` to the table's `latest` version.
-    pub fn new(latest: Option<&TableSchema>, schema: &Schema) -> Result<Fit, String> {
+    /// `widen`: whether the table's format lets a column's type widen (see
+    /// `TableFormat::widens_columns`); if not, a wider number is put back into the column's type.
+    pub fn new(latest: Option<&TableSchema>, schema: &Schema, widen: bool) -> Result<Fit, String> {
         let Some(latest) = latest else {
             return Ok(Fit::Evolve { target: Arc::new(schema.clone()), version: 1, change: "created".into() });
         };
@@ -166,9 +177,12 @@ impl Fit {
                     }
                     if detail == r.detail {
                         target.push(f.clone().with_nullable(nullable));
-                    } else if widens(&r.detail, &detail) {
+                    } else if widens(&r.detail, &detail) && (widen || !changes_type(&r.detail, &detail)) {
                         changes.push(format!("column `{}` {} -> {hive}", r.name, r.hive));
                         target.push(f.clone().with_nullable(nullable));
+                    } else if let (true, Some(dt)) = (widens(&r.detail, &detail), arrow_of(&r.detail)) {
+                        // Kept in the column's type: each value that fits, exactly.
+                        target.push(Field::new(&r.name, dt, nullable));
                     } else if let (true, Some(dt)) = (widens(&detail, &r.detail), arrow_of(&r.detail)) {
                         target.push(Field::new(&r.name, dt, nullable));
                     } else {
@@ -218,25 +232,45 @@ impl Fit {
         })
     }
 
-    /// `b` in the table's shape.
-    pub fn apply(&self, b: RecordBatch) -> Result<RecordBatch, TransformError> {
+    /// `b` in the table's shape, with the rows left out whose value does not fit the column's
+    /// type (only where a table that keeps its types got a wider input), as `(row, reason)`.
+    pub fn apply(&self, b: RecordBatch) -> Result<(RecordBatch, Vec<(usize, String)>), TransformError> {
         let target = match self {
-            Fit::Same => return Ok(b),
+            Fit::Same => return Ok((b, Vec::new())),
             Fit::Conform(t) | Fit::Evolve { target: t, .. } => t,
         };
         if b.schema().fields() == target.fields() {
-            return Ok(b);
+            return Ok((b, Vec::new()));
         }
-        let cols = target
-            .fields()
-            .iter()
-            .map(|f| match b.column_by_name(f.name()) {
-                // Only widening casts get here: every value is kept.
-                Some(c) => crate::exact::cast(c, f.data_type()).map(|(c, _)| c),
-                None => Ok::<ArrayRef, TransformError>(new_null_array(f.data_type(), b.num_rows())),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        RecordBatch::try_new(target.clone(), cols).map_err(|e| bad_input(format!("table schema: {e}")))
+        let mut bad: Vec<(usize, String)> = Vec::new();
+        let mut cols: Vec<ArrayRef> = Vec::with_capacity(target.fields().len());
+        for f in target.fields() {
+            cols.push(match b.column_by_name(f.name()) {
+                Some(c) => {
+                    let (col, rows) = crate::exact::cast(c, f.data_type())?;
+                    bad.extend(rows.into_iter().map(|(r, why)| {
+                        (
+                            r,
+                            format!(
+                                "column {:?}: {why}; the table keeps the column's type (a Delta table's type widens only with \
+                                 Delta's typeWidening feature, which Ferry does not write)",
+                                f.name()
+                            ),
+                        )
+                    }));
+                    col
+                }
+                None => new_null_array(f.data_type(), b.num_rows()),
+            });
+        }
+        let out = RecordBatch::try_new(target.clone(), cols).map_err(|e| bad_input(format!("table schema: {e}")))?;
+        if bad.is_empty() {
+            return Ok((out, bad));
+        }
+        bad.sort_by_key(|(r, _)| *r);
+        bad.dedup_by_key(|(r, _)| *r);
+        let rows: Vec<usize> = bad.iter().map(|(r, _)| *r).collect();
+        Ok((crate::exact::without_rows(&out, &rows)?, bad))
     }
 }
 
@@ -261,8 +295,8 @@ mod tests {
         );
         let same =
             Schema::new(v1.columns.iter().map(|c| Field::new(&c.name, arrow_of(&c.detail).unwrap(), c.nullable)).collect::<Vec<_>>());
-        assert!(matches!(Fit::new(Some(&v1), &same), Ok(Fit::Same)));
-        assert!(matches!(Fit::new(None, &same), Ok(Fit::Evolve { version: 1, .. })));
+        assert!(matches!(Fit::new(Some(&v1), &same, true), Ok(Fit::Same)));
+        assert!(matches!(Fit::new(None, &same, true), Ok(Fit::Evolve { version: 1, .. })));
         // Wider, plus a new nullable column: version 2, in the input's order of new columns.
         let wider = Schema::new(vec![
             Field::new("id", DataType::Utf8, false),
@@ -270,31 +304,61 @@ mod tests {
             Field::new("n", DataType::Int64, true),
             Field::new("t", ts(TimeUnit::Microsecond), true),
         ]);
-        let Ok(Fit::Evolve { target, version, change }) = Fit::new(Some(&v1), &wider) else { panic!() };
+        let Ok(Fit::Evolve { target, version, change }) = Fit::new(Some(&v1), &wider, true) else { panic!() };
         assert_eq!(version, 2);
         assert!(change.contains("`n` INT -> BIGINT") && change.contains("added column `extra` STRING"), "{change}");
         let names: Vec<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
         assert_eq!(names, ["id", "n", "t", "extra"], "new columns go last, as ADD COLUMNS puts them");
         // Narrower and missing a nullable column: put into the table's shape, no new version.
         let narrow = Schema::new(vec![Field::new("n", DataType::Int16, true), Field::new("id", DataType::Utf8, false)]);
-        let Ok(Fit::Conform(t)) = Fit::new(Some(&v1), &narrow) else { panic!() };
+        let Ok(Fit::Conform(t)) = Fit::new(Some(&v1), &narrow, true) else { panic!() };
         let b = RecordBatch::try_new(
             Arc::new(narrow.clone()),
             vec![Arc::new(arrow::array::Int16Array::from(vec![Some(7)])), Arc::new(arrow::array::StringArray::from(vec!["a"]))],
         )
         .unwrap();
-        let out = Fit::Conform(t.clone()).apply(b).unwrap();
+        let (out, bad) = Fit::Conform(t.clone()).apply(b).unwrap();
+        assert!(bad.is_empty());
         assert_eq!(out.schema(), t);
         assert_eq!(out.column(1).as_any().downcast_ref::<arrow::array::Int32Array>().unwrap().value(0), 7);
         assert_eq!(out.column(2).null_count(), 1);
         // Refused, each naming the column and both types.
         let other = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
-        let e = Fit::new(Some(&v1), &other).unwrap_err();
+        let e = Fit::new(Some(&v1), &other, true).unwrap_err();
         assert!(e.contains("\"id\"") && e.contains("STRING") && e.contains("BIGINT"), "{e}");
         let missing = Schema::new(vec![Field::new("n", DataType::Int32, true)]);
-        assert!(Fit::new(Some(&v1), &missing).unwrap_err().contains("required"));
+        assert!(Fit::new(Some(&v1), &missing, true).unwrap_err().contains("required"));
         let new_required = Schema::new(vec![Field::new("id", DataType::Utf8, false), Field::new("x", DataType::Int32, false)]);
-        assert!(Fit::new(Some(&v1), &new_required).unwrap_err().contains("must be nullable"));
+        assert!(Fit::new(Some(&v1), &new_required, true).unwrap_err().contains("must be nullable"));
+    }
+
+    /// A table that keeps its column types (Delta): a wider number is no new version; each value
+    /// that fits goes into the column's type, one that does not is a rejected row, and a
+    /// timestamp's finer unit is still a new version (the column's type stays `timestamp`).
+    #[test]
+    fn a_table_that_keeps_types_takes_wider_numbers_that_fit_and_rejects_the_rest() {
+        let v1 = recorded(vec![Field::new("id", DataType::Utf8, false), Field::new("n", DataType::Int32, true)], 1);
+        let wider = Schema::new(vec![Field::new("id", DataType::Utf8, false), Field::new("n", DataType::Int64, true)]);
+        let Ok(Fit::Conform(t)) = Fit::new(Some(&v1), &wider, false) else { panic!("no new version") };
+        assert_eq!(t.field_with_name("n").unwrap().data_type(), &DataType::Int32);
+        let b = RecordBatch::try_new(
+            Arc::new(wider),
+            vec![
+                Arc::new(arrow::array::StringArray::from(vec!["a", "b", "c"])),
+                Arc::new(arrow::array::Int64Array::from(vec![Some(7), Some(1 << 40), None])),
+            ],
+        )
+        .unwrap();
+        let (out, bad) = Fit::Conform(t.clone()).apply(b).unwrap();
+        assert_eq!(out.num_rows(), 2, "the value past INT's range left out, the null kept");
+        assert_eq!(out.column(1).as_any().downcast_ref::<arrow::array::Int32Array>().unwrap().value(0), 7);
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].0, 1);
+        assert!(bad[0].1.contains("\"n\"") && bad[0].1.contains("1099511627776") && bad[0].1.contains("typeWidening"), "{}", bad[0].1);
+        let ts = |u| DataType::Timestamp(u, Some("+00:00".into()));
+        let v1 = recorded(vec![Field::new("t", ts(TimeUnit::Millisecond), true)], 1);
+        let finer = Schema::new(vec![Field::new("t", ts(TimeUnit::Microsecond), true)]);
+        assert!(matches!(Fit::new(Some(&v1), &finer, false), Ok(Fit::Evolve { version: 2, .. })));
     }
 
     #[test]
