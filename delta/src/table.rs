@@ -697,12 +697,12 @@ impl DeltaTable {
         }
     }
 
-    /// The snapshot read (or caught up), and traced if a chunk of `batch` has a tombstone whose
-    /// writer it does not know.
+    /// The snapshot read if none is, and traced if a chunk of `batch` has a tombstone whose
+    /// writer it does not know. Not caught up here: the commit does that before it plans, and
+    /// commits it replays name their writers.
     async fn prepare(&self, cached: &mut Option<Snapshot>, batch: &[Queued]) -> Result<(), DeltaError> {
-        match cached.as_mut() {
-            Some(s) => self.log.catch_up(s).await?,
-            None => *cached = Some(self.log.snapshot().await?),
+        if cached.is_none() {
+            *cached = Some(self.log.snapshot().await?);
         }
         let s = cached.as_mut().expect("read above");
         let touched: HashSet<&str> = batch.iter().flat_map(|q| q.plan.touched()).collect();
