@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ferry_common::error::{likely_cause, with_causes};
 use ferry_ledger::{Ledger, LedgerOptions};
-use ferry_runtime::config::{Config, Disposition, LedgerUrl, StoreOptions, TableFormat, redact_url};
+use ferry_runtime::config::{Config, Disposition, LedgerUrl, StoreOptions, redact_url};
 use ferry_storage::Store;
 
 /// One place Ferry reaches, and what asking it gave.
@@ -50,86 +50,25 @@ pub async fn run(cfg: &Config, ledger_url: &str, pipeline: &str, timeout: Durati
     let spool = cfg.spool.dir.display().to_string();
     hops.push(store_hop("spool", &spool, &StoreOptions::default(), true, timeout).await);
     hops.push(store_hop("destination", &cfg.destination.url, &cfg.destination.store, true, timeout).await);
-    if cfg.destination.table_format == TableFormat::Delta {
-        hops.push(delta_hop(cfg, timeout).await);
-    }
+    hops.extend(table_hop(cfg, timeout).await);
     hops
 }
 
-/// The Delta table load writes to: its log read, and what it asks of writers held against what
-/// Ferry writes (a feature Ferry does not write, other partition columns), so a table another
-/// engine set up is refused here, by name, before any chunk fails on it.
-async fn delta_hop(cfg: &Config, timeout: Duration) -> Hop {
-    let name = &cfg.table.name;
-    let mut s = Steps::new("table", format!("{}/{name}", cfg.destination.url), timeout);
-    let ok = delta_steps(&mut s, cfg).await.is_ok();
-    s.finish(ok)
-}
-
-async fn delta_steps(s: &mut Steps, cfg: &Config) -> Result<(), ()> {
-    let store = match Store::open(&cfg.destination.url, &cfg.destination.store) {
-        Ok(store) => store,
-        Err(e) => return s.fail("open", with_causes(&e)),
+/// The table load writes to, checked as its format asks (see `ferry_load::preflight`): for a
+/// Delta table, that the store honours put-if-absent and that the table asks nothing of writers
+/// Ferry does not give, so a table another engine set up is refused here, by name, before any
+/// chunk fails on it.
+async fn table_hop(cfg: &Config, timeout: Duration) -> Option<Hop> {
+    let start = Instant::now();
+    let p = ferry_load::preflight(cfg, timeout).await?;
+    let mut s = Steps::new("table", format!("{}/{}", cfg.destination.url, cfg.table.name), timeout);
+    s.start = start;
+    s.hop.steps = p.steps;
+    let ok = match p.failed {
+        Some((step, error)) => s.fail::<()>(&step, error).is_ok(),
+        None => true,
     };
-    let name = &cfg.table.name;
-    put_if_absent_steps(s, &store, name).await?;
-    let snapshot = s.step("read the Delta log", ferry_delta::DeltaLog::new(store.clone(), name).snapshot()).await?;
-    if snapshot.version < 0 {
-        s.note("no table yet: the first load creates it".into());
-        return Ok(());
-    }
-    s.note(format!("version {}, {} active file(s)", snapshot.version, snapshot.files.len()));
-    if let Some(why) = snapshot.unwritable(&store.url(name)) {
-        return s.fail("table features", why);
-    }
-    let partitioned = snapshot.partition_columns();
-    if partitioned != cfg.table.partition_by {
-        return s.fail(
-            "partition columns",
-            format!("the table is partitioned by {partitioned:?}, [table] partition_by says {:?}", cfg.table.partition_by),
-        );
-    }
-    s.hop.steps.push(format!(
-        "table features: none Ferry does not write{}",
-        if snapshot.append_only() { "; append-only (a corrected file or a rerun that replaces rows is refused)" } else { "" }
-    ));
-    Ok(())
-}
-
-/// A Delta commit is a put-if-absent: two writers (two loads, Ferry and another engine) that
-/// create the same log version must not both succeed. A store that lets a second create replace
-/// the first (an S3-compatible server that ignores `If-None-Match`) would lose commits without a
-/// word, so it is refused here by name: a probe object under the table's `_ferry/` is created
-/// twice; the second create must be refused and the first one's bytes kept. The probe is removed.
-async fn put_if_absent_steps(s: &mut Steps, store: &Store, table: &str) -> Result<(), ()> {
-    let nonce = format!("{}-{}", std::process::id(), chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default());
-    let probe = format!("{table}/_ferry/put-if-absent-probe-{nonce}");
-    let first = s.step("put-if-absent: a new object", store.create_new(&probe, b"first".to_vec())).await;
-    let second = match first {
-        Ok(true) => s.step("put-if-absent: the same object again", store.create_new(&probe, b"second".to_vec())).await,
-        Ok(false) => Ok(true),
-        Err(()) => Err(()),
-    };
-    let kept = match second {
-        Ok(_) => s.step("read the probe back", store.read(&probe)).await,
-        Err(()) => Err(()),
-    };
-    if let Err(e) = store.delete(&probe).await {
-        s.hop.steps.push(format!("remove the probe: {} is left ({e}); delete it by hand", store.url(&probe)));
-    }
-    let (first, second, kept) = (first?, second?, kept?);
-    if !first || second || kept != b"first" {
-        return s.fail(
-            "put-if-absent",
-            format!(
-                "{} let a second create of the same object replace the first (it does not honour If-None-Match): a Delta \
-                 table there would lose commits; use a store that does, or destination.table_format = \"hive\"",
-                store.url("")
-            ),
-        );
-    }
-    s.note("a second create is refused, as a Delta commit needs".into());
-    Ok(())
+    Some(s.finish(ok))
 }
 
 /// A hop's steps, each under the deadline; the first failure ends the hop.

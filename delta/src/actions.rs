@@ -5,35 +5,31 @@ use std::collections::BTreeMap;
 use ferry_ledger::SchemaColumn;
 use serde_json::{Value, json};
 
-use crate::{DeltaError, FEATURES_READER, FEATURES_WRITER, READER_VERSION, Result, TXN_RETENTION, WRITER_VERSION};
+use crate::{DeltaError, Feature, Metadata, Protocol, READER_VERSION, Result, TXN_RETENTION, WRITER_VERSION};
 
-/// The protocol action for a table with these columns.
-pub fn protocol(columns: &[SchemaColumn]) -> Value {
-    if columns.iter().any(|c| c.detail.contains("timestamp_ntz")) {
-        json!({"protocol": {
-            "minReaderVersion": FEATURES_READER, "minWriterVersion": FEATURES_WRITER,
-            "readerFeatures": ["timestampNtz"], "writerFeatures": ["timestampNtz"],
-        }})
-    } else {
-        json!({"protocol": {"minReaderVersion": READER_VERSION, "minWriterVersion": WRITER_VERSION}})
-    }
+/// The protocol of a new table with these columns.
+pub fn protocol(columns: &[SchemaColumn]) -> Protocol {
+    let legacy = Protocol::legacy(READER_VERSION, WRITER_VERSION);
+    if columns.iter().any(|c| c.detail.contains("timestamp_ntz")) { legacy.with(Feature::TimestampNtz) } else { legacy }
 }
 
-/// The metaData action: the table's id (kept across schema changes), its schema and partition
+/// The metaData of a new table: its id (kept across schema changes), its schema and partition
 /// columns, created at `now_ms`.
-pub fn metadata(id: &str, name: &str, columns: &[SchemaColumn], partition_by: &[String], now_ms: i64) -> Result<Value> {
+pub fn metadata(id: &str, name: &str, columns: &[SchemaColumn], partition_by: &[String], now_ms: i64) -> Result<Metadata> {
     let fields =
         columns.iter().map(|c| Ok(json!({"name": c.name, "type": delta_type(&c.detail)?, "nullable": c.nullable, "metadata": {}})));
     let schema = json!({"type": "struct", "fields": fields.collect::<Result<Vec<_>>>()?});
-    Ok(json!({"metaData": {
-        "id": id,
-        "name": name,
-        "format": {"provider": "parquet", "options": {}},
-        "schemaString": schema.to_string(),
-        "partitionColumns": partition_by,
-        "configuration": {"delta.setTransactionRetentionDuration": TXN_RETENTION},
-        "createdTime": now_ms,
-    }}))
+    Ok(Metadata {
+        id: id.to_string(),
+        name: Some(name.to_string()),
+        description: None,
+        format: json!({"provider": "parquet", "options": {}}),
+        schema_string: schema.to_string(),
+        partition_columns: partition_by.to_vec(),
+        configuration: BTreeMap::from([("delta.setTransactionRetentionDuration".to_string(), TXN_RETENTION.to_string())]),
+        created_time: Some(now_ms),
+        other: Default::default(),
+    })
 }
 
 /// The Delta type of a column's exact type text (Ferry's `detail`: `bigint`, `timestamp[us]`,
@@ -134,7 +130,7 @@ pub fn add(
 
 /// A `remove` action for table path `rel`; its partition values are its directory's.
 pub fn remove(rel: &str, size: i64, now_ms: i64) -> Value {
-    let partition_values = partition_values(rel.rsplit_once('/').map_or("", |(dir, _)| dir));
+    let partition_values = partition_values(rel.rsplit_once('/').map_or("", |(dir, _)| dir), &[]);
     json!({"remove": {
         "path": encode_path(rel),
         "deletionTimestamp": now_ms,
@@ -168,13 +164,47 @@ pub fn chunk_of(rel: &str) -> Option<&str> {
 }
 
 /// A Hive partition path (`dt=2026-11-28/h=%2F`) as Delta's partition values: the column
-/// names, and the values unescaped (Hive's default partition is null).
-pub fn partition_values(partition: &str) -> BTreeMap<String, Option<String>> {
+/// names, and the values unescaped (Hive's default partition is null). The directory holds
+/// Arrow's text of a value; a timestamp column's value is written as Delta's protocol reads it
+/// (see [`delta_partition_text`]), found by its type in `columns`.
+pub fn partition_values(partition: &str, columns: &[SchemaColumn]) -> BTreeMap<String, Option<String>> {
     partition
         .split('/')
         .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), ferry_common::paths::unescape_partition_value(v)))
+        .map(|(k, v)| {
+            let v = ferry_common::paths::unescape_partition_value(v);
+            let detail = columns.iter().find(|c| c.name == k).map_or("", |c| c.detail.as_str());
+            (k.to_string(), v.map(|v| delta_partition_text(detail, &v).unwrap_or(v)))
+        })
         .collect()
+}
+
+/// A partition value's text as Delta's protocol serializes it, for the types whose Arrow text
+/// differs: a timestamp (`2026-11-20T10:00:00+00:00` in the directory) as an ISO 8601 instant in
+/// UTC (`2026-11-20T10:00:00.000000Z`, which readers in any session time zone read alike), a
+/// timestamp without time zone (`2026-11-20T10:00:00`) as `2026-11-20 10:00:00.000000`. None:
+/// the text is Delta's already (or not a timestamp this reads, left as it is).
+pub fn delta_partition_text(detail: &str, text: &str) -> Option<String> {
+    const NTZ: &str = "%Y-%m-%d %H:%M:%S%.6f";
+    if detail.starts_with("timestamp_ntz") {
+        let t = chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f").ok()?;
+        Some(t.format(NTZ).to_string())
+    } else if detail.starts_with("timestamp") {
+        let t = chrono::DateTime::parse_from_rfc3339(text).ok()?;
+        Some(t.with_timezone(&chrono::Utc).format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string())
+    } else {
+        None
+    }
+}
+
+/// A `remove` action for `active` (at table path `rel`): its partition values as its `add`
+/// wrote them.
+pub fn remove_active(rel: &str, active: &crate::Active, now_ms: i64) -> Value {
+    let mut r = remove(rel, active.size, now_ms);
+    if let Some(v) = active.action.get("partitionValues") {
+        r["remove"]["partitionValues"] = v.clone();
+    }
+    r
 }
 
 /// A table path as the relative URI an action holds: every byte but unreserved ones, `/` and
@@ -247,10 +277,28 @@ mod tests {
 
     #[test]
     fn partition_values_are_unescaped_and_the_default_partition_is_null() {
-        let v = partition_values("dt=2026-11-28/k=a%2Fb/n=__HIVE_DEFAULT_PARTITION__");
+        let v = partition_values("dt=2026-11-28/k=a%2Fb/n=__HIVE_DEFAULT_PARTITION__", &[]);
         assert_eq!(v["dt"].as_deref(), Some("2026-11-28"));
         assert_eq!(v["k"].as_deref(), Some("a/b"));
         assert_eq!(v["n"], None);
-        assert!(partition_values("").is_empty());
+        assert!(partition_values("", &[]).is_empty());
+    }
+
+    #[test]
+    fn timestamp_partition_values_are_written_as_delta_reads_them() {
+        let col = |name: &str, detail: &str| SchemaColumn { name: name.into(), hive: String::new(), detail: detail.into(), nullable: true };
+        let columns = [col("ts", "timestamp[us]"), col("at", "timestamp_ntz[ms]"), col("d", "date"), col("s", "string")];
+        let v = partition_values(
+            "ts=2026-11-20T10%3A00%3A00%2B00%3A00/at=2026-11-20T10%3A00%3A00.5/d=2026-11-20/s=2026-11-20T10%3A00%3A00%2B00%3A00",
+            &columns,
+        );
+        assert_eq!(v["ts"].as_deref(), Some("2026-11-20T10:00:00.000000Z"));
+        assert_eq!(v["at"].as_deref(), Some("2026-11-20 10:00:00.500000"));
+        assert_eq!(v["d"].as_deref(), Some("2026-11-20"));
+        // A string column's value is kept as it is, whatever it looks like.
+        assert_eq!(v["s"].as_deref(), Some("2026-11-20T10:00:00+00:00"));
+        // Another offset is the same instant in UTC; a value this does not read stays.
+        assert_eq!(delta_partition_text("timestamp[us]", "2026-11-20T12:30:00.25+02:00").as_deref(), Some("2026-11-20T10:30:00.250000Z"));
+        assert_eq!(delta_partition_text("timestamp[us]", "not a time"), None);
     }
 }

@@ -212,6 +212,7 @@ pub(crate) async fn read(store: &Store, dir: &str, c: &Checkpoint, s: &mut Snaps
             w.finish().map_err(|e| err(&e))?;
             for line in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                 let action: Value = serde_json::from_slice(line).map_err(|e| err(&e))?;
+                let action = crate::Action::of(action).map_err(|e| err(&e))?;
                 s.apply_action(c.version, action, None).map_err(|e| err(&e))?;
             }
         }

@@ -20,7 +20,7 @@
 //! A crash leaves at worst a compacted file no commit names: it is invisible, and `ferry
 //! vacuum` removes it past the retention.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -31,7 +31,7 @@ use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use serde_json::{Value, json};
 
-use crate::{Active, DeltaError, DeltaLog, Result, Snapshot, remove, stats};
+use crate::{Active, DeltaError, DeltaLog, Result, Snapshot, remove_active, stats};
 
 /// The `add` tag that lists a compacted file's members.
 pub const MEMBERS_TAG: &str = "ferry.members";
@@ -143,7 +143,16 @@ fn concat(inputs: &[(&str, &Bytes, Vec<usize>)]) -> Result<Vec<u8>> {
 /// The compacted file of `members` written from `inputs`, in partition directory `dir`, with
 /// its statistics read back from what was written. `data_change`: false for a merge (the
 /// rows do not change), true when members were dropped.
-fn build(dir: &str, members: &[Member], inputs: &[(&str, &Bytes, Vec<usize>)], data_change: bool, now_ms: i64) -> Result<Rewrite> {
+/// `like` is an active file of the same partition: the compacted file carries its partition
+/// values as written (Delta's text for the partition's types, not the directory's).
+fn build(
+    dir: &str,
+    like: &Active,
+    members: &[Member],
+    inputs: &[(&str, &Bytes, Vec<usize>)],
+    data_change: bool,
+    now_ms: i64,
+) -> Result<Rewrite> {
     let bytes = concat(inputs)?;
     let b = Bytes::from(bytes);
     let meta = footer("the compacted file", &b)?;
@@ -159,7 +168,8 @@ fn build(dir: &str, members: &[Member], inputs: &[(&str, &Bytes, Vec<usize>)], d
     let rel = if dir.is_empty() { name } else { format!("{dir}/{name}") };
     let list: Vec<Value> =
         members.iter().map(|m| json!({"path": m.rel, "size": m.size, "records": m.records, "rowGroups": m.row_groups})).collect();
-    let mut add = crate::add(&rel, &crate::partition_values(dir), b.len() as i64, records, Some(&stats), now_ms);
+    let mut add = crate::add(&rel, &BTreeMap::new(), b.len() as i64, records, Some(&stats), now_ms);
+    add["add"]["partitionValues"] = like.action.get("partitionValues").cloned().unwrap_or_else(|| json!(crate::partition_values(dir, &[])));
     add["add"]["dataChange"] = json!(data_change);
     add["add"]["tags"] = json!({MEMBERS_TAG: Value::Array(list).to_string()});
     Ok(Rewrite { rel, bytes: b.to_vec(), add })
@@ -188,7 +198,8 @@ fn dir_of(rel: &str) -> &str {
 /// The files `inputs` (all of one partition) merged into one: their members (a compacted
 /// input's members, a part's itself) in order.
 pub fn merge(inputs: &[Input<'_>], now_ms: i64) -> Result<Rewrite> {
-    let dir = inputs.first().map(|i| dir_of(i.rel)).unwrap_or_default();
+    let Some(first) = inputs.first() else { return Err(DeltaError::Log("nothing to compact".into())) };
+    let dir = dir_of(first.rel);
     let mut members = Vec::new();
     let mut copy = Vec::new();
     for i in inputs {
@@ -208,7 +219,7 @@ pub fn merge(inputs: &[Input<'_>], now_ms: i64) -> Result<Rewrite> {
         }
         copy.push((i.rel, &i.bytes, (0..groups).collect()));
     }
-    build(dir, &members, &copy, false, now_ms)
+    build(dir, first.active, &members, &copy, false, now_ms)
 }
 
 /// Compacted file `rel` (`bytes`) without the members in `drop`; None when none is left.
@@ -228,7 +239,7 @@ pub fn without(rel: &str, active: &Active, bytes: &Bytes, drop: &BTreeSet<String
     if kept.is_empty() {
         return Ok(None);
     }
-    build(dir_of(rel), &kept, &[(rel, bytes, groups)], true, now_ms).map(Some)
+    build(dir_of(rel), active, &kept, &[(rel, bytes, groups)], true, now_ms).map(Some)
 }
 
 /// What a plan asks of [`DeltaLog::commit_parts`]: actions to write, and Ferry's parts (by
@@ -283,7 +294,7 @@ impl DeltaLog {
                     let mut split: HashMap<&str, BTreeSet<String>> = HashMap::new();
                     for rel in drop {
                         match (s.files.get(&rel), s.members.get(&rel)) {
-                            (Some(a), _) if a.members.is_empty() => actions.push(remove(&rel, a.size, now_ms)),
+                            (Some(a), _) if a.members.is_empty() => actions.push(remove_active(&rel, a, now_ms)),
                             (_, Some(file)) => {
                                 split.entry(file.as_str()).or_default().insert(rel);
                             }
@@ -294,7 +305,7 @@ impl DeltaLog {
                     for (file, dropped) in split {
                         match ready.get(file) {
                             Some((d, rewrite)) if *d == dropped => {
-                                actions.push(remove(file, s.files[file].size, now_ms));
+                                actions.push(remove_active(file, &s.files[file], now_ms));
                                 actions.extend(rewrite.as_ref().map(|r| r.add.clone()));
                             }
                             _ => {

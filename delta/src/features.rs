@@ -22,15 +22,21 @@
 
 use serde_json::Value;
 
-use crate::Snapshot;
+use crate::{FEATURES_READER, FEATURES_WRITER, Feature, Snapshot};
 
-/// Writer features of the table-features protocol that Ferry writes correctly whatever they
-/// hold: `appendOnly` (honoured per commit, see [`Snapshot::append_only`]), `invariants` (checked
-/// below: a table with none) and `timestampNtz` (a type Ferry writes).
-const WRITTEN: &[&str] = &["appendOnly", "invariants", "timestampNtz"];
-/// Features Ferry does not implement, accepted while the table does not use them (checked
-/// below, each by its own sign of use).
-const UNUSED_OK: &[&str] = &["checkConstraints", "changeDataFeed", "generatedColumns", "columnMapping", "identityColumns"];
+/// Whether Ferry may write to a table listing writer feature `f`: those it writes correctly
+/// whatever they hold (`appendOnly`, honoured per commit, see [`Snapshot::append_only`];
+/// `invariants`, checked below: a table with none; `timestampNtz`, a type Ferry writes), and
+/// those it does not implement but accepts while the table does not use them (checked below,
+/// each by its own sign of use). Readers need only `timestampNtz` and `columnMapping` of these.
+fn writable(f: &Feature, readers: bool) -> bool {
+    use Feature::*;
+    match f {
+        TimestampNtz | ColumnMapping => true,
+        AppendOnly | Invariants | CheckConstraints | ChangeDataFeed | GeneratedColumns | IdentityColumns => !readers,
+        Other(_) => false,
+    }
+}
 
 impl Snapshot {
     /// Why Ferry must not write to this table (naming the feature), or None. `table` names the
@@ -38,20 +44,13 @@ impl Snapshot {
     pub fn unwritable(&self, table: &str) -> Option<String> {
         let refuse = |what: String| Some(format!("Delta table {table} uses {what}, which Ferry does not write; {ADVICE}"));
         let (reader, writer) = self.protocol_versions();
-        let list = |k: &str| self.protocol_features(k);
-        if reader > 3 || writer > 7 || (reader == 3 && writer != 7) {
+        if reader > FEATURES_READER || writer > FEATURES_WRITER || (reader == FEATURES_READER && writer != FEATURES_WRITER) {
             return refuse(format!("Delta protocol reader {reader} / writer {writer}"));
         }
-        if writer == 7 {
-            let unknown: Vec<String> =
-                list("writerFeatures").into_iter().filter(|f| !WRITTEN.contains(&f.as_str()) && !UNUSED_OK.contains(&f.as_str())).collect();
-            if !unknown.is_empty() {
-                return refuse(format!("the table feature(s) {}", unknown.join(", ")));
-            }
-        }
-        if reader == 3 {
-            let unknown: Vec<String> = list("readerFeatures").into_iter().filter(|f| f != "timestampNtz" && f != "columnMapping").collect();
-            if !unknown.is_empty() {
+        for (readers, at) in [(false, writer == FEATURES_WRITER), (true, reader == FEATURES_READER)] {
+            let listed = self.protocol.as_ref().map_or(&[][..], |p| p.listed(readers));
+            let unknown: Vec<&str> = listed.iter().filter(|f| !writable(f, readers)).map(Feature::name).collect();
+            if at && !unknown.is_empty() {
                 return refuse(format!("the table feature(s) {}", unknown.join(", ")));
             }
         }
@@ -78,29 +77,14 @@ impl Snapshot {
         None
     }
 
-    /// The protocol's (minReaderVersion, minWriterVersion); 1 for a version it leaves out.
-    pub fn protocol_versions(&self) -> (i64, i64) {
-        let num = |k: &str| self.protocol.as_ref().and_then(|p| p.get(k)).and_then(Value::as_i64).unwrap_or(1);
-        (num("minReaderVersion"), num("minWriterVersion"))
-    }
-
-    /// The protocol's `readerFeatures` or `writerFeatures` (`key`): empty below reader 3 /
-    /// writer 7.
-    pub fn protocol_features(&self, key: &str) -> Vec<String> {
-        self.protocol
-            .as_ref()
-            .and_then(|p| p.get(key))
-            .and_then(Value::as_array)
-            .map_or(vec![], |a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
+    /// The protocol's (minReaderVersion, minWriterVersion); (1, 1) before any protocol.
+    pub fn protocol_versions(&self) -> (i32, i32) {
+        self.protocol.as_ref().map_or((1, 1), |p| (p.min_reader_version, p.min_writer_version))
     }
 
     /// The table's partition columns (`metaData.partitionColumns`).
     pub fn partition_columns(&self) -> Vec<String> {
-        self.metadata
-            .as_ref()
-            .and_then(|m| m.get("partitionColumns"))
-            .and_then(Value::as_array)
-            .map_or(vec![], |a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        self.metadata.as_ref().map_or(vec![], |m| m.partition_columns.clone())
     }
 
     /// `delta.appendOnly = true`: no commit may remove a file with `dataChange = true` (a
@@ -111,13 +95,7 @@ impl Snapshot {
 
     /// The table's properties (`metaData.configuration`).
     pub fn properties(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.metadata
-            .as_ref()
-            .and_then(|m| m.get("configuration"))
-            .and_then(Value::as_object)
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
+        self.metadata.iter().flat_map(|m| m.configuration.iter()).map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
     /// The dotted path of the first column (nested ones too) whose metadata holds `key`.
@@ -138,8 +116,7 @@ impl Snapshot {
                 _ => None,
             }
         }
-        let schema: Value = serde_json::from_str(self.schema_string()?).ok()?;
-        walk(&schema, "", key)
+        walk(&self.metadata.as_ref()?.schema().ok()?, "", key)
     }
 }
 

@@ -54,6 +54,8 @@ mod actions;
 mod checkpoint;
 mod compact;
 mod features;
+mod log;
+mod preflight;
 pub mod stats;
 mod table;
 mod upkeep;
@@ -63,6 +65,8 @@ use std::collections::HashMap;
 pub use actions::*;
 pub use compact::{Change, Input, MEMBERS_TAG, Member, Rewrite, compatibility, members_of, merge};
 use ferry_storage::Store;
+pub use log::{Action, FEATURES_READER, FEATURES_WRITER, Feature, Metadata, Protocol, SetTransaction, metadata_line, protocol_line};
+pub use preflight::preflight;
 use serde_json::Value;
 pub use table::DeltaTable;
 
@@ -86,12 +90,10 @@ pub enum DeltaError {
 
 type Result<T, E = DeltaError> = std::result::Result<T, E>;
 
-/// Reader and writer versions this writer produces and can append to.
-const READER_VERSION: i64 = 1;
-const WRITER_VERSION: i64 = 2;
-/// With a `timestamp_ntz` column: table features (reader 3, writer 7), that one named.
-const FEATURES_READER: i64 = 3;
-const FEATURES_WRITER: i64 = 7;
+/// Reader and writer versions of a new table (with a `timestamp_ntz` column: table features,
+/// reader 3 / writer 7, that one named).
+const READER_VERSION: i32 = 1;
+const WRITER_VERSION: i32 = 2;
 /// How long a chunk's `txn` stays in the table's snapshot after its commit.
 pub const TXN_RETENTION: &str = "interval 7 days";
 /// Commits between two checkpoints, unless the table's `delta.checkpointInterval` says.
@@ -143,8 +145,8 @@ pub struct Rewritten {
 pub struct Snapshot {
     /// -1 before the first commit.
     pub version: i64,
-    pub protocol: Option<Value>,
-    pub metadata: Option<Value>,
+    pub protocol: Option<Protocol>,
+    pub metadata: Option<Metadata>,
     /// Active files by path (decoded, relative to the table).
     pub files: HashMap<String, Active>,
     /// Removed files (tombstones) by path, with their `remove` action.
@@ -170,8 +172,7 @@ impl Snapshot {
     pub fn apply(&mut self, version: i64, text: &str) -> Result<()> {
         let mut actions = Vec::new();
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let action: Value = serde_json::from_str(line)
-                .map_err(|e| DeltaError::Log(format!("commit {version}, line {}: not a JSON action ({e})", i + 1)))?;
+            let action = Action::parse(line).map_err(|e| DeltaError::Log(format!("commit {version}, line {}: {e}", i + 1)))?;
             actions.push((i, action));
         }
         let foreign = foreign_commit(version, actions.iter().map(|(_, a)| a));
@@ -185,52 +186,52 @@ impl Snapshot {
 
     /// One action; `foreign` is set when another writer's commit holds it (None for Ferry's
     /// commits and a checkpoint's actions).
-    fn apply_action(&mut self, version: i64, mut action: Value, foreign: Option<&Rewritten>) -> Result<(), String> {
+    fn apply_action(&mut self, version: i64, action: Action, foreign: Option<&Rewritten>) -> Result<(), String> {
         let path = |a: &Value| a.get("path").and_then(Value::as_str).map(decode_path).ok_or("an action without a path");
-        if let Some(a) = action.get_mut("add").map(Value::take) {
-            let p = path(&a)?;
-            let size = a.get("size").and_then(Value::as_i64).unwrap_or(0);
-            let members = members_of(&a)?;
-            self.removed.remove(&p);
-            self.rewritten.remove(&p);
-            for m in &members {
-                self.members.insert(m.rel.clone(), p.clone());
-                self.rewritten.remove(&m.rel);
-            }
-            if let Some(old) = self.files.insert(p.clone(), Active { size, added_in: version, action: a, members }) {
-                self.forget_members(&p, &old);
-            }
-        } else if let Some(r) = action.get_mut("remove").map(Value::take) {
-            let p = path(&r)?;
-            // The parts whose rows the removed file held: itself, or a compacted file's members.
-            let mut parts = if chunk_of(&p).is_some() { vec![p.clone()] } else { vec![] };
-            if let Some(old) = self.files.remove(&p) {
-                self.forget_members(&p, &old);
-                if !old.members.is_empty() {
-                    parts = old.members.iter().map(|m| m.rel.clone()).collect();
+        match action {
+            Action::Add(a) => {
+                let p = path(&a)?;
+                let size = a.get("size").and_then(Value::as_i64).unwrap_or(0);
+                let members = members_of(&a)?;
+                self.removed.remove(&p);
+                self.rewritten.remove(&p);
+                for m in &members {
+                    self.members.insert(m.rel.clone(), p.clone());
+                    self.rewritten.remove(&m.rel);
+                }
+                if let Some(old) = self.files.insert(p.clone(), Active { size, added_in: version, action: a, members }) {
+                    self.forget_members(&p, &old);
                 }
             }
-            for part in parts {
-                match foreign {
-                    Some(w) => self.rewritten.insert(part, w.clone()),
-                    // Ferry took it out itself: its rows are out, or in the file it added.
-                    None => self.rewritten.remove(&part),
-                };
+            Action::Remove(r) => {
+                let p = path(&r)?;
+                // The parts whose rows the removed file held: itself, or a compacted file's members.
+                let mut parts = if chunk_of(&p).is_some() { vec![p.clone()] } else { vec![] };
+                if let Some(old) = self.files.remove(&p) {
+                    self.forget_members(&p, &old);
+                    if !old.members.is_empty() {
+                        parts = old.members.iter().map(|m| m.rel.clone()).collect();
+                    }
+                }
+                for part in parts {
+                    match foreign {
+                        Some(w) => self.rewritten.insert(part, w.clone()),
+                        // Ferry took it out itself: its rows are out, or in the file it added.
+                        None => self.rewritten.remove(&part),
+                    };
+                }
+                self.removed.insert(p, r);
             }
-            self.removed.insert(p, r);
-        } else if let Some(t) = action.get("txn") {
-            if let (Some(app), Some(v)) = (t.get("appId").and_then(Value::as_str), t.get("version").and_then(Value::as_i64)) {
-                let last_updated = t.get("lastUpdated").and_then(Value::as_i64);
-                self.txns.insert(app.to_string(), Txn { version: v, in_version: version, last_updated });
+            Action::Txn(t) => {
+                self.txns.insert(t.app_id, Txn { version: t.version, in_version: version, last_updated: t.last_updated });
             }
-        } else if let Some(p) = action.get("protocol") {
             // Read whatever it asks for; writing to it is checked before each commit
             // (`Snapshot::unwritable`), so a reader (status, verify) still reads the table.
-            self.protocol = Some(p.clone());
-        } else if let Some(m) = action.get("metaData") {
-            self.metadata = Some(m.clone());
+            Action::Protocol(p) => self.protocol = Some(p),
+            Action::MetaData(m) => self.metadata = Some(m),
+            // commitInfo, cdc, domainMetadata, ...: nothing a writer of appends must track.
+            Action::CommitInfo(_) | Action::Other => {}
         }
-        // commitInfo, cdc, domainMetadata, ...: nothing a writer of appends must track.
         Ok(())
     }
 
@@ -265,12 +266,12 @@ impl Snapshot {
 
     /// The table's current schema string, if it has one.
     pub fn schema_string(&self) -> Option<&str> {
-        self.metadata.as_ref()?.get("schemaString")?.as_str()
+        Some(&self.metadata.as_ref()?.schema_string)
     }
 
     /// A table property (`metaData.configuration`), if set.
     pub fn property(&self, key: &str) -> Option<&str> {
-        self.metadata.as_ref()?.get("configuration")?.get(key)?.as_str()
+        self.metadata.as_ref()?.configuration.get(key).map(String::as_str)
     }
 
     /// The oldest `lastUpdated` of a txn, and the oldest `deletionTimestamp` of a tombstone,
@@ -299,15 +300,18 @@ impl Snapshot {
 
 /// The writer of a commit that is not Ferry's (its commitInfo's `engineInfo` does not start
 /// with `ferry/`), as a [`Rewritten`] for the parts it takes out; None for Ferry's.
-fn foreign_commit<'a>(version: i64, mut actions: impl Iterator<Item = &'a Value> + Clone) -> Option<Rewritten> {
-    let info = actions.clone().find_map(|a| a.get("commitInfo"));
+fn foreign_commit<'a>(version: i64, mut actions: impl Iterator<Item = &'a Action> + Clone) -> Option<Rewritten> {
+    let info = actions.clone().find_map(|a| match a {
+        Action::CommitInfo(i) => Some(i),
+        _ => None,
+    });
     let text = |k: &str| info.and_then(|i| i.get(k)).and_then(Value::as_str);
     let engine = text("engineInfo").or(text("clientVersion"));
     if engine.is_some_and(|e| e.starts_with("ferry/")) {
         return None;
     }
     let operation = format!("{} by {}", text("operation").unwrap_or("a commit"), engine.unwrap_or("another writer"));
-    Some(Rewritten { version, operation, kept: actions.any(|a| a.get("add").is_some()) })
+    Some(Rewritten { version, operation, kept: actions.any(|a| matches!(a, Action::Add(_))) })
 }
 
 /// A Delta interval (`interval 7 days`, `interval 12 hours`) in milliseconds.
@@ -344,6 +348,10 @@ pub struct DeltaLog {
     /// A commit at a checkpoint version failed with no answer (it may have landed): the next
     /// commit this log makes writes the checkpoint instead, or the interval would go without.
     missed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Unit tests: the commit of this version lands and its answer is an error, as when the
+    /// store's reply is lost (the store's own tests and the suite's fault proxy lose real ones).
+    #[cfg(test)]
+    lose_reply_at: Option<i64>,
 }
 
 /// A snapshot a commit made due for a checkpoint, and the commit's time.
@@ -351,7 +359,15 @@ type Due = (Snapshot, i64);
 
 impl DeltaLog {
     pub fn new(store: Store, table: &str) -> DeltaLog {
-        DeltaLog { store, table: table.to_string(), due: None, written: Default::default(), missed: Default::default() }
+        DeltaLog {
+            store,
+            table: table.to_string(),
+            due: None,
+            written: Default::default(),
+            missed: Default::default(),
+            #[cfg(test)]
+            lose_reply_at: None,
+        }
     }
 
     /// A log whose commits leave their checkpoint to [`DeltaLog::write_due_checkpoint`]: a
@@ -521,7 +537,13 @@ impl DeltaLog {
                 text.push('\n');
             }
             let boundary = version > 0 && version % s.checkpoint_interval() == 0;
-            let created = match self.store.create_new(&self.commit_path(version), text.clone().into_bytes()).await {
+            let created = self.store.create_new(&self.commit_path(version), text.clone().into_bytes()).await;
+            #[cfg(test)]
+            let created = match created {
+                Ok(true) if self.lose_reply_at == Some(version) => Err(ferry_storage::Error::Other("the reply was lost".into())),
+                c => c,
+            };
+            let created = match created {
                 Ok(created) => created,
                 Err(e) => {
                     if boundary {
@@ -660,7 +682,10 @@ mod tests {
             let cols = vec![SchemaColumn { name: "a".into(), hive: "BIGINT".into(), detail: "bigint".into(), nullable: true }];
             let mut cache = None;
             let v = log
-                .commit(&mut cache, |s| Ok((s.version < 0).then(|| vec![protocol(&cols), metadata("id-1", "t", &cols, &[], 1).unwrap()])))
+                .commit(&mut cache, |s| {
+                    Ok((s.version < 0)
+                        .then(|| vec![protocol_line(&protocol(&cols)), metadata_line(&metadata("id-1", "t", &cols, &[], 1).unwrap())]))
+                })
                 .await
                 .unwrap();
             assert_eq!((cache.unwrap().version, v), (0, Some(0)));
@@ -694,6 +719,47 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_commit_whose_reply_was_lost_moves_the_checkpoint_to_the_next_commit() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::from_url(&d.path().display().to_string()).unwrap();
+        let mut log = DeltaLog::new(store, "t");
+        log.lose_reply_at = Some(10);
+        let dir = d.path().join("t/_delta_log");
+        rt().block_on(async {
+            let cols = vec![SchemaColumn { name: "a".into(), hive: "BIGINT".into(), detail: "bigint".into(), nullable: true }];
+            let mut cache = None;
+            log.commit(&mut cache, |_| {
+                Ok(Some(vec![protocol_line(&protocol(&cols)), metadata_line(&metadata("id-1", "t", &cols, &[], 1).unwrap())]))
+            })
+            .await
+            .unwrap();
+            // Each commit adds its file unless the table has it (as a retry after a lost reply
+            // finds its own commit and writes nothing).
+            let add_file = |i: i64| {
+                move |s: &Snapshot| -> Result<Option<Vec<Value>>> {
+                    let rel = format!("f{i}.parquet");
+                    Ok((!s.files.contains_key(&rel))
+                        .then(|| vec![commit_info("WRITE", &[], 5), add(&rel, &BTreeMap::new(), 10, 1, None, 5)]))
+                }
+            };
+            for i in 1..10 {
+                log.commit(&mut cache, add_file(i)).await.unwrap();
+            }
+            let e = log.commit(&mut cache, add_file(10)).await.unwrap_err();
+            assert!(e.to_string().contains("reply was lost"), "{e}");
+            assert!(dir.join(format!("{:020}.json", 10)).exists(), "commit 10 landed");
+            // The retry finds commit 10 in the table: nothing written, no checkpoint either.
+            assert_eq!(log.commit(&mut cache, add_file(10)).await.unwrap(), None);
+            assert!(!dir.join(format!("{:020}.checkpoint.parquet", 10)).exists());
+            // The next commit writes the checkpoint the lost one missed.
+            assert_eq!(log.commit(&mut cache, add_file(11)).await.unwrap(), Some(11));
+            assert!(dir.join(format!("{:020}.checkpoint.parquet", 11)).exists(), "the missed checkpoint, one commit later");
+            let last: Value = serde_json::from_slice(&std::fs::read(dir.join("_last_checkpoint")).unwrap()).unwrap();
+            assert_eq!(last["version"], 11);
+        });
+    }
+
+    #[test]
     fn a_snapshot_starts_from_the_newest_checkpoint_and_reads_the_same_as_a_whole_replay() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::from_url(&d.path().display().to_string()).unwrap();
@@ -702,7 +768,11 @@ mod tests {
         rt().block_on(async {
             let cols = vec![SchemaColumn { name: "a".into(), hive: "BIGINT".into(), detail: "bigint".into(), nullable: true }];
             let mut cache = None;
-            log.commit(&mut cache, |_| Ok(Some(vec![protocol(&cols), metadata("id-1", "t", &cols, &[], 1).unwrap()]))).await.unwrap();
+            log.commit(&mut cache, |_| {
+                Ok(Some(vec![protocol_line(&protocol(&cols)), metadata_line(&metadata("id-1", "t", &cols, &[], 1).unwrap())]))
+            })
+            .await
+            .unwrap();
             // 24 commits, each adding a file and removing the one before it; the first txns and
             // removes are 30 days old by the time of the last commit.
             for i in 1..=24i64 {

@@ -34,7 +34,7 @@ use ferry_storage::Store;
 use ferry_table::{Compacted, Job, Outcome, Table, TableError, TableFailure, Vacuumed, Verified, WAIT_BRIEFLY};
 use serde_json::Value;
 
-use crate::{self as delta, Change, DeltaError, DeltaLog, Rewritten, Snapshot, chunk_of};
+use crate::{self as delta, Change, DeltaError, DeltaLog, Feature, Rewritten, Snapshot, chunk_of};
 
 type LoadError = TableError;
 type LoadFailure = TableFailure;
@@ -250,7 +250,14 @@ impl Plan {
         actions.extend(self.protocol_change(s));
         actions.extend(metadata);
         for (rel, p) in adds {
-            actions.push(delta::add(rel, &delta::partition_values(&p.partition), p.bytes, p.records, p.stats.as_deref(), self.now_ms));
+            actions.push(delta::add(
+                rel,
+                &delta::partition_values(&p.partition, &self.columns),
+                p.bytes,
+                p.records,
+                p.stats.as_deref(),
+                self.now_ms,
+            ));
         }
         // Each chunk's txn version only grows: this lease's epoch, or one past the last one
         // (a sibling carried by another chunk's switch, a chunk whose tasks were pruned and
@@ -311,42 +318,13 @@ impl Plan {
     /// type asks for (timestamp_ntz: the `timestampNtz` table feature). An upgrade keeps
     /// every feature the table has and adds only that one.
     fn protocol_change(&self, s: &Snapshot) -> Option<Value> {
-        if s.protocol.is_none() {
-            return Some(delta::protocol(&self.columns));
-        }
-        if !self.columns.iter().any(|c| c.detail.contains("timestamp_ntz")) {
+        let Some(current) = &s.protocol else {
+            return Some(delta::protocol_line(&delta::protocol(&self.columns)));
+        };
+        if !self.columns.iter().any(|c| c.detail.contains("timestamp_ntz")) || current.has(&Feature::TimestampNtz) {
             return None;
         }
-        let (mut readers, mut writers) = (s.protocol_features("readerFeatures"), s.protocol_features("writerFeatures"));
-        let (_, w) = s.protocol_versions();
-        if w < 7 {
-            // A table of the legacy protocol: its writer version names the features it has.
-            for (since, f) in
-                [(2, "appendOnly"), (2, "invariants"), (3, "checkConstraints"), (4, "changeDataFeed"), (4, "generatedColumns")]
-            {
-                if w >= since {
-                    writers.push(f.to_string());
-                }
-            }
-            for (since, f) in [(5, "columnMapping"), (6, "identityColumns")] {
-                if w >= since {
-                    writers.push(f.to_string());
-                    if f == "columnMapping" {
-                        readers.push(f.to_string());
-                    }
-                }
-            }
-        } else if writers.iter().any(|f| f == "timestampNtz") && readers.iter().any(|f| f == "timestampNtz") {
-            return None;
-        }
-        for list in [&mut readers, &mut writers] {
-            if !list.iter().any(|f| f == "timestampNtz") {
-                list.push("timestampNtz".into());
-            }
-        }
-        Some(serde_json::json!({"protocol": {
-            "minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": readers, "writerFeatures": writers,
-        }}))
+        Some(delta::protocol_line(&current.with(Feature::TimestampNtz)))
     }
 
     /// The metaData action this commit needs: the table's first, or the current one with only
@@ -359,7 +337,8 @@ impl Plan {
     fn metadata_change(&self, s: &Snapshot) -> Result<Option<Value>, DeltaError> {
         let Some(current) = s.metadata.as_ref() else {
             let id = table_id(&self.pipeline, &self.table, self.now_ms);
-            return delta::metadata(&id, &self.table, &self.columns, &self.partition_by, self.now_ms).map(Some);
+            return delta::metadata(&id, &self.table, &self.columns, &self.partition_by, self.now_ms)
+                .map(|m| Some(delta::metadata_line(&m)));
         };
         let partitioned = s.partition_columns();
         if partitioned != self.partition_by {
@@ -369,9 +348,7 @@ impl Plan {
                 self.table, self.partition_by
             )));
         }
-        let text = s.schema_string().unwrap_or(r#"{"type":"struct","fields":[]}"#);
-        let mut schema: Value = serde_json::from_str(text)
-            .map_err(|e| DeltaError::Log(format!("Delta table {}: its schemaString is not JSON ({e})", self.table)))?;
+        let mut schema = current.schema().map_err(|e| DeltaError::Log(format!("Delta table {}: {e}", self.table)))?;
         let Some(fields) = schema.get_mut("fields").and_then(Value::as_array_mut) else {
             return Err(DeltaError::Log(format!("Delta table {}: its schemaString has no fields", self.table)));
         };
@@ -424,8 +401,8 @@ impl Plan {
             return Ok(None);
         }
         let mut m = current.clone();
-        m["schemaString"] = Value::String(schema.to_string());
-        Ok(Some(serde_json::json!({ "metaData": m })))
+        m.schema_string = schema.to_string();
+        Ok(Some(delta::metadata_line(&m)))
     }
 }
 
@@ -1216,7 +1193,7 @@ mod tests {
         wider.columns.push(SchemaColumn { name: "m".into(), hive: "STRING".into(), detail: "string".into(), nullable: true });
         let change = confirmed(&wider, &s, &mut found).unwrap().map(|c| written(&s, c)).unwrap();
         let m = &change.iter().find_map(|a| a.get("metaData")).unwrap();
-        let before = s.metadata.as_ref().unwrap();
+        let before = serde_json::to_value(s.metadata.as_ref().unwrap()).unwrap();
         for key in ["id", "name", "description", "format", "partitionColumns", "createdTime", "configuration"] {
             assert_eq!(m[key], before[key], "{key}");
         }

@@ -36,6 +36,20 @@ pub fn open_table(cfg: &Config, ledger: &Ledger) -> Result<Arc<dyn Table>, LoadE
     })
 }
 
+/// What `ferry doctor` checks of the table `destination.table_format` names before any load
+/// (each step bounded by `timeout`), or None for a format with nothing to check beyond the
+/// destination store's own hop.
+pub async fn preflight(cfg: &Config, timeout: std::time::Duration) -> Option<ferry_table::Preflight> {
+    let mut p = ferry_table::Preflight::new(timeout);
+    match cfg.destination.table_format {
+        TableFormat::Hive => return None,
+        TableFormat::Delta => {
+            let _ = ferry_delta::preflight(cfg, &mut p).await;
+        }
+    }
+    Some(p)
+}
+
 /// What one chunk's publish moves (see [`Loader::moving`]).
 struct Moving {
     /// The chunk's own parts.

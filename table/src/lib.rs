@@ -218,6 +218,54 @@ pub trait Table: Send + Sync {
     }
 }
 
+/// What `ferry doctor` found checking a table before any load: the steps that passed (with what
+/// they found) in order, and the first that failed with its error. Each step runs under the
+/// doctor's deadline, so a store that never answers is a failed step, not a hung command.
+#[derive(Debug, Clone)]
+pub struct Preflight {
+    pub steps: Vec<String>,
+    pub failed: Option<(String, String)>,
+    timeout: Duration,
+}
+
+/// A preflight step failed: what failed is recorded in the [`Preflight`], and the checks after
+/// it do not run.
+#[derive(Debug, Clone, Copy)]
+pub struct StepFailed;
+
+impl Preflight {
+    pub fn new(timeout: Duration) -> Preflight {
+        Preflight { steps: vec![], failed: None, timeout }
+    }
+
+    /// Runs one step; `Err` once it failed (the error is recorded).
+    pub async fn step<T, E: std::error::Error>(&mut self, name: &str, f: impl Future<Output = Result<T, E>>) -> Result<T, StepFailed> {
+        let t = std::time::Instant::now();
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(Ok(v)) => {
+                self.steps.push(format!("{name} ({} ms)", t.elapsed().as_millis()));
+                Ok(v)
+            }
+            Ok(Err(e)) => self.fail(name, ferry_common::error::with_causes(&e)),
+            Err(_) => self.fail(name, format!("no answer in {} s", self.timeout.as_secs_f64())),
+        }
+    }
+
+    /// What the last step found.
+    pub fn note(&mut self, what: String) {
+        match self.steps.last_mut() {
+            Some(last) => *last = format!("{last}: {what}"),
+            None => self.steps.push(what),
+        }
+    }
+
+    /// Records a failed step (also one whose call succeeded with a wrong answer).
+    pub fn fail<T>(&mut self, name: &str, error: String) -> Result<T, StepFailed> {
+        self.failed = Some((name.to_string(), error));
+        Err(StepFailed)
+    }
+}
+
 /// An operation the table's format does not have, as the configuration error it is.
 pub fn refused(format: &str, what: &str, why: &str) -> TableError {
     ConfigError::new("destination.table_format", format!("{what} is not for {format} tables: {why}")).into()

@@ -572,6 +572,26 @@ pub fn s3_table_digest(path: &str) -> serde_json::Value {
     python(DIGEST, &["s3table", path])
 }
 
+/// Digests of many published tables in local directories ([`table_digest`] of each), read by one
+/// Python process: a test that checks hundreds of outcomes starts one interpreter, not hundreds.
+pub fn table_digests(dirs: &[PathBuf]) -> Vec<serde_json::Value> {
+    let list: Vec<serde_json::Value> = dirs.iter().map(|d| serde_json::json!(["table", d, null])).collect();
+    many_digests(&list)
+}
+
+/// [`delta_digest`] of each (table, version), read by one Python process.
+pub fn delta_digests(tables: &[(PathBuf, Option<i64>)]) -> Vec<serde_json::Value> {
+    let list: Vec<serde_json::Value> = tables.iter().map(|(d, v)| serde_json::json!(["delta", d, v])).collect();
+    many_digests(&list)
+}
+
+fn many_digests(list: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    let got = python(DIGEST, &["many", &serde_json::Value::from(list.to_vec()).to_string()]);
+    let got = got.as_array().expect("a list of digests").clone();
+    assert_eq!(got.len(), list.len(), "one digest per table");
+    got
+}
+
 /// Digest of a Delta table as delta-rs (the `deltalake` Python package) reads it: at its latest
 /// version, or at `version` (time travel).
 pub fn delta_digest(dir: &Path, version: Option<i64>) -> serde_json::Value {
@@ -770,62 +790,65 @@ fn python(script: &str, args: &[&str]) -> serde_json::Value {
 
 const DIGEST: &str = r#"
 import sys, json, csv, glob, hashlib, datetime
-kind, d = sys.argv[1], sys.argv[2]
 def ms(v):
     if isinstance(v, datetime.datetime):
         return int(v.timestamp() * 1000)
     if isinstance(v, str):
         return int(datetime.datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp() * 1000)
     return int(v)
-rows = []
-def add(r):
-    s = r["score"]
-    s = None if s in (None, "") else float(s)
-    rows.append((r["event_id"], ms(r["ts"]), r["host"], r["kind"], int(r["user_id"]), r["payload"], s))
-if kind in ("table", "s3table", "delta"):
-    import pyarrow.dataset as ds
-    fsys = None
-    if kind == "s3table":
-        import os, pyarrow.fs as pfs
-        e = os.environ
-        fsys = pfs.S3FileSystem(access_key=e["FERRY_TEST_S3_ACCESS_KEY"], secret_key=e["FERRY_TEST_S3_SECRET_KEY"],
-            endpoint_override=e["FERRY_TEST_S3_ENDPOINT"].split("//")[1], scheme="https", region="us-east-1",
-            tls_ca_file_path=e["FERRY_TEST_S3_CA"])
-    if kind == "delta":
-        from deltalake import DeltaTable
-        v = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
-        t = DeltaTable(d, version=None if v is None else int(v)).to_pyarrow_table()
-    elif fsys is not None and fsys.get_file_info(d).type == pfs.FileType.NotFound:
-        import pyarrow as pa
-        t = pa.table({})
-    else:
-        t = ds.dataset(d, filesystem=fsys, format="parquet", partitioning="hive").to_table()
-    for r in t.to_pylist():
-        add(r)
-    if "dt" in t.schema.names:
-        days = sorted({str(r["dt"]) for r in t.select(["dt", "ts"]).to_pylist()})
-        bad_dt = sum(1 for r in t.select(["dt", "ts"]).to_pylist() if str(r["dt"]) != r["ts"].astimezone(datetime.timezone.utc).date().isoformat())
-    else:
-        # No file under a dt= directory: an empty table has no days; rows outside the
-        # partition layout all count as misplaced.
-        days, bad_dt = [], t.num_rows
-else:
-    days, bad_dt = [], 0
-    for p in sorted(glob.glob(d + "/*." + kind)):
-        if kind == "avro":
-            import fastavro
-            with open(p, "rb") as f:
-                for r in fastavro.reader(f): add(r)
-        elif kind == "jsonl":
-            with open(p) as f:
-                for l in f: add(json.loads(l))
+def digest(kind, d, v):
+    rows = []
+    def add(r):
+        s = r["score"]
+        s = None if s in (None, "") else float(s)
+        rows.append((r["event_id"], ms(r["ts"]), r["host"], r["kind"], int(r["user_id"]), r["payload"], s))
+    if kind in ("table", "s3table", "delta"):
+        import pyarrow.dataset as ds
+        fsys = None
+        if kind == "s3table":
+            import os, pyarrow.fs as pfs
+            e = os.environ
+            fsys = pfs.S3FileSystem(access_key=e["FERRY_TEST_S3_ACCESS_KEY"], secret_key=e["FERRY_TEST_S3_SECRET_KEY"],
+                endpoint_override=e["FERRY_TEST_S3_ENDPOINT"].split("//")[1], scheme="https", region="us-east-1",
+                tls_ca_file_path=e["FERRY_TEST_S3_CA"])
+        if kind == "delta":
+            from deltalake import DeltaTable
+            t = DeltaTable(d, version=None if v is None else int(v)).to_pyarrow_table()
+        elif fsys is not None and fsys.get_file_info(d).type == pfs.FileType.NotFound:
+            import pyarrow as pa
+            t = pa.table({})
         else:
-            with open(p, newline="") as f:
-                for r in csv.DictReader(f): add(r)
-rows.sort(key=lambda r: r[0])
-h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
-out = {"rows": len(rows), "distinct": len({r[0] for r in rows}), "digest": h, "days": days, "bad_dt": bad_dt}
-print(json.dumps(out))
+            t = ds.dataset(d, filesystem=fsys, format="parquet", partitioning="hive").to_table()
+        for r in t.to_pylist():
+            add(r)
+        if "dt" in t.schema.names:
+            days = sorted({str(r["dt"]) for r in t.select(["dt", "ts"]).to_pylist()})
+            bad_dt = sum(1 for r in t.select(["dt", "ts"]).to_pylist() if str(r["dt"]) != r["ts"].astimezone(datetime.timezone.utc).date().isoformat())
+        else:
+            # No file under a dt= directory: an empty table has no days; rows outside the
+            # partition layout all count as misplaced.
+            days, bad_dt = [], t.num_rows
+    else:
+        days, bad_dt = [], 0
+        for p in sorted(glob.glob(d + "/*." + kind)):
+            if kind == "avro":
+                import fastavro
+                with open(p, "rb") as f:
+                    for r in fastavro.reader(f): add(r)
+            elif kind == "jsonl":
+                with open(p) as f:
+                    for l in f: add(json.loads(l))
+            else:
+                with open(p, newline="") as f:
+                    for r in csv.DictReader(f): add(r)
+    rows.sort(key=lambda r: r[0])
+    h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+    return {"rows": len(rows), "distinct": len({r[0] for r in rows}), "digest": h, "days": days, "bad_dt": bad_dt}
+if sys.argv[1] == "many":
+    # [[kind, path, version or null], ...]: one interpreter (and one pyarrow import) for all.
+    print(json.dumps([digest(k, d, v) for k, d, v in json.loads(sys.argv[2])]))
+else:
+    print(json.dumps(digest(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None)))
 # deltalake with pyarrow aborts in the interpreter's teardown ("terminate called without an
 # active exception") most of the time: the answer is out, so the process ends without one.
 sys.stdout.flush()

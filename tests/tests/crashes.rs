@@ -75,9 +75,11 @@ fn each_stage_killed_at_every_step_then_rerun_is_exactly_once() {
     }
     eprintln!("killed at every step: {}", report.join(", "));
     // Every outcome, read by pyarrow: every record exactly once.
-    for e in std::fs::read_dir(&results).unwrap().flatten() {
-        let got = ferry_tests::table_digest(&e.path().join("events"));
-        let what = e.file_name().to_string_lossy().into_owned();
+    let mut outcomes: Vec<std::path::PathBuf> = std::fs::read_dir(&results).unwrap().flatten().map(|e| e.path()).collect();
+    outcomes.sort();
+    let tables: Vec<std::path::PathBuf> = outcomes.iter().map(|o| o.join("events")).collect();
+    for (o, got) in outcomes.iter().zip(ferry_tests::table_digests(&tables)) {
+        let what = o.file_name().unwrap().to_string_lossy().into_owned();
         assert_eq!(got["rows"], want["rows"], "{what}: rows");
         assert_eq!(got["distinct"], want["rows"], "{what}: no duplicates");
         assert_eq!(got["digest"], want["digest"], "{what}: every field");

@@ -5,12 +5,13 @@
 //! rerun`, `requeue`, `gc` (also with a zero cut-off beside a running stage), `prune`, and
 //! `skip` of a chunk (alone, or while a stage is at work on it); a ledger restart on Postgres
 //! that loses the last commits; storms of
-//! resets, hung connections and cut connections between Ferry and an S3 table), under each
+//! resets, hung connections and cut connections between Ferry and an S3 table; another writer's
+//! appends, deletes and property changes on a Delta table, beside Ferry's loads), under each
 //! source disposition and versions mode (drawn per seed), against a
 //! simple model of what the table must hold: for each source file the newest version that can
 //! be loaded, whole, exactly once, its bad records rejected; the records of a chunk an operator
 //! skipped left out, and a version whose every chunk was skipped never loaded (the one before
-//! stays). At random points, and at the end, the pipeline is let settle and the table, the
+//! stays); on a Delta table, the other writer's rows and properties as it left them. At random points, and at the end, the pipeline is let settle and the table, the
 //! ledger and the storage listings are compared with the model.
 //!
 //! The method is Jepsen's and FoundationDB's: many short random histories find the paths no
@@ -98,6 +99,10 @@ struct Model {
     /// Contents taken in (blake3 of the bytes) and the file that took them first.
     taken_by: BTreeMap<String, String>,
     next_tag: u64,
+    /// Delta tables: rows another writer appended (by event id, as JSON lines) and has not
+    /// deleted, and the table properties it set: the table keeps both whatever Ferry does.
+    foreign: BTreeMap<String, String>,
+    properties: BTreeMap<String, String>,
 }
 
 /// One operation of a history, as printed on a failure and written to its replay file, with
@@ -149,6 +154,10 @@ enum Op {
     /// Delta tables: `ferry compact` (small target: every partition merged), alone or
     /// `after_ms` into a `--once` run of load; then, if true, `ferry vacuum` with no retention.
     Compact(Option<u64>, bool),
+    /// Delta tables: another writer's commit (delta-rs), alone or `after_ms` into a `--once`
+    /// run of load: 0 appends `n` rows of its own, 1 deletes up to `n` of the rows it appended,
+    /// 2 sets a table property.
+    Foreign(u8, usize, Option<u64>),
     Settle,
 }
 
@@ -250,6 +259,8 @@ struct Run {
     log: Vec<Op>,
     /// Kills that landed at their point, of all `Kill`s run.
     kills: (usize, usize),
+    /// Another writer's commits made (appends, deletes, property changes).
+    foreign: [usize; 3],
 }
 
 impl Run {
@@ -345,6 +356,7 @@ impl Run {
             picks: StdRng::seed_from_u64(seed ^ 0x91c5),
             log: Vec::new(),
             kills: (0, 0),
+            foreign: [0; 3],
         }
     }
 
@@ -399,7 +411,7 @@ impl Run {
             let top = if self.s3.is_some() {
                 119
             } else if self.setup == Setup::Delta {
-                117
+                129
             } else {
                 113
             };
@@ -472,6 +484,10 @@ impl Run {
                     Op::GrowDuring(name, self.rng.random_range(1..200), self.rng.random_range(0..200))
                 }
                 111..113 if !present.is_empty() => Op::DeleteDuring(pick(&mut self.rng, &present), self.rng.random_range(0..200)),
+                117..129 if self.setup == Setup::Delta => {
+                    let beside = self.rng.random_bool(0.5).then(|| self.rng.random_range(0..300));
+                    Op::Foreign(self.rng.random_range(0..3), self.rng.random_range(1..40), beside)
+                }
                 113..117 if self.setup == Setup::Delta => {
                     let beside = self.rng.random_bool(0.5).then(|| self.rng.random_range(0..300));
                     Op::Compact(beside, self.rng.random_bool(0.4))
@@ -715,7 +731,70 @@ impl Run {
                     }
                 }
             }
+            Op::Foreign(kind, n, beside) => self.foreign(*kind, *n, *beside)?,
             Op::Settle => self.settle_and_check()?,
+        }
+        Ok(())
+    }
+
+    /// Another writer's commit to the Delta table (see [`Op::Foreign`]); none before Ferry made
+    /// the table. Another writer's failure (delta-rs gives up after its retries) fails the
+    /// history: nothing Ferry does may keep it from writing.
+    fn foreign(&mut self, kind: u8, n: usize, beside: Option<u64>) -> Result<(), String> {
+        let table = self.destination_path("events");
+        if !table.join("_delta_log").exists() {
+            return Ok(());
+        }
+        self.model.next_tag += 1;
+        let tag = self.model.next_tag;
+        let (what, arg, rows) = match kind {
+            0 => {
+                let rows: Vec<(String, String)> = (0..n)
+                    .map(|i| {
+                        let id = format!("foreign-{tag}-{i:03}");
+                        let score = if i % 2 == 0 { "null".to_string() } else { format!("{i}.5") };
+                        let line = format!(
+                            "{{\"event_id\":\"{id}\",\"ts\":\"2026-11-{:02}T{:02}:{:02}:00Z\",\"host\":\"f\",\"kind\":\"f\",\"user_id\":{i},\"payload\":\"from another writer\",\"score\":{score}}}",
+                            17 + i % 5,
+                            i % 24,
+                            i % 60
+                        );
+                        (id, line)
+                    })
+                    .collect();
+                let arg = format!("[{}]", rows.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join(","));
+                ("append", arg, rows)
+            }
+            1 => {
+                let ids: Vec<String> = self.model.foreign.keys().take(n).cloned().collect();
+                if ids.is_empty() {
+                    return Ok(());
+                }
+                ("delete", serde_json::to_string(&ids).unwrap(), ids.into_iter().map(|id| (id, String::new())).collect())
+            }
+            _ => ("property", serde_json::json!({ format!("ferry.model.p{}", n % 3): tag.to_string() }).to_string(), vec![]),
+        };
+        let load = beside.map(|after_ms| {
+            let load = self.spawn_once("ferry-load");
+            std::thread::sleep(Duration::from_millis(after_ms));
+            load
+        });
+        let out = Command::new("python3").arg("-c").arg(FOREIGN_WRITER).arg(&table).arg(what).arg(&arg).output().unwrap();
+        if let Some(load) = load {
+            ran_well(load, "load --once beside another writer")?;
+        }
+        if !out.status.success() {
+            return Err(format!("another writer's {what}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        self.foreign[usize::from(kind.min(2))] += 1;
+        match kind {
+            0 => self.model.foreign.extend(rows),
+            1 => rows.iter().for_each(|(id, _)| {
+                self.model.foreign.remove(id);
+            }),
+            _ => {
+                self.model.properties.insert(format!("ferry.model.p{}", n % 3), tag.to_string());
+            }
         }
         Ok(())
     }
@@ -904,11 +983,28 @@ impl Run {
                 std::fs::write(expect.path().join(format!("{name}.{k}.jsonl")), rows).unwrap();
             }
         }
+        if !self.model.foreign.is_empty() {
+            let lines: String = self.model.foreign.values().map(|l| format!("{l}\n")).collect();
+            std::fs::write(expect.path().join("foreign.jsonl"), lines).unwrap();
+        }
         let want = input_digest("jsonl", expect.path());
         let got = self.table();
         for k in ["rows", "distinct", "digest"] {
             if want[k] != got[k] && !(want["rows"] == 0 && got["rows"] == 0) {
                 return Err(format!("table {k}: want {} got {}", want[k], got[k]));
+            }
+        }
+        // Another writer's settings are the table's still.
+        if !self.model.properties.is_empty() {
+            let script = "import sys, json, os\nfrom deltalake import DeltaTable\n\
+                          print(json.dumps(DeltaTable(sys.argv[1]).metadata().configuration))\nsys.stdout.flush(); os._exit(0)";
+            let out = Command::new("python3").arg("-c").arg(script).arg(self.destination_path("events")).output().unwrap();
+            let conf: BTreeMap<String, String> = serde_json::from_slice(&out.stdout)
+                .map_err(|e| format!("the table's properties: {e}: {}", String::from_utf8_lossy(&out.stderr)))?;
+            for (k, v) in &self.model.properties {
+                if conf.get(k) != Some(v) {
+                    return Err(format!("table property {k}: another writer set {v:?}, the table has {:?}", conf.get(k)));
+                }
             }
         }
         // The ledger agrees with the table, and nothing is stuck or quarantined.
@@ -1028,6 +1124,10 @@ fn one_seed(seed: u64, steps: usize, setup: Setup) -> usize {
         *covered.entry(format!("{op:?}").split(['(', ' ']).next().unwrap_or_default().to_string()).or_default() += 1;
     }
     eprintln!("model: seed {seed}: operations {covered:?}; kills that landed at their point: {} of {}", r.kills.0, r.kills.1);
+    if setup == Setup::Delta {
+        let [a, d, p] = r.foreign;
+        eprintln!("model: seed {seed}: another writer's commits: {a} appends, {d} deletes, {p} property changes");
+    }
     if let Some(o) = &r.s3 {
         let storms: Vec<u8> = r.log.iter().filter_map(|op| if let Op::StoreFaults(k) = op { Some(*k) } else { None }).collect();
         eprintln!("model: seed {seed}: store faults {storms:?}; proxy: {}", o.proxy.summary());
@@ -1195,3 +1295,34 @@ fn the_soak_smoke_passes_its_verdict() {
     let samples = std::fs::read_to_string(out.path().join("samples.csv")).unwrap();
     assert!(samples.lines().count() >= 10, "a sample every 20 s: {samples}");
 }
+
+/// Another writer of the model's Delta table: delta-rs (`deltalake`), as an analyst's job would
+/// be. `append` rows (JSON lines' objects, the table's schema; `dt` from `ts`), `delete` rows by
+/// event id, or set table `property`s. A commit that loses a race is tried again, as delta-rs'
+/// users do.
+const FOREIGN_WRITER: &str = r#"
+import sys, json, os, time, datetime
+from deltalake import DeltaTable, write_deltalake
+import pyarrow as pa
+table, op, arg = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+for attempt in range(10):
+    try:
+        dt = DeltaTable(table)
+        if op == "append":
+            rows = []
+            for r in arg:
+                ts = datetime.datetime.fromisoformat(r["ts"].replace("Z", "+00:00"))
+                rows.append(dict(r, ts=ts, dt=ts.date()))
+            write_deltalake(dt, pa.Table.from_pylist(rows, schema=dt.to_pyarrow_table().schema), mode="append")
+        elif op == "delete":
+            dt.delete("event_id IN (%s)" % ", ".join("'%s'" % i for i in arg))
+        else:
+            dt.alter.set_table_properties(arg, raise_if_not_exists=False)
+        break
+    except Exception as e:
+        if attempt == 9:
+            raise
+        time.sleep(0.1 * (attempt + 1))
+sys.stdout.flush()
+os._exit(0)
+"#;

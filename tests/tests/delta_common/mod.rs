@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferry_tests::{Pipeline, delta_digest};
+use ferry_tests::Pipeline;
 
 /// A pipeline whose table is a Delta table.
 pub fn delta_pipeline(chunk: &str) -> Pipeline {
@@ -45,14 +45,13 @@ pub fn no_version_doubles(dir: &Path) -> Vec<serde_json::Value> {
     let versions = commits(dir);
     let last = versions.last().map_or(-1, |(v, _)| *v);
     assert_eq!(versions.iter().map(|(v, _)| *v).collect::<Vec<_>>(), (0..=last).collect::<Vec<_>>(), "the log has no gap");
-    (0..=last)
-        .map(|v| {
-            let d = delta_digest(dir, Some(v));
-            assert_eq!(d["rows"], d["distinct"], "version {v} holds a record twice: {d}");
-            assert_eq!(d["bad_dt"], 0, "version {v}: rows in the wrong partition");
-            d
-        })
-        .collect()
+    let all: Vec<(PathBuf, Option<i64>)> = (0..=last).map(|v| (dir.to_path_buf(), Some(v))).collect();
+    let digests = ferry_tests::delta_digests(&all);
+    for (v, d) in digests.iter().enumerate() {
+        assert_eq!(d["rows"], d["distinct"], "version {v} holds a record twice: {d}");
+        assert_eq!(d["bad_dt"], 0, "version {v}: rows in the wrong partition");
+    }
+    digests
 }
 
 pub fn drained(p: &Pipeline) {
