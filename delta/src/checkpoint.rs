@@ -143,6 +143,28 @@ pub(crate) fn encode(s: &Snapshot, now_ms: i64) -> Result<(Vec<u8>, usize)> {
     Ok((out, lines.len()))
 }
 
+/// The checkpoint `_last_checkpoint` in `dir` names: one file, or `parts` files. None without a
+/// pointer, or when it is not one this reads (not JSON, no version, a V2 checkpoint): the
+/// caller lists the log instead.
+pub(crate) async fn pointed(store: &Store, dir: &str) -> Result<Option<Checkpoint>> {
+    let text = match store.read(&format!("{dir}/_last_checkpoint")).await {
+        Ok(text) => text,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let Ok(v) = serde_json::from_slice::<Value>(&text) else { return Ok(None) };
+    let Some(version) = v.get("version").and_then(Value::as_i64).filter(|v| *v >= 0) else { return Ok(None) };
+    if v.get("v2Checkpoint").is_some_and(|c| !c.is_null()) {
+        return Ok(None);
+    }
+    let files = match v.get("parts").and_then(Value::as_u64) {
+        None => vec![format!("{version:020}.checkpoint.parquet")],
+        Some(n) if (1..=100_000).contains(&n) => (1..=n).map(|i| format!("{version:020}.checkpoint.{i:010}.{n:010}.parquet")).collect(),
+        Some(_) => return Ok(None),
+    };
+    Ok(Some(Checkpoint { version, files }))
+}
+
 /// The newest complete checkpoint among the log's file names.
 pub(crate) fn latest(names: &[String]) -> Option<Checkpoint> {
     complete(names).pop()

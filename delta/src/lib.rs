@@ -411,8 +411,25 @@ impl DeltaLog {
         format!("{}/{version:020}.json", self.log_dir())
     }
 
-    /// The latest snapshot: the newest checkpoint, then the commits after it.
+    /// The latest snapshot: the checkpoint `_last_checkpoint` names, then the commits after it,
+    /// read one by one until the next is not there; the log is not listed, so the cost follows
+    /// the table and the commits since its checkpoint, not the length of its history. Without a
+    /// pointer (or with one naming a checkpoint that is gone or of a kind this does not read),
+    /// the newest complete checkpoint of a listing.
     pub async fn snapshot(&self) -> Result<Snapshot> {
+        if let Some(c) = checkpoint::pointed(&self.store, &self.log_dir()).await? {
+            let mut s = Snapshot::empty();
+            match checkpoint::read(&self.store, &self.log_dir(), &c, &mut s).await {
+                Ok(()) => {
+                    self.catch_up(&mut s).await?;
+                    return Ok(s);
+                }
+                Err(DeltaError::Storage(e)) if e.is_not_found() => {
+                    tracing::debug!(table = %self.table, version = c.version, "_last_checkpoint names a checkpoint that is gone; listing the log");
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let names = self.store.children(&self.log_dir()).await?;
         let first = names.iter().filter_map(|n| n.strip_suffix(".json")?.parse::<i64>().ok()).min();
         let mut s = Snapshot::empty();
@@ -718,6 +735,16 @@ mod tests {
         });
     }
 
+    /// Commits a new table of one bigint column `a`.
+    async fn create_table(log: &DeltaLog, cache: &mut Option<Snapshot>) {
+        let cols = vec![SchemaColumn { name: "a".into(), hive: "BIGINT".into(), detail: "bigint".into(), nullable: true }];
+        log.commit(cache, |_| {
+            Ok(Some(vec![protocol_line(&protocol(&cols)), metadata_line(&metadata("id-1", "t", &cols, &[], 1).unwrap())]))
+        })
+        .await
+        .unwrap();
+    }
+
     #[test]
     fn a_checkpoint_commit_whose_reply_was_lost_moves_the_checkpoint_to_the_next_commit() {
         let d = tempfile::tempdir().unwrap();
@@ -726,13 +753,8 @@ mod tests {
         log.lose_reply_at = Some(10);
         let dir = d.path().join("t/_delta_log");
         rt().block_on(async {
-            let cols = vec![SchemaColumn { name: "a".into(), hive: "BIGINT".into(), detail: "bigint".into(), nullable: true }];
             let mut cache = None;
-            log.commit(&mut cache, |_| {
-                Ok(Some(vec![protocol_line(&protocol(&cols)), metadata_line(&metadata("id-1", "t", &cols, &[], 1).unwrap())]))
-            })
-            .await
-            .unwrap();
+            create_table(&log, &mut cache).await;
             // Each commit adds its file unless the table has it (as a retry after a lost reply
             // finds its own commit and writes nothing).
             let add_file = |i: i64| {
@@ -760,19 +782,14 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_starts_from_the_newest_checkpoint_and_reads_the_same_as_a_whole_replay() {
+    fn a_snapshot_starts_from_the_checkpoint_last_checkpoint_names_and_reads_the_same_as_a_whole_replay() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::from_url(&d.path().display().to_string()).unwrap();
         let log = DeltaLog::new(store, "t");
         let day = 86_400_000;
         rt().block_on(async {
-            let cols = vec![SchemaColumn { name: "a".into(), hive: "BIGINT".into(), detail: "bigint".into(), nullable: true }];
             let mut cache = None;
-            log.commit(&mut cache, |_| {
-                Ok(Some(vec![protocol_line(&protocol(&cols)), metadata_line(&metadata("id-1", "t", &cols, &[], 1).unwrap())]))
-            })
-            .await
-            .unwrap();
+            create_table(&log, &mut cache).await;
             // 24 commits, each adding a file and removing the one before it; the first txns and
             // removes are 30 days old by the time of the last commit.
             for i in 1..=24i64 {
@@ -827,7 +844,14 @@ mod tests {
             assert_eq!(from.txns.len(), 24 - 4);
             assert!(from.txns.keys().all(|k| k != "ferry:p:1"));
             assert_eq!((whole.removed.len(), from.removed.len()), (12, 10), "{:?}", from.removed.keys());
-            // Without a checkpoint, a log that does not start at 0 cannot be read.
+            // The snapshot starts where `_last_checkpoint` points, not at the newest name in a
+            // listing: a checkpoint file a writer left unfinished and never pointed to is not read.
+            let junk = dir.join(format!("{:020}.checkpoint.parquet", 23));
+            std::fs::write(&junk, b"not parquet").unwrap();
+            assert_eq!(log.snapshot().await.unwrap().files.len(), whole.files.len());
+            std::fs::remove_file(&junk).unwrap();
+            // Without a checkpoint (the pointer names one that is gone: the log is listed), a log
+            // that does not start at 0 cannot be read.
             for v in [10, 20] {
                 std::fs::remove_file(dir.join(format!("{v:020}.checkpoint.parquet"))).unwrap();
             }
