@@ -38,6 +38,23 @@ ferry_install_s3() {
   fi
 }
 
+# An S3-compatible server that ignores If-None-Match (a second create replaces the first), for
+# the test that `ferry doctor` refuses a Delta destination on such a store: moto's server 5.0.0
+# (later releases honour the header), in its own virtual environment under $FERRY_CACHE.
+# Exports FERRY_TEST_MOTO_SERVER (its moto_server); each test starts its own.
+FERRY_MOTO_VERSION=5.0.0
+ferry_install_overwriting_s3() {
+  local venv=$FERRY_CACHE/moto-$FERRY_MOTO_VERSION
+  # .installed is written last: a cut-off install is redone, not trusted.
+  if [ ! -f "$venv/.installed" ]; then
+    echo "installing moto[server] $FERRY_MOTO_VERSION from PyPI into $venv" >&2
+    rm -rf "$venv"
+    python3 -m venv "$venv" >&2 && "$venv/bin/python3" -m pip install -q "moto[server]==$FERRY_MOTO_VERSION" >&2 &&
+      touch "$venv/.installed" || return 1
+  fi
+  export FERRY_TEST_MOTO_SERVER=$venv/bin/moto_server
+}
+
 # Signed S3 request with curl (SigV4): ferry_s3_curl METHOD PATH [curl args...]
 ferry_s3_curl() {
   local method=$1 path=$2; shift 2

@@ -44,6 +44,9 @@ if [ -z "$quick" ]; then
   ferry_build_minidfs
   # S3: versitygw (Go module proxy) over TLS with a CA made here; exports FERRY_TEST_S3_*.
   ferry_start_s3
+  # An S3-compatible server that ignores If-None-Match (moto's, from PyPI): doctor must refuse it
+  # for a Delta table.
+  ferry_install_overwriting_s3
   # GCS and Azure: their emulators over TLS (ferry-gcs built from the Go module proxy, Azurite
   # from npm); export FERRY_TEST_GCS_* and FERRY_TEST_AZURE_*.
   ferry_start_gcs

@@ -341,7 +341,7 @@ impl DeltaLog {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use arrow::array::{Int64Array, RecordBatch, StringArray};
@@ -352,7 +352,7 @@ mod tests {
     use super::*;
 
     /// A Parquet file of `n` rows from `from`, three rows a row group, with bloom filters.
-    fn part(from: i64, n: i64) -> Bytes {
+    pub(crate) fn part(from: i64, n: i64) -> Bytes {
         let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false), Field::new("s", DataType::Utf8, true)]));
         let ids: Vec<i64> = (from..from + n).collect();
         let batch = RecordBatch::try_new(

@@ -101,6 +101,9 @@ pub const CHECKPOINT_INTERVAL: i64 = 10;
 /// How long a removed file stays in checkpoints (so that a vacuum of another writer still knows
 /// it was removed), unless the table's `delta.deletedFileRetentionDuration` says.
 const TOMBSTONE_RETENTION: &str = "interval 1 week";
+/// How far a checkpoint's writer's clock may be behind the store's (see
+/// [`DeltaLog::snapshot_for_vacuum`]).
+pub const CLOCK_MARGIN_MS: i64 = 3_600_000;
 
 /// A file the table's current version holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -448,17 +451,47 @@ impl DeltaLog {
         Ok(s)
     }
 
-    /// The latest snapshot with every tombstone the log holds: replayed from version 0 while
-    /// the log still has it (a checkpoint drops tombstones past their retention, which a
-    /// vacuum still needs to find), else from the newest checkpoint.
-    pub async fn snapshot_with_history(&self) -> Result<Snapshot> {
-        let names = self.store.children(&self.log_dir()).await?;
-        if !names.iter().any(|n| n == &format!("{:020}.json", 0)) {
-            return self.snapshot().await;
+    /// The latest snapshot with every tombstone of a file removed at or after `cutoff_ms`: what
+    /// a vacuum with that cutoff must not delete (a file removed before it, whose tombstone is
+    /// gone, is a file no version names, which vacuum takes by its age). A checkpoint keeps the
+    /// tombstones of files removed within the table's `delta.deletedFileRetentionDuration` of
+    /// its writing, so replay starts from the newest checkpoint written (its file's time, plus
+    /// [`CLOCK_MARGIN_MS`] for the writer's clock) no more than that retention, as the checkpoint
+    /// itself says, after `cutoff_ms`; with none, from version 0 while the log has it, else from
+    /// the newest checkpoint. A vacuum reads the commits of its retention, not the whole history.
+    pub async fn snapshot_for_vacuum(&self, cutoff_ms: i64) -> Result<Snapshot> {
+        let entries = self.store.list(&self.log_dir()).await?;
+        let name = |rel: &str| rel.rsplit('/').next().unwrap_or(rel).to_string();
+        let names: Vec<String> = entries.iter().map(|e| name(&e.rel)).collect();
+        let written: HashMap<String, i64> = entries.iter().map(|e| (name(&e.rel), e.mtime_ms)).collect();
+        // A cheap first look with today's retention; the checkpoint's own decides.
+        let today = self.snapshot().await?;
+        let retention = |s: &Snapshot| {
+            s.property("delta.deletedFileRetentionDuration").and_then(interval_ms).or_else(|| interval_ms(TOMBSTONE_RETENTION)).unwrap_or(0)
+        };
+        let now_retention = retention(&today);
+        for c in checkpoint::complete(&names).into_iter().rev() {
+            let Some(at) = c.files.iter().map(|f| written.get(f).copied()).collect::<Option<Vec<i64>>>().and_then(|t| t.into_iter().max())
+            else {
+                continue;
+            };
+            let at = at.saturating_add(CLOCK_MARGIN_MS);
+            if at.saturating_sub(now_retention) > cutoff_ms {
+                continue;
+            }
+            let mut s = Snapshot::empty();
+            checkpoint::read(&self.store, &self.log_dir(), &c, &mut s).await?;
+            if at.saturating_sub(retention(&s)) <= cutoff_ms {
+                self.catch_up(&mut s).await?;
+                return Ok(s);
+            }
         }
-        let mut s = Snapshot::empty();
-        self.catch_up(&mut s).await?;
-        Ok(s)
+        if names.iter().any(|n| n == &format!("{:020}.json", 0)) {
+            let mut s = Snapshot::empty();
+            self.catch_up(&mut s).await?;
+            return Ok(s);
+        }
+        Ok(today)
     }
 
     /// Learns who removed the files `s`'s checkpoint names as removed: the log is replayed
@@ -743,6 +776,108 @@ mod tests {
         })
         .await
         .unwrap();
+    }
+
+    /// A log that defers its checkpoints (load's group commit) returns from the commit at a
+    /// checkpoint version with no checkpoint written: it is written after, by
+    /// `write_due_checkpoint`, Snappy-compressed; and the committer's own snapshot forgets the
+    /// txns and tombstones past their retention as the checkpoint does, so it does not grow.
+    #[test]
+    fn a_deferred_checkpoint_is_written_after_the_commit_compressed_and_the_snapshot_pruned_with_it() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::from_url(&d.path().display().to_string()).unwrap();
+        let log = DeltaLog::new(store, "t").deferring_checkpoints();
+        let dir = d.path().join("t/_delta_log");
+        let day = 86_400_000;
+        rt().block_on(async {
+            let mut cache = None;
+            create_table(&log, &mut cache).await;
+            // Commits 1..=10: each adds a file and a txn, and from the second on removes the
+            // file before it; the first five are 30 days older than the last ones.
+            for i in 1..=10i64 {
+                let now = if i <= 5 { 1 } else { 30 * day };
+                log.commit(&mut cache, |_| {
+                    let mut a = vec![commit_info("WRITE", &[], now), add(&format!("f{i}.parquet"), &BTreeMap::new(), 10, 1, None, now)];
+                    a.push(txn(&format!("ferry:p:{i}"), i, now));
+                    if i > 1 {
+                        a.push(remove(&format!("f{}.parquet", i - 1), 10, now));
+                    }
+                    Ok(Some(a))
+                })
+                .await
+                .unwrap();
+            }
+            let checkpoint = dir.join(format!("{:020}.checkpoint.parquet", 10));
+            assert!(!checkpoint.exists(), "the commit returned before its checkpoint was written");
+            let s = cache.as_ref().unwrap();
+            assert_eq!(s.txns.len(), 5, "txns past their retention pruned from the committer's snapshot: {:?}", s.txns.keys());
+            assert_eq!(s.removed.len(), 5, "tombstones past their retention pruned: {:?}", s.removed.keys());
+            log.write_due_checkpoint().await;
+            let bytes = bytes::Bytes::from(std::fs::read(&checkpoint).expect("written after the commit"));
+            let meta = parquet::file::metadata::ParquetMetaDataReader::new().parse_and_finish(&bytes).unwrap();
+            for rg in meta.row_groups() {
+                for c in rg.columns() {
+                    assert_eq!(c.compression(), parquet::basic::Compression::SNAPPY, "{}", c.column_path());
+                }
+            }
+            // Written once: a second call finds nothing due.
+            let before = std::fs::metadata(&checkpoint).unwrap().modified().unwrap();
+            log.write_due_checkpoint().await;
+            assert_eq!(std::fs::metadata(&checkpoint).unwrap().modified().unwrap(), before);
+        });
+    }
+
+    /// A vacuum's snapshot starts from the newest checkpoint that still holds every tombstone of
+    /// its retention (one written no more than the table's tombstone retention after its
+    /// cutoff), not from version 0, and not from a newer checkpoint that pruned some of them.
+    #[test]
+    fn a_vacuum_replays_from_the_newest_checkpoint_that_still_holds_its_tombstones() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::from_url(&d.path().display().to_string()).unwrap();
+        let log = DeltaLog::new(store, "t");
+        let dir = d.path().join("t/_delta_log");
+        let day = 86_400_000;
+        let now = chrono::Utc::now().timestamp_millis();
+        // Commit i (1..=24) is made, and removes file i - 1, 25 - i days ago.
+        let at = |i: i64| now - (25 - i) * day;
+        rt().block_on(async {
+            let mut cache = None;
+            create_table(&log, &mut cache).await;
+            for i in 1..=24i64 {
+                log.commit(&mut cache, |_| {
+                    let mut a = vec![commit_info("WRITE", &[], at(i)), add(&format!("f{i}.parquet"), &BTreeMap::new(), 10, 1, None, at(i))];
+                    if i > 1 {
+                        a.push(remove(&format!("f{}.parquet", i - 1), 10, at(i)));
+                    }
+                    Ok(Some(a))
+                })
+                .await
+                .unwrap();
+            }
+            // The checkpoints' files as old as their commits.
+            for v in [10, 20] {
+                let f = std::fs::File::options().write(true).open(dir.join(format!("{v:020}.checkpoint.parquet"))).unwrap();
+                f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_millis(at(v) as u64)).unwrap();
+            }
+            let mut whole = Snapshot::empty();
+            log.catch_up(&mut whole).await.unwrap();
+            // A retention of 14 days: checkpoint 20 (5 days old) dropped the tombstones of
+            // commits 11 and 12 (removed 14 and 13 days ago, past its 7 days); checkpoint 10 (15
+            // days old) holds every one removed since 22 days ago.
+            let cutoff = now - 14 * day;
+            let kept = |s: &Snapshot| -> std::collections::BTreeSet<String> {
+                s.removed.iter().filter(|(_, r)| r["deletionTimestamp"].as_i64().unwrap() >= cutoff).map(|(p, _)| p.clone()).collect()
+            };
+            assert_eq!(kept(&whole).len(), 14);
+            // Commits before checkpoint 10 are not read.
+            for v in 1..10 {
+                std::fs::write(dir.join(format!("{v:020}.json")), b"not JSON").unwrap();
+            }
+            let s = log.snapshot_for_vacuum(cutoff).await.unwrap();
+            assert_eq!((s.version, s.files.keys().collect::<Vec<_>>()), (24, whole.files.keys().collect()));
+            assert_eq!(kept(&s), kept(&whole), "every tombstone of the retention");
+            assert!(log.snapshot().await.unwrap().removed.len() < whole.removed.len());
+        });
     }
 
     #[test]

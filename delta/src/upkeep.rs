@@ -214,7 +214,7 @@ pub(crate) async fn vacuum(dest: &Store, ledger: &Ledger, table: &str, cutoff_ms
     let chunks: Vec<String> = listed.iter().filter_map(|(rel, _, _)| crate::chunk_of(rel).map(str::to_string)).collect();
     let settled = ledger.settled_chunks(&chunks).await?;
     let log = DeltaLog::new(dest.clone(), table);
-    let mut s = log.snapshot_with_history().await.map_err(log_error)?;
+    let mut s = log.snapshot_for_vacuum(cutoff_ms).await.map_err(log_error)?;
     let mut out = Vacuumed { version: s.version, ..Default::default() };
     let mut removed: Vec<(String, i64)> = Vec::new();
     for (rel, r) in &s.removed {
@@ -375,7 +375,7 @@ async fn merge_bin(
                 }
                 let mut actions = vec![crate::commit_info("OPTIMIZE", &[], now_ms)];
                 for (rel, a, _) in &inputs {
-                    let mut r = crate::remove(rel, a.size, now_ms);
+                    let mut r = crate::remove_active(rel, a, now_ms);
                     r["remove"]["dataChange"] = false.into();
                     actions.push(r);
                 }
@@ -401,4 +401,74 @@ async fn merge_bin(
 pub(crate) async fn retention_ms(dest: &Store, table: &str) -> Result<i64, Error> {
     let s = DeltaLog::new(dest.clone(), table).snapshot().await.map_err(log_error)?;
     Ok(s.property("delta.deletedFileRetentionDuration").and_then(crate::interval_ms).unwrap_or(7 * 86_400_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    use ferry_ledger::SchemaColumn;
+    use serde_json::Value;
+
+    use super::*;
+
+    static NOW: AtomicI64 = AtomicI64::new(1_000);
+
+    /// A clock that moves a second at each reading.
+    fn ticking() -> i64 {
+        NOW.fetch_add(1_000, Ordering::SeqCst)
+    }
+
+    /// Each merge of a compaction is dated when it is made: its commit, its file's add and its
+    /// removes carry one time, and a later merge a later one (not the run's start for all).
+    #[test]
+    fn each_merge_is_stamped_with_the_time_it_is_made() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::from_url(&d.path().display().to_string()).unwrap();
+        let log = DeltaLog::new(store.clone(), "t");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let col =
+                |name: &str, detail: &str| SchemaColumn { name: name.into(), hive: String::new(), detail: detail.into(), nullable: true };
+            let cols = [col("n", "bigint"), col("s", "string"), col("k", "string")];
+            let mut cache = None;
+            let (protocol, meta) = (crate::protocol(&cols), crate::metadata("id", "t", &cols, &["k".to_string()], 1).unwrap());
+            log.commit(&mut cache, |_| Ok(Some(vec![crate::protocol_line(&protocol), crate::metadata_line(&meta)]))).await.unwrap();
+            // Two partitions of two parts each: two merges.
+            for (i, rel) in
+                ["k=1/part-a-0000000a.parquet", "k=1/part-b-0000000b.parquet", "k=2/part-c-0000000c.parquet", "k=2/part-d-0000000d.parquet"]
+                    .into_iter()
+                    .enumerate()
+            {
+                let bytes = crate::compact::tests::part(i as i64 * 10, 5);
+                store.put_atomic(&format!("t/{rel}"), bytes.to_vec()).await.unwrap();
+                let pv = crate::partition_values(rel.rsplit_once('/').unwrap().0, &cols);
+                log.commit(&mut cache, |_| {
+                    Ok(Some(vec![crate::commit_info("WRITE", &[], 1), crate::add(rel, &pv, bytes.len() as i64, 5, None, 1)]))
+                })
+                .await
+                .unwrap();
+            }
+            let report = compact(&store, "t", 1 << 20, false, ticking).await.unwrap();
+            assert_eq!(report.merges, 2, "{:?}", report.lines);
+            let mut stamps = Vec::new();
+            for v in [5, 6] {
+                let text = std::fs::read_to_string(d.path().join(format!("t/_delta_log/{v:020}.json"))).unwrap();
+                let actions: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+                let at = actions.iter().find_map(|a| a.get("commitInfo")?.get("timestamp")?.as_i64()).unwrap();
+                for a in &actions {
+                    if let Some(add) = a.get("add") {
+                        assert_eq!(add["modificationTime"].as_i64(), Some(at), "commit {v}: {add}");
+                        assert_eq!(add["partitionValues"], serde_json::json!(BTreeMap::from([("k", if v == 5 { "1" } else { "2" })])));
+                    }
+                    if let Some(r) = a.get("remove") {
+                        assert_eq!(r["deletionTimestamp"].as_i64(), Some(at), "commit {v}: {r}");
+                    }
+                }
+                stamps.push(at);
+            }
+            assert!(stamps[0] < stamps[1], "the second merge dated after the first: {stamps:?}");
+        });
+    }
 }

@@ -316,51 +316,105 @@ pub struct PlainS3Gateway {
 }
 
 impl S3Server {
-    /// Starts a [`PlainS3Gateway`] on a free port (another one if a process took the port
-    /// between the look and versitygw's bind), ready when it answers a request.
+    /// Starts a [`PlainS3Gateway`] on a free port, ready when it answers a request (any HTTP
+    /// answer: a bare connect may reach another process).
     pub fn plain_gateway(&self) -> PlainS3Gateway {
         let how = "`. scripts/s3.sh && ferry_start_s3`";
         let (bin, data) = (test_env("FERRY_TEST_S3_BIN", how), test_env("FERRY_TEST_S3_DATA", how));
-        for _ in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            let mut child = Command::new(&bin)
-                .args(["--port", &format!("127.0.0.1:{port}"), "--region", "us-east-1", "--quiet", "--keep-alive", "posix", &data])
-                .env("ROOT_ACCESS_KEY_ID", &self.access_key)
-                .env("ROOT_SECRET_ACCESS_KEY", &self.secret_key)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("{bin}: {e}"));
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            let t = Instant::now();
-            while t.elapsed() < Duration::from_secs(30) {
-                if child.try_wait().unwrap().is_some() {
-                    break;
-                }
-                // Any HTTP answer means it is serving (a bare connect may reach another process).
-                if let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-                    use std::io::{Read, Write};
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                    let mut head = [0u8; 5];
-                    if s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").is_ok()
-                        && s.read_exact(&mut head).is_ok()
-                        && &head == b"HTTP/"
-                        && child.try_wait().unwrap().is_none()
-                    {
-                        return PlainS3Gateway { endpoint: format!("http://{addr}"), addr, child };
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("a plain-HTTP versitygw did not start in 5 tries");
+        let (child, addr) = serve_on_free_port(
+            "a plain-HTTP versitygw",
+            |port| {
+                let mut c = Command::new(&bin);
+                c.args(["--port", &format!("127.0.0.1:{port}"), "--region", "us-east-1", "--quiet", "--keep-alive", "posix", &data])
+                    .env("ROOT_ACCESS_KEY_ID", &self.access_key)
+                    .env("ROOT_SECRET_ACCESS_KEY", &self.secret_key);
+                c
+            },
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"HTTP/",
+        );
+        PlainS3Gateway { endpoint: format!("http://{addr}"), addr, child }
     }
 }
 
+/// Starts the server `command(port)` makes on a free port (another one if a process took the port
+/// between the look and the server's bind), ready when `request` sent to it gets an answer that
+/// starts with `answer`. Up to 5 tries of 60 s.
+fn serve_on_free_port(what: &str, command: impl Fn(u16) -> Command, request: &[u8], answer: &[u8]) -> (Child, SocketAddr) {
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = command(port)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) && child.try_wait().unwrap().is_none() {
+            if let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                use std::io::{Read, Write};
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut head = vec![0u8; answer.len()];
+                if s.write_all(request).is_ok() && s.read_exact(&mut head).is_ok() && head == answer && child.try_wait().unwrap().is_none()
+                {
+                    return (child, addr);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("{what} did not start in 5 tries");
+}
+
 impl Drop for PlainS3Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An S3-compatible server that lets a second create of an object replace the first: moto's
+/// server 5.0.0 ignores `If-None-Match` on PUT (later releases honour it), as some S3-compatible
+/// stores do. Plain HTTP on a free port, any keys accepted, bucket `ferry` made at start. What a
+/// Delta commit must never be given; stopped when dropped.
+pub struct OverwritingS3 {
+    /// `http://127.0.0.1:<port>`
+    pub endpoint: String,
+    child: Child,
+}
+
+impl OverwritingS3 {
+    pub fn start() -> OverwritingS3 {
+        let bin = test_env("FERRY_TEST_MOTO_SERVER", "`. scripts/s3.sh && ferry_install_overwriting_s3`");
+        // The bucket's creation is the readiness probe: a 200 from this server.
+        let (child, addr) = serve_on_free_port(
+            "moto_server",
+            |port| {
+                let mut c = Command::new(&bin);
+                c.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+                c
+            },
+            b"PUT /ferry HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            b"HTTP/1.1 200",
+        );
+        OverwritingS3 { endpoint: format!("http://{addr}"), child }
+    }
+
+    /// A `[destination]` section for a table under `prefix` on this server.
+    pub fn destination_toml(&self, prefix: &str, table_format: &str) -> String {
+        format!(
+            "[destination]\nurl = \"s3://ferry/{prefix}\"\ntable_format = \"{table_format}\"\n[destination.store.s3]\n\
+             endpoint = \"{}\"\nregion = \"us-east-1\"\npath_style = true\nallow_http = true\n\
+             access_key_id = \"moto\"\nsecret_access_key = \"moto\"\nmax_retries = 1\n",
+            self.endpoint
+        )
+    }
+}
+
+impl Drop for OverwritingS3 {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

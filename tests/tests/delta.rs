@@ -836,6 +836,37 @@ fn a_load_gone_on_past_its_lease_does_not_undo_the_newer_load_of_its_chunk() {
     no_version_doubles(&table(&p));
 }
 
+/// On a store that lets a second create replace the first (an S3-compatible server that ignores
+/// `If-None-Match`), `ferry doctor` refuses the Delta destination by name, exits non-zero and
+/// leaves no probe; the same store passes for the Hive layout, which needs no put-if-absent.
+#[test]
+fn doctor_refuses_a_delta_destination_whose_store_lets_a_second_create_replace_the_first() {
+    let s3 = ferry_tests::clusters::OverwritingS3::start();
+    let p = Pipeline::with_stores("16KiB", "5s", "0s", None, Some(s3.destination_toml("overwrites/wh", "delta")));
+    let o = output_within(p.command("ferry").args(["doctor", "--json", "--timeout", "10s"]), std::time::Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("doctor --json ({e}): {stdout}"));
+    assert_eq!(o.status.code(), Some(1), "{v}");
+    let failed: Vec<&serde_json::Value> = v["hops"].as_array().unwrap().iter().filter(|h| h["ok"] == false).collect();
+    assert_eq!(failed.len(), 1, "one hop fails: {v}");
+    let error = failed[0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("put-if-absent") && error.contains("If-None-Match") && error.contains("s3://ferry/overwrites/wh"), "{v}");
+    // The probe is gone (a listing of the bucket names none).
+    let list = output_within(
+        std::process::Command::new("curl").args(["-sS", &format!("{}/ferry?list-type=2&prefix=overwrites/", s3.endpoint)]),
+        std::time::Duration::from_secs(30),
+    );
+    let listing = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success() && listing.contains("ListBucketResult") && !listing.contains("put-if-absent-probe"), "{listing}");
+    // The check is the Delta table's (its commits are creates of the next log version): the same
+    // store passes doctor with the Hive layout.
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, cfg.replace("table_format = \"delta\"", "table_format = \"hive\"")).unwrap();
+    let o = output_within(p.command("ferry").args(["doctor", "--timeout", "10s"]), std::time::Duration::from_secs(120));
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && !text.contains("put-if-absent"), "hive on the same store: {text}");
+}
+
 /// `ferry doctor` on a Delta table's destination checks the put-if-absent a commit needs (a
 /// second create of one object refused, the first one's bytes kept) and leaves no probe behind.
 #[test]
