@@ -605,6 +605,11 @@ stamp=${stamp:-$(date -u +%Y-%m-%d-%H%M)}; echo "$stamp" > "$DIR/stamp"
   echo "# bench/compare.sh $EVENTS ($stamp UTC; $ROUNDS rounds; $PAYLOAD payloads; $(nproc) cores)"
   echo
   echo "$N events: $(has avro && echo "$AVRO_BYTES bytes of Avro (null codec)")$(has avro && has jsonl && echo ", ")$(has jsonl && echo "$JSONL_BYTES bytes of JSON lines"). Release build."
+  # The clusters' shape, when the run changed it (DataNodes, replication, NameNode settings).
+  if [ "$HDFS" = 1 ] && [ -n "${FERRY_MINIDFS_ARGS:-}" ]; then
+    echo
+    echo "MiniDFS clusters A and B started with \`$FERRY_MINIDFS_ARGS\`."
+  fi
   echo
   cat "$DIR/table.md"
   echo
