@@ -280,11 +280,19 @@ impl Snapshot {
     /// The oldest `lastUpdated` of a txn, and the oldest `deletionTimestamp` of a tombstone,
     /// that a checkpoint written at `now_ms` keeps (the table's retentions, or Delta's defaults).
     pub(crate) fn retained_since(&self, now_ms: i64) -> (i64, i64) {
-        let keep = |property: &str, default: &str| {
-            let ms = self.property(property).and_then(interval_ms).or_else(|| interval_ms(default)).unwrap_or(i64::MAX);
-            now_ms.saturating_sub(ms)
-        };
-        (keep("delta.setTransactionRetentionDuration", TXN_RETENTION), keep("delta.deletedFileRetentionDuration", TOMBSTONE_RETENTION))
+        let txns = self.retention_ms("delta.setTransactionRetentionDuration", TXN_RETENTION);
+        (now_ms.saturating_sub(txns), now_ms.saturating_sub(self.tombstone_retention_ms()))
+    }
+
+    /// How long a removed file stays in checkpoints, and how old it must be before a vacuum
+    /// deletes it: the table's `delta.deletedFileRetentionDuration`, else 1 week.
+    pub fn tombstone_retention_ms(&self) -> i64 {
+        self.retention_ms("delta.deletedFileRetentionDuration", TOMBSTONE_RETENTION)
+    }
+
+    /// A retention property of the table in ms, or Delta's default for it.
+    fn retention_ms(&self, property: &str, default: &str) -> i64 {
+        self.property(property).and_then(interval_ms).or_else(|| interval_ms(default)).unwrap_or(i64::MAX)
     }
 
     /// Forgets the txns and tombstones past their retention at `now_ms`, as a checkpoint
@@ -466,10 +474,7 @@ impl DeltaLog {
         let written: HashMap<String, i64> = entries.iter().map(|e| (name(&e.rel), e.mtime_ms)).collect();
         // A cheap first look with today's retention; the checkpoint's own decides.
         let today = self.snapshot().await?;
-        let retention = |s: &Snapshot| {
-            s.property("delta.deletedFileRetentionDuration").and_then(interval_ms).or_else(|| interval_ms(TOMBSTONE_RETENTION)).unwrap_or(0)
-        };
-        let now_retention = retention(&today);
+        let now_retention = today.tombstone_retention_ms();
         for c in checkpoint::complete(&names).into_iter().rev() {
             let Some(at) = c.files.iter().map(|f| written.get(f).copied()).collect::<Option<Vec<i64>>>().and_then(|t| t.into_iter().max())
             else {
@@ -481,7 +486,7 @@ impl DeltaLog {
             }
             let mut s = Snapshot::empty();
             checkpoint::read(&self.store, &self.log_dir(), &c, &mut s).await?;
-            if at.saturating_sub(retention(&s)) <= cutoff_ms {
+            if at.saturating_sub(s.tombstone_retention_ms()) <= cutoff_ms {
                 self.catch_up(&mut s).await?;
                 return Ok(s);
             }

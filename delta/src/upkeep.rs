@@ -400,7 +400,7 @@ async fn merge_bin(
 /// The retention a table asks for (`delta.deletedFileRetentionDuration`), in ms, or 1 week.
 pub(crate) async fn retention_ms(dest: &Store, table: &str) -> Result<i64, Error> {
     let s = DeltaLog::new(dest.clone(), table).snapshot().await.map_err(log_error)?;
-    Ok(s.property("delta.deletedFileRetentionDuration").and_then(crate::interval_ms).unwrap_or(7 * 86_400_000))
+    Ok(s.tombstone_retention_ms())
 }
 
 #[cfg(test)]
