@@ -63,8 +63,13 @@ fi
 # outages more than they compute), longest first by the times of earlier runs on this machine; each
 # one runs even after another fails, and each one's time is printed at the end and kept in
 # $FERRY_CACHE/test-times.tsv. The outage tests (a ten-minute outage, mostly asleep) start first.
+# Each binary's output of the last run is kept in $FERRY_CACHE/test-logs (a green run's too:
+# a binary that took far longer than its history says why there).
 run_log=$(mktemp -d)
-trap 'ferry_stop_azurite; ferry_stop_gcs; ferry_stop_s3; ferry_stop_postgres; rm -rf "$run_log"' EXIT
+keep_logs() {
+  rm -rf "$FERRY_CACHE/test-logs" && mv "$run_log" "$FERRY_CACHE/test-logs" 2>/dev/null || rm -rf "$run_log"
+}
+trap 'ferry_stop_azurite; ferry_stop_gcs; ferry_stop_s3; ferry_stop_postgres; keep_logs' EXIT
 cargo test --locked --workspace --no-run --message-format=json |
   python3 scripts/run_tests.py --jobs "${FERRY_TEST_JOBS:-3}" --threads "${FERRY_TEST_THREADS:-4}" \
     --history "$FERRY_CACHE/test-times.tsv" --known bench/results/ci-times.md --log-dir "$run_log" --first ferry-tests::outage \

@@ -250,6 +250,11 @@ pub struct TransformSection {
     /// Chunks in flight. Default: one more than the cores, so that while one chunk's files are
     /// fsynced (no CPU) the cores stay busy; decoding and encoding take one core each at most.
     pub concurrency: usize,
+    /// How far ahead of the decoder a staged chunk is fetched, per chunk in flight, where
+    /// staging is on HDFS or an object store: a chunk starts fetching when it is claimed, so
+    /// one waiting for a core has its first bytes by then, and the network's waits overlap
+    /// decoding. Local staging reads through the page cache and ignores it.
+    pub read_ahead: ByteSize,
     /// How long a staged chunk stays after transform committed it (`ferry gc` removes it
     /// then). Within it, `ferry rerun --from transform` needs no new extract.
     pub keep_staged: HumanDuration,
@@ -273,6 +278,7 @@ impl Default for TransformSection {
             row_group_size: 1 << 20,
             batch_size: 8192,
             concurrency: std::thread::available_parallelism().map_or(2, |n| n.get()) + 1,
+            read_ahead: ByteSize(8 << 20),
             keep_staged: HumanDuration(Duration::from_secs(7 * 24 * 3600)),
         }
     }
@@ -401,6 +407,9 @@ impl Config {
         // counts.
         if !(64 << 10..=1 << 40).contains(&self.copy.bytes_in_flight.0) {
             return Err(format!("copy.bytes_in_flight: {} bytes; must be 64KiB to 1TiB", self.copy.bytes_in_flight.0));
+        }
+        if !(64 << 10..=1 << 40).contains(&self.transform.read_ahead.0) {
+            return Err(format!("transform.read_ahead: {} bytes; must be 64KiB to 1TiB", self.transform.read_ahead.0));
         }
         if self.ledger.max_attempts < 1 {
             return Err("ledger.max_attempts: must be at least 1".into());

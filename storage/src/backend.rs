@@ -60,6 +60,13 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     /// A blocking reader, for callers already on a blocking thread.
     fn open_blocking(&self, rel: &str) -> Result<Box<dyn Read + Send>>;
 
+    /// A blocking reader opened on the runtime, that a task keeps up to `ahead` bytes in front
+    /// of where a read waits on the network. The default is [`Backend::open_blocking`]: a
+    /// local file, whose read-ahead is the kernel's.
+    async fn open_ahead(&self, rel: &str, _ahead: usize) -> Result<Box<dyn Read + Send>> {
+        self.open_blocking(rel)
+    }
+
     /// `rel` either does not exist or holds all of `bytes`, replacing what was there.
     async fn put_atomic(&self, rel: &str, bytes: Vec<u8>) -> Result<()>;
 

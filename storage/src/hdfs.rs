@@ -59,7 +59,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use hdfs_native::{Client, ClientBuilder, HdfsError, WriteOptions};
 
-use super::{Entry, Progress, StreamReader};
+use super::{Entry, Progress, ReadAhead, StreamReader};
 use crate::backend::{Backend, Capabilities};
 use crate::error::{Error, Result};
 use crate::options::StoreOptions;
@@ -576,6 +576,11 @@ impl Backend for HdfsStore {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::Other("HDFS read outside the runtime".into()))?;
         let (_, s) = handle.block_on(self.stream(rel))?;
         Ok(Box::new(StreamReader::new(format!("read of {}", self.url(rel)), self.opts.read_stall.0, s)?))
+    }
+
+    async fn open_ahead(&self, rel: &str, ahead: usize) -> Result<Box<dyn std::io::Read + Send>> {
+        let (_, s) = self.stream(rel).await?;
+        Ok(Box::new(ReadAhead::spawn(format!("read of {}", self.url(rel)), self.opts.read_stall.0, ahead, s)?))
     }
 
     async fn hash(&self, rel: &str) -> Result<(u64, String)> {

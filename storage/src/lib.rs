@@ -37,7 +37,7 @@ pub use error::{Error, Result};
 pub use local::{LocalStore, Unsynced, hash_file, remove_quiet_dirs, write_atomic};
 pub use retry::Backoff;
 pub use transfer::{InCall, Progress, watched};
-use transfer::{StreamReader, drain, drain_hash};
+use transfer::{ReadAhead, StreamReader, drain, drain_hash};
 
 /// The outcome of several cleanup steps: how many files went in all, or, if a step failed,
 /// [`Error::Incomplete`] with that count and the first failure.
@@ -335,6 +335,13 @@ impl Store {
     /// A blocking reader, for callers already on a blocking thread (splitting large files).
     pub fn open_blocking(&self, rel: &str) -> Result<Box<dyn Read + Send>> {
         self.0.open_blocking(rel)
+    }
+
+    /// A blocking reader opened now, on the runtime, whose bytes a task fetches up to `ahead`
+    /// in front of the reader where they come over the network (HDFS, object stores), so the
+    /// network's waits overlap the reader's work; a local file as [`Store::open_blocking`].
+    pub async fn open_ahead(&self, rel: &str, ahead: usize) -> Result<Box<dyn Read + Send>> {
+        self.0.open_ahead(rel, ahead).await
     }
 
     /// Writes `bytes` so that `rel` either does not exist or holds all of them: a temp name in

@@ -63,7 +63,7 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, RetryConfig,
 };
 
-use super::{Entry, Listing, Progress, StreamReader};
+use super::{Entry, Listing, Progress, ReadAhead, StreamReader};
 use crate::backend::{Backend, Capabilities};
 use crate::error::{Error, Result};
 use crate::options::ObjectLimits;
@@ -590,6 +590,11 @@ impl Backend for ObjectsStore {
             tokio::runtime::Handle::try_current().map_err(|_| Error::Other(format!("{} read outside the runtime", self.service.name())))?;
         let s = handle.block_on(self.stream(rel))?;
         Ok(Box::new(StreamReader::new(format!("read of {}", self.url(rel)), self.transport.read_stall, s)?))
+    }
+
+    async fn open_ahead(&self, rel: &str, ahead: usize) -> Result<Box<dyn std::io::Read + Send>> {
+        let s = self.stream(rel).await?;
+        Ok(Box::new(ReadAhead::spawn(format!("read of {}", self.url(rel)), self.transport.read_stall, ahead, s)?))
     }
 
     /// Size and blake3 of an object: from its metadata when Ferry wrote it (one HEAD-sized

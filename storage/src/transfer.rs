@@ -193,6 +193,98 @@ impl Read for StreamReader {
     }
 }
 
+/// What the read-ahead task hands its reader: a piece (holding its room in the budget until
+/// the reader has used it), the stream's error, or its end. A channel that closes without an
+/// `End` is an error, never a short file.
+enum Ahead {
+    Piece(bytes::Bytes, tokio::sync::OwnedSemaphorePermit),
+    Failed(std::io::Error),
+    End,
+}
+
+/// A blocking [`Read`] that a task on the runtime keeps up to `ahead` bytes in front of: the
+/// network's waits (the first packet, each next block, a slow DataNode) overlap the reader's
+/// work instead of stopping it, and a reader that has not started yet (a chunk waiting for a
+/// core) finds its first bytes there. Every wait for the next piece runs under `stall`, as in
+/// [`StreamReader`]; the task ends when the reader is dropped.
+pub(crate) struct ReadAhead {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Ahead>,
+    buf: bytes::Bytes,
+    _room: Option<tokio::sync::OwnedSemaphorePermit>,
+    handle: tokio::runtime::Handle,
+    what: String,
+    done: bool,
+}
+
+impl ReadAhead {
+    /// Starts the task on the current runtime; `ahead` is rounded to KiB (at least one).
+    pub(crate) fn spawn(
+        what: String,
+        stall: Duration,
+        ahead: usize,
+        mut stream: futures::stream::BoxStream<'static, Result<bytes::Bytes>>,
+    ) -> Result<ReadAhead> {
+        use futures::StreamExt;
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::Other(format!("{what}: read outside the runtime")))?;
+        let room_kib = u32::try_from(ahead >> 10).unwrap_or(u32::MAX).max(1);
+        let room = std::sync::Arc::new(tokio::sync::Semaphore::new(room_kib as usize));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let name = what.clone();
+        handle.spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    _ = tx.closed() => return,
+                    n = tokio::time::timeout(stall, stream.next()) => n,
+                };
+                let msg = match next {
+                    Err(_) => Ahead::Failed(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{name}: no bytes for {stall:?}"))),
+                    Ok(None) => Ahead::End,
+                    Ok(Some(Err(e))) => Ahead::Failed(std::io::Error::other(e.to_string())),
+                    Ok(Some(Ok(b))) => {
+                        // A piece larger than the whole budget takes all of it, and waits for it.
+                        let kib = u32::try_from(b.len().div_ceil(1024)).unwrap_or(u32::MAX).clamp(1, room_kib);
+                        let permit = tokio::select! {
+                            _ = tx.closed() => return,
+                            p = room.clone().acquire_many_owned(kib) => p.expect("the budget is never closed"),
+                        };
+                        Ahead::Piece(b, permit)
+                    }
+                };
+                let last = !matches!(msg, Ahead::Piece(..));
+                if tx.send(msg).is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(ReadAhead { rx, buf: bytes::Bytes::new(), _room: None, handle, what, done: false })
+    }
+}
+
+impl Read for ReadAhead {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.buf.is_empty() {
+            // The piece used up gives its room back before the next is waited for.
+            self._room = None;
+            if self.done {
+                return Ok(0);
+            }
+            match self.handle.block_on(self.rx.recv()) {
+                Some(Ahead::Piece(b, room)) => {
+                    self.buf = b;
+                    self._room = Some(room);
+                }
+                Some(Ahead::Failed(e)) => return Err(e),
+                Some(Ahead::End) => self.done = true,
+                None => return Err(std::io::Error::other(format!("{}: the read-ahead task ended before the file did", self.what))),
+            }
+        }
+        let n = out.len().min(self.buf.len());
+        out[..n].copy_from_slice(&self.buf[..n]);
+        bytes::Buf::advance(&mut self.buf, n);
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,5 +339,58 @@ mod tests {
         };
         let e = watched::<()>("copy y", Duration::from_secs(60), Duration::from_secs(30), p, trickle).await.unwrap_err();
         assert!(e.to_string().contains("deadline"), "{e}");
+    }
+
+    /// A stream of `pieces` that counts how many pieces were taken from it.
+    fn counted(
+        pieces: Vec<Vec<u8>>,
+    ) -> (futures::stream::BoxStream<'static, Result<bytes::Bytes>>, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use futures::StreamExt;
+        let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let t = taken.clone();
+        let s = futures::stream::iter(pieces)
+            .map(move |p| {
+                t.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(bytes::Bytes::from(p))
+            })
+            .boxed();
+        (s, taken)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_ahead_gives_every_byte_in_order_and_stays_within_its_budget() {
+        // Pieces of odd sizes, one larger than the whole budget (it goes alone).
+        let pieces: Vec<Vec<u8>> =
+            (0..40usize).map(|i| (0..(if i == 7 { 20_000 } else { 1 + i * 300 })).map(|j| (i * 7 + j) as u8).collect()).collect();
+        let want: Vec<u8> = pieces.concat();
+        let (s, taken) = counted(pieces);
+        let mut r = ReadAhead::spawn("read of t".into(), Duration::from_secs(5), 8 << 10, s).unwrap();
+        // Nobody reads yet: the task fetches up to its budget (8 KiB) and waits there.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let early = taken.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((1..=7).contains(&early), "fetched {early} pieces before any read");
+        let got = tokio::task::spawn_blocking(move || {
+            let mut v = Vec::new();
+            r.read_to_end(&mut v).map(|_| v)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_ahead_passes_on_the_streams_error_and_a_stall() {
+        use futures::StreamExt;
+        let failing = futures::stream::iter(vec![Ok(bytes::Bytes::from_static(b"abc")), Err(Error::Other("reset by peer".into()))]).boxed();
+        let mut r = ReadAhead::spawn("read of f".into(), Duration::from_secs(5), 1 << 20, failing).unwrap();
+        let e = tokio::task::spawn_blocking(move || r.read_to_end(&mut Vec::new())).await.unwrap().unwrap_err();
+        assert!(e.to_string().contains("reset by peer"), "{e}");
+
+        let stalled = futures::stream::iter(vec![Ok(bytes::Bytes::from_static(b"abc"))]).chain(futures::stream::pending()).boxed();
+        let mut r = ReadAhead::spawn("read of s".into(), Duration::from_millis(300), 1 << 20, stalled).unwrap();
+        let e = tokio::task::spawn_blocking(move || r.read_to_end(&mut Vec::new())).await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("read of s: no bytes for"), "{e}");
     }
 }

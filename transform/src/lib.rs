@@ -207,7 +207,11 @@ impl Transformer {
         let c = chunk.clone();
         let table = self.cfg.table.name.clone();
         let latest = self.ledger.table_schemas(&table).await?.pop();
-        let out = self.cpu.run(move || this.transform_blocking(&c, &rel, format, latest.as_ref())).await?.map_err(|e| match e {
+        // Opened, and fetched ahead, before a core is free: the wait for the first bytes of a
+        // chunk on HDFS or S3 is spent while other chunks decode.
+        let ahead = self.cfg.transform.read_ahead.0 as usize;
+        let input = self.staging.open_ahead(&rel, ahead.min(chunk.bytes.max(1) as usize)).await?;
+        let out = self.cpu.run(move || this.transform_blocking(&c, input, format, latest.as_ref())).await?.map_err(|e| match e {
             TransformError::Stage(TransformFailure::BadInput(m)) => bad_input(format!("{}: {m}", chunk.file_uri)),
             other => other,
         })?;
@@ -246,7 +250,7 @@ impl Transformer {
     fn transform_blocking(
         &self,
         chunk: &Chunk,
-        rel: &str,
+        input: Box<dyn std::io::Read + Send>,
         format: Format,
         latest: Option<&ferry_ledger::TableSchema>,
     ) -> Result<Transformed, TransformError> {
@@ -322,7 +326,7 @@ impl Transformer {
                 out.write(&b)
             };
             // Hashed as it is read; nothing is recorded before the hash is checked.
-            let input = HashingReader { inner: self.staging.open_blocking(rel)?, hasher: hasher.clone() };
+            let input = HashingReader { inner: input, hasher: hasher.clone() };
             let mut input = std::io::BufReader::with_capacity(256 << 10, input);
             let how = decode::Decoding {
                 path: &chunk.location,
