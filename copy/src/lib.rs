@@ -101,8 +101,10 @@ fn holds(bytes: i64) -> u64 {
 pub struct Copier {
     cfg: Config,
     /// `copy.bytes_in_flight`, in KiB: every upload (first tries, retries, hedges) takes
-    /// [`holds`] of it before it starts and gives it back when it ends.
-    room: tokio::sync::Semaphore,
+    /// [`holds`] of it before it starts, and gives it back when it ends, or sooner where the
+    /// store has every byte before the file is closed (HDFS, whose close waits on the
+    /// NameNode; see [`Progress::holding`]).
+    room: Arc<tokio::sync::Semaphore>,
     room_kib: u32,
     ledger: Ledger,
     dest: Store,
@@ -175,7 +177,7 @@ impl Copier {
             cfg,
             ledger,
             dest,
-            room: tokio::sync::Semaphore::new(room_kib as usize),
+            room: Arc::new(tokio::sync::Semaphore::new(room_kib as usize)),
             room_kib,
             recent: Recent::default(),
             hedges: Default::default(),
@@ -310,10 +312,9 @@ impl Copier {
         let started = std::time::Instant::now();
         let in_place = dest.uploads_in_place();
         let (res, loser) = match self.hedge_delay(p.bytes as u64) {
-            None => (self.ship(dest, src, tmp, landed, p, in_place, tally).await, None),
-            Some(delay) => self.race(dest, src, (tmp, landed), p, tally, delay).await,
+            None => (self.ship(dest, src, tmp, landed, p, in_place, tally, room).await, None),
+            Some(delay) => self.race(dest, src, (tmp, landed), p, tally, delay, room).await,
         };
-        drop(room);
         // Both uploads' futures are gone by now (the loser cancelled): its temp file goes.
         if let Some(name) = loser {
             self.remove_temp(&name).await;
@@ -326,6 +327,7 @@ impl Copier {
 
     /// The first ship, and after `delay` a hedge beside it. Returns the outcome and the temp
     /// name of a loser that may have left a file.
+    #[allow(clippy::too_many_arguments)]
     async fn race(
         &self,
         dest: &Store,
@@ -334,9 +336,10 @@ impl Copier {
         p: &Part,
         tally: &Tally,
         delay: std::time::Duration,
+        room: tokio::sync::OwnedSemaphorePermit,
     ) -> (Result<(), CopyError>, Option<String>) {
         let in_place = dest.uploads_in_place();
-        let first = self.ship(dest, src, tmp, landed, p, in_place, tally);
+        let first = self.ship(dest, src, tmp, landed, p, in_place, tally, room);
         tokio::pin!(first);
         tokio::select! {
             r = &mut first => return (r, None),
@@ -350,8 +353,8 @@ impl Copier {
         // Always to its own temp name, even where the first went in place; with room of its
         // own (it reads the file again).
         let second = async {
-            let _room = self.room(p).await;
-            self.ship(&hedge_dest, src, &hedge_tmp, landed, p, false, tally).await
+            let room = self.room(p).await;
+            self.ship(&hedge_dest, src, &hedge_tmp, landed, p, false, tally, room).await
         };
         tokio::pin!(second);
         // First success wins; a failure waits for the other one.
@@ -382,10 +385,10 @@ impl Copier {
     /// than the whole budget waits for all of it, and goes alone): its size, up to two pieces
     /// (one read while the one before it is still on its way: an HDFS writer queues up to
     /// ~6 MB of packets until the DataNodes acknowledge them).
-    async fn room(&self, p: &Part) -> tokio::sync::SemaphorePermit<'_> {
+    async fn room(&self, p: &Part) -> tokio::sync::OwnedSemaphorePermit {
         let holds = u64::try_from(p.bytes).unwrap_or(0).clamp(64 << 10, 2 * UPLOAD_HOLDS);
         let kib = u32::try_from(holds.div_ceil(1024)).unwrap_or(u32::MAX).min(self.room_kib);
-        self.room.acquire_many(kib).await.expect("the budget is never closed")
+        self.room.clone().acquire_many_owned(kib).await.expect("the budget is never closed")
     }
 
     /// Removes a temp file of a try that failed or lost, on a new connection (the try's own may
@@ -437,8 +440,9 @@ impl Copier {
         p: &Part,
         in_place: bool,
         tally: &Tally,
+        room: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<(), CopyError> {
-        let progress = Progress::default();
+        let progress = Progress::holding(room);
         let mut sent = Sent { progress: progress.clone(), tally, kept: false };
         let c = &self.cfg.copy;
         let target = if in_place { landed } else { tmp };

@@ -314,10 +314,12 @@ pub struct CopySection {
     /// retry of one part, not an attempt of the chunk.
     pub retries: u32,
     /// The most bytes of part files that this process's uploads hold at once, first tries,
-    /// retries and hedges alike (an upload holds up to 8 MiB of its file, two 4 MiB pieces:
-    /// its whole size when smaller). It bounds copy's memory whatever `concurrency` says: an upload waits for room
-    /// before it starts (a part larger than the budget goes alone). Uploads whose close waits
-    /// on the store keep their room until the close is answered.
+    /// retries and hedges alike. It bounds copy's memory whatever `concurrency` says. To HDFS
+    /// an upload reads its file in pieces of up to 4 MiB (its whole size when smaller), each
+    /// waiting for room before it is read and giving it back once the DataNodes have
+    /// acknowledged it, so a file whose close waits on the NameNode holds none. Elsewhere an
+    /// upload takes room for up to 8 MiB of its file before it starts and keeps it to its end
+    /// (a part larger than the budget goes alone).
     pub bytes_in_flight: ByteSize,
 }
 

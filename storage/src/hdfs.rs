@@ -598,14 +598,21 @@ impl Backend for HdfsStore {
         let piece = f.metadata().map_err(|e| Error::io(local.display(), e))?.len().clamp(64 << 10, 4 << 20) as usize;
         let f = Arc::new(std::sync::Mutex::new(Some(f)));
         let src = local.display().to_string();
+        // The pieces keep the upload's room in the caller's budget; the upload lets go of its
+        // own hold after the last one, so the room comes back once the DataNodes have
+        // acknowledged every piece, while the close may still wait on the NameNode.
+        let held = progress.clone();
         let next = move || {
-            let (f, src) = (f.clone(), src.clone());
+            let (f, src, held) = (f.clone(), src.clone(), held.clone());
             Box::pin(async move {
                 let what = src.clone();
                 tokio::task::spawn_blocking(move || {
                     use std::io::Read;
                     let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
-                    let Some(file) = g.as_mut() else { return Ok(None) };
+                    let Some(file) = g.as_mut() else {
+                        held.let_go_of_room();
+                        return Ok(None);
+                    };
                     let mut buf = vec![0u8; piece];
                     let mut filled = 0;
                     while filled < buf.len() {
@@ -620,7 +627,11 @@ impl Backend for HdfsStore {
                         }
                     }
                     buf.truncate(filled);
-                    Ok((filled > 0).then(|| Bytes::from(buf)))
+                    if filled == 0 {
+                        held.let_go_of_room();
+                        return Ok(None);
+                    }
+                    Ok(Some(held.piece(buf)))
                 })
                 .await
                 .map_err(|e| Error::Other(format!("reading {what}: {e}")))?

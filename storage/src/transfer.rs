@@ -18,9 +18,50 @@ pub struct ProgressState {
     /// Bounded calls in flight (a NameNode `complete()`, a single PUT under its request
     /// timeout): each has its own deadline, so the no-progress watchdog does not count them.
     in_calls: std::sync::atomic::AtomicUsize,
+    /// Room in a budget of bytes in memory (`copy.bytes_in_flight`) taken for this transfer
+    /// before it started. A backend that sends pieces which the store keeps after they were
+    /// handed over (an HDFS writer keeps its packets, slices of them, until the DataNodes
+    /// acknowledge them) ties the room to the pieces ([`Progress::piece`]) and lets go of its
+    /// own hold when the last piece is read ([`Progress::let_go_of_room`]): the room comes back
+    /// when the store has every byte, not when the transfer ends, so a close that waits on the
+    /// NameNode holds none. Taken once, before the first byte: never waited for while pieces
+    /// are held, so transfers cannot wait on each other's room.
+    room: std::sync::Mutex<Option<std::sync::Arc<tokio::sync::OwnedSemaphorePermit>>>,
+}
+
+/// A piece of a file read for an upload, holding its transfer's room until the last slice of
+/// it is dropped.
+struct Held {
+    bytes: Vec<u8>,
+    _room: std::sync::Arc<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 impl Progress {
+    /// A transfer holding `room` (see [`ProgressState::room`]).
+    pub fn holding(room: tokio::sync::OwnedSemaphorePermit) -> Progress {
+        Progress(std::sync::Arc::new(ProgressState { room: std::sync::Mutex::new(Some(std::sync::Arc::new(room))), ..Default::default() }))
+    }
+
+    /// `buf` as bytes that keep the transfer's room (if it holds any) until the last slice of
+    /// them is dropped.
+    pub fn piece(&self, buf: Vec<u8>) -> bytes::Bytes {
+        match self.0.room.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            None => bytes::Bytes::from(buf),
+            Some(r) => bytes::Bytes::from_owner(Held { bytes: buf, _room: r }),
+        }
+    }
+
+    /// The transfer has read its last piece: its room stays only as long as those pieces do.
+    pub fn let_go_of_room(&self) {
+        self.0.room.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
     pub fn add(&self, n: u64) {
         self.0.bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
@@ -392,5 +433,30 @@ mod tests {
         let e = tokio::task::spawn_blocking(move || r.read_to_end(&mut Vec::new())).await.unwrap().unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
         assert!(e.to_string().contains("read of s: no bytes for"), "{e}");
+    }
+
+    #[test]
+    fn a_transfers_room_comes_back_when_its_last_piece_is_dropped() {
+        let room = std::sync::Arc::new(tokio::sync::Semaphore::new(8));
+        let p = Progress::holding(room.clone().try_acquire_many_owned(8).unwrap());
+        let mut first = p.piece(vec![7u8; 5 << 10]);
+        let second = p.piece(vec![8u8; 1 << 10]);
+        // A slice handed on (a packet waiting for its acknowledgement) keeps it all.
+        let packet = first.split_to(1024);
+        drop(first);
+        p.let_go_of_room();
+        assert_eq!(room.available_permits(), 0, "given back while pieces are still held");
+        drop(second);
+        assert_eq!(room.available_permits(), 0, "given back while a slice is still held");
+        drop(packet);
+        assert_eq!(room.available_permits(), 8);
+        // Without a hold of its own the transfer's room goes with its last piece; a transfer
+        // that never lets go keeps it to its end.
+        let p = Progress::holding(room.clone().try_acquire_many_owned(8).unwrap());
+        drop(p.piece(vec![0u8; 10]));
+        assert_eq!(room.available_permits(), 0);
+        drop(p);
+        assert_eq!(room.available_permits(), 8);
+        assert_eq!(Progress::default().piece(vec![1, 2, 3]).as_ref(), &[1, 2, 3]);
     }
 }
