@@ -610,6 +610,11 @@ stamp=${stamp:-$(date -u +%Y-%m-%d-%H%M)}; echo "$stamp" > "$DIR/stamp"
     echo
     echo "MiniDFS clusters A and B started with \`$FERRY_MINIDFS_ARGS\`."
   fi
+  # The clusters' JVM, when the run changed it (the tests' default stops at the C1 compiler).
+  if [ "$HDFS" = 1 ] && [ -n "${FERRY_MINIDFS_JAVA_OPTS:-}" ]; then
+    echo
+    echo "MiniDFS JVMs run with \`$FERRY_MINIDFS_JAVA_OPTS\`."
+  fi
   echo
   cat "$DIR/table.md"
   echo
