@@ -314,12 +314,11 @@ pub struct CopySection {
     /// retry of one part, not an attempt of the chunk.
     pub retries: u32,
     /// The most bytes of part files that this process's uploads hold at once, first tries,
-    /// retries and hedges alike. It bounds copy's memory whatever `concurrency` says. To HDFS
-    /// an upload reads its file in pieces of up to 4 MiB (its whole size when smaller), each
-    /// waiting for room before it is read and giving it back once the DataNodes have
-    /// acknowledged it, so a file whose close waits on the NameNode holds none. Elsewhere an
-    /// upload takes room for up to 8 MiB of its file before it starts and keeps it to its end
-    /// (a part larger than the budget goes alone).
+    /// retries and hedges alike. It bounds copy's memory whatever `concurrency` says: an upload
+    /// takes room for up to 8 MiB of its file (two 4 MiB pieces; its whole size when smaller)
+    /// before it starts, and a part larger than the budget goes alone. To HDFS it gives the
+    /// room back once the DataNodes have acknowledged its last piece, so a file whose close
+    /// waits on the NameNode holds none; elsewhere at the upload's end.
     pub bytes_in_flight: ByteSize,
 }
 

@@ -190,6 +190,11 @@ pub(crate) async fn drain_hash(
     Ok((n, h.finalize().to_hex().to_string()))
 }
 
+/// The error of a blocking read whose stream sent nothing for `stall`.
+fn no_bytes(what: &str, stall: Duration) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what}: no bytes for {stall:?}"))
+}
+
 /// A blocking [`Read`] over an async byte stream, for callers on a blocking thread (the
 /// splitter, the decoders). Every wait for the next piece runs under `stall`, so a server that
 /// stops sending ends the read instead of hanging it.
@@ -220,7 +225,7 @@ impl Read for StreamReader {
             let next = self.handle.block_on(tokio::time::timeout(self.stall, self.stream.next()));
             match next {
                 Err(_) => {
-                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{}: no bytes for {:?}", self.what, self.stall)));
+                    return Err(no_bytes(&self.what, self.stall));
                 }
                 Ok(None) => return Ok(0),
                 Ok(Some(Err(e))) => return Err(std::io::Error::other(e.to_string())),
@@ -278,7 +283,7 @@ impl ReadAhead {
                     n = tokio::time::timeout(stall, stream.next()) => n,
                 };
                 let msg = match next {
-                    Err(_) => Ahead::Failed(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{name}: no bytes for {stall:?}"))),
+                    Err(_) => Ahead::Failed(no_bytes(&name, stall)),
                     Ok(None) => Ahead::End,
                     Ok(Some(Err(e))) => Ahead::Failed(std::io::Error::other(e.to_string())),
                     Ok(Some(Ok(b))) => {
