@@ -94,7 +94,7 @@ ferry_stop_postgres() {
 # (a stock Debian's Python refuses `pip install` outside one: PEP 668), which sees the system's
 # packages too; ferry_python_path puts it first on PATH (in this shell: call it after a
 # ferry_python_deps that ran in the background).
-FERRY_PY_MODULES='pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate, deltalake, pyspark, delta'
+FERRY_PY_MODULES='pyarrow, duckdb, fastavro, cramjam, backports.zstd, yaml, kubernetes_validate, deltalake, pyspark, delta, pyiceberg, sqlalchemy, psycopg2'
 ferry_python_path() {
   if [ -x "$FERRY_CACHE/venv/bin/python3" ]; then
     case ":$PATH:" in *":$FERRY_CACHE/venv/bin:"*) ;; *) export PATH="$FERRY_CACHE/venv/bin:$PATH" ;; esac
@@ -110,9 +110,10 @@ ferry_python_deps() {
   fi
   # pyspark and delta-spark: Delta's reference reader (its jars: ferry_spark_jars); delta-spark
   # 4.4.0 is built for Spark 4.2.0.
-  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate, deltalake, pyspark, delta-spark from PyPI into $FERRY_CACHE/venv" >&2
+  # pyiceberg with SQLAlchemy and psycopg2: the reader of Iceberg tables whose catalog is the ledger.
+  echo "installing pyarrow, duckdb, fastavro (+ its snappy and zstd codecs), pyyaml, kubernetes-validate, deltalake, pyspark, delta-spark, pyiceberg from PyPI into $FERRY_CACHE/venv" >&2
   "$FERRY_CACHE/venv/bin/python3" -m pip install -q pyarrow duckdb fastavro cramjam backports.zstd pyyaml kubernetes-validate deltalake \
-    'pyspark==4.2.0' 'delta-spark==4.4.0' >&2
+    'pyspark==4.2.0' 'delta-spark==4.4.0' 'pyiceberg[sql-sqlite,sql-postgres,pyarrow]==0.12.0' >&2
 }
 
 # Spark's packages for the tests that read tables with Spark: delta-spark, and for S3A the

@@ -30,7 +30,8 @@ ferry_deploy_tools
 # run_tests.py refuses a name it does not find).
 quick_tier=(ferry-tests::cases ferry-tests::deploy ferry-tests::inputs ferry-tests::moving_sources
   ferry-tests::durability ferry-tests::docs ferry-tests::archive_memory ferry-tests::hostile ferry-tests::operations
-  ferry-tests::pipeline ferry-tests::versions ferry-tests::versions_delta ferry-tests::recovery ferry-tests::observe
+  ferry-tests::pipeline ferry-tests::versions ferry-tests::versions_delta ferry-tests::versions_iceberg ferry-tests::iceberg
+  ferry-tests::recovery ferry-tests::observe
   ferry-ledger::conformance ferry-ledger::resilience ferry-ledger::schema ferry-runtime::runner
   ferry-admin::ferry_cli ferry-admin::ferry_gen_and_config ferry-transform::fuzz ferry-transform::avro_decoder)
 if [ -z "$quick" ]; then

@@ -53,13 +53,10 @@ pub fn delta_type(detail: &str) -> Result<Value> {
         ("date", "") => json!("date"),
         ("binary", "") => json!("binary"),
         ("fixed", _) => json!("binary"),
-        ("decimal", p) => {
-            let (prec, scale) = p.trim_matches(['(', ')']).split_once(',').unwrap_or(("", ""));
-            match (prec.trim().parse::<u32>(), scale.trim().parse::<u32>()) {
-                (Ok(p), Ok(s)) if (1..=38).contains(&p) && s <= p => json!(format!("decimal({p},{s})")),
-                _ => return refuse("Delta decimals have a precision of 1 to 38"),
-            }
-        }
+        ("decimal", p) => match ferry_table::types::decimal(p) {
+            Some((p, s)) => json!(format!("decimal({p},{s})")),
+            None => return refuse("Delta decimals have a precision of 1 to 38"),
+        },
         ("timestamp", "[ms]" | "[us]") => json!("timestamp"),
         ("timestamp_ntz", "[ms]" | "[us]") => json!("timestamp_ntz"),
         ("timestamp" | "timestamp_ntz", _) => return refuse("Delta timestamps hold microseconds; use timestamp_us or timestamp_ms"),
@@ -86,26 +83,10 @@ pub fn delta_type(detail: &str) -> Result<Value> {
 
 /// `<...>` without its brackets.
 fn unwrap<'a>(t: &'a str, whole: &str) -> Result<&'a str> {
-    t.strip_prefix('<').and_then(|t| t.strip_suffix('>')).ok_or_else(|| DeltaError::Schema(format!("cannot read type {whole}")))
+    ferry_table::types::inner(t).ok_or_else(|| DeltaError::Schema(format!("cannot read type {whole}")))
 }
 
-/// Splits `a,b<c,d>,e` at the commas outside brackets.
-fn split_top(s: &str) -> Vec<&str> {
-    let (mut depth, mut start, mut out) = (0i32, 0usize, Vec::new());
-    for (i, c) in s.char_indices() {
-        match c {
-            '<' | '(' | '[' => depth += 1,
-            '>' | ')' | ']' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
+use ferry_table::types::split_top;
 
 /// An `add` action for a part at table path `rel` (relative to the table), with the file's
 /// statistics as transform recorded them (`stats` JSON), or its row count alone.
@@ -155,13 +136,7 @@ pub fn commit_info(operation: &str, chunks: &[&str], now_ms: i64) -> Value {
     }})
 }
 
-/// The chunk id in the name of a table file Ferry wrote (`part-<chunk>-<first 8 of its
-/// blake3>.parquet`); None for files of other writers.
-pub fn chunk_of(rel: &str) -> Option<&str> {
-    let name = rel.rsplit('/').next()?;
-    let (chunk, hash) = name.strip_prefix("part-")?.strip_suffix(".parquet")?.rsplit_once('-')?;
-    (hash.len() == 8 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(chunk)
-}
+pub use ferry_table::chunk_of;
 
 /// A Hive partition path (`dt=2026-11-28/h=%2F`) as Delta's partition values: the column
 /// names, and the values unescaped (Hive's default partition is null). The directory holds

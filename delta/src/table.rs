@@ -133,14 +133,7 @@ fn table_error(e: DeltaError) -> LoadError {
     }
 }
 
-/// A part's file name in a Delta table: `part-<chunk>-<first 8 of its blake3>.parquet`, so
-/// that other bytes for the same chunk and partition (a rerun) never take a name an earlier
-/// version of the table still reads.
-pub(crate) fn part_rel(p: &Part) -> String {
-    let stem = p.name.strip_suffix(".parquet").unwrap_or(&p.name);
-    let hash = p.content_hash.get(..8).unwrap_or(&p.content_hash);
-    paths::part_rel(&p.partition, &format!("{stem}-{hash}.parquet"))
-}
+pub(crate) use ferry_table::part_rel;
 
 /// What one chunk's commit is to bring about, fixed before the log is read.
 struct Plan {
@@ -839,20 +832,7 @@ impl DeltaTable {
     /// Moves a part's landed file to its name in the table directory (where no reader looks
     /// until a commit adds it); a retry finds it there already.
     async fn place(&self, dest: &Store, p: &Part) -> Result<(), LoadError> {
-        let name = &self.cfg.table.name;
-        let landed = paths::landed(name, &p.chunk_id, &p.rel_path());
-        let target = paths::table_file(name, &part_rel(p));
-        if dest.rename_noreplace(&landed, &target).await.or_else(|e| if e.is_not_found() { Ok(false) } else { Err(e) })? {
-            return Ok(());
-        }
-        match ferry_table::in_table::<LoadFailure>(dest, &target, p).await? {
-            Some(true) => {
-                let _ = dest.delete(&landed).await;
-                Ok(())
-            }
-            Some(false) => Err(ferry_table::conflict(dest, &target, &p.chunk_id)),
-            None => Err(ferry_table::missing(dest, &landed, &target, &p.chunk_id)),
-        }
+        ferry_table::place(dest, &self.cfg.table.name, p).await
     }
 
     /// A superseded chunk of a Delta table: recorded as withdrawn, its files taken out of the

@@ -4,6 +4,7 @@
 use ferry_common::paths;
 
 use crate::backend::{Backend, Begin};
+use crate::catalog::{CatalogSwap, Record, Swapped};
 use crate::state::TaskState;
 use crate::{Lease, Ledger, Result, db};
 
@@ -501,7 +502,16 @@ impl Ledger {
         replace: bool,
         table_version: Option<i64>,
     ) -> Result<bool> {
+        let record = Record { table, parts, replace, table_version };
+        Ok(self.publish_tx(lease, None, Some(record)).await? == Swapped::Done)
+    }
+
+    /// [`Ledger::record_published`] and, when `swap` is given, a commit to a table of the
+    /// Iceberg catalog in the ledger, as one transaction: both or neither. `record` None: the
+    /// swap alone (a commit that takes a withdrawn chunk's files out), still fenced by `lease`.
+    pub(crate) async fn publish_tx(&self, lease: &Lease, swap: Option<&CatalogSwap<'_>>, record: Option<Record<'_>>) -> Result<Swapped> {
         let now = self.now_ms();
+        let replace = record.as_ref().is_some_and(|r| r.replace);
         let postgres = self.backend_name() == "postgres";
         let ok = self
             .call("record_published", || async move {
@@ -513,7 +523,7 @@ impl Ledger {
                     }
                     if replace {
                         if newer_in_tx!(tx, &lease.chunk_id, postgres, op).is_some() {
-                            return Ok(Some(false));
+                            return Ok(Some(Swapped::Superseded));
                         }
                         // A version with no rows is in the table from here on (see `version_in_table!`).
                         sqlx::query("UPDATE source_files SET switched_at = $2 WHERE id = (SELECT file_id FROM chunks WHERE id = $1)")
@@ -523,6 +533,15 @@ impl Ledger {
                             .await
                             .map_err(db(op))?;
                     }
+                    if let Some(swap) = swap
+                        && !swap_in_tx!(tx, swap, op)
+                    {
+                        return Ok(Some(Swapped::Lost));
+                    }
+                    let Some(Record { table, parts, table_version, .. }) = record else {
+                        tx.commit().await.map_err(db(op))?;
+                        return Ok(Some(Swapped::Done));
+                    };
                     sqlx::query("DELETE FROM published WHERE chunk_id = $1")
                         .bind(&lease.chunk_id)
                         .execute(&mut *tx)
@@ -548,12 +567,12 @@ impl Ledger {
                         .map_err(db(op))?;
                     }
                     tx.commit().await.map_err(db(op))?;
-                    Ok(Some(true))
+                    Ok(Some(Swapped::Done))
                 })
             })
             .await?;
         match ok {
-            Some(recorded) => Ok(recorded),
+            Some(done) => Ok(done),
             None => Err(self.lease_lost(lease).await),
         }
     }

@@ -28,7 +28,7 @@ use ferry_common::config::redact_url;
 use ferry_common::error::ConfigError;
 
 /// The ledger's tables, parents before the tables whose rows refer to them: what a move copies.
-pub const TABLES: [&str; 13] = [
+pub const TABLES: [&str; 15] = [
     "pipelines",
     "source_files",
     "chunks",
@@ -42,6 +42,8 @@ pub const TABLES: [&str; 13] = [
     "table_schemas",
     "chunk_notes",
     "switches",
+    "iceberg_tables",
+    "iceberg_namespace_properties",
 ];
 
 /// Tables the move does not copy: each ledger's own bookkeeping, which its migrations write

@@ -2,7 +2,7 @@
 //!
 //! What every table format shares is here; what a format does is behind `ferry_table::Table`
 //! (the Hive layout: `ferry_table::hive`, whose opening note is the publish protocol and what a
-//! crash at each step leaves; Delta: `ferry_delta::DeltaTable`), chosen once by [`open_table`].
+//! crash at each step leaves; Delta: `ferry_delta::DeltaTable`; Iceberg: `ferry_iceberg::IcebergTable`), chosen once by [`open_table`].
 //!
 //! One chunk's load:
 //! 1. A chunk of a file whose corrected version (a newer one at the same path) is in the table
@@ -33,6 +33,7 @@ pub fn open_table(cfg: &Config, ledger: &Ledger) -> Result<Arc<dyn Table>, LoadE
     Ok(match cfg.destination.table_format {
         TableFormat::Hive => Arc::new(HiveTable::new(cfg.clone(), ledger.clone(), dest)),
         TableFormat::Delta => Arc::new(ferry_delta::DeltaTable::new(cfg.clone(), ledger.clone(), dest)),
+        TableFormat::Iceberg => Arc::new(ferry_iceberg::IcebergTable::new(cfg.clone(), ledger.clone(), dest)),
     })
 }
 
@@ -42,7 +43,7 @@ pub fn open_table(cfg: &Config, ledger: &Ledger) -> Result<Arc<dyn Table>, LoadE
 pub async fn preflight(cfg: &Config, timeout: std::time::Duration) -> Option<ferry_table::Preflight> {
     let mut p = ferry_table::Preflight::new(timeout);
     match cfg.destination.table_format {
-        TableFormat::Hive => return None,
+        TableFormat::Hive | TableFormat::Iceberg => return None,
         TableFormat::Delta => {
             let _ = ferry_delta::preflight(cfg, &mut p).await;
         }

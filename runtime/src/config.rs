@@ -143,10 +143,14 @@ pub struct DestinationSection {
     #[serde(default)]
     pub store: StoreOptions,
     /// `hive` (Parquet in Hive partition directories, with `CREATE EXTERNAL TABLE` DDL beside
-    /// it) or `delta` (the same files, committed to a Delta Lake log: readers see whole
-    /// commits, with statistics and time travel).
+    /// it), `delta` (the same files, committed to a Delta Lake log: readers see whole
+    /// commits, with statistics and time travel) or `iceberg` (the same files in an Apache
+    /// Iceberg table, format version 2, whose catalog is `[destination.iceberg]`).
     #[serde(default)]
     pub table_format: TableFormat,
+    /// The Iceberg table's catalog (`table_format = "iceberg"`).
+    #[serde(default)]
+    pub iceberg: IcebergSection,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default, schemars::JsonSchema)]
@@ -155,9 +159,59 @@ pub enum TableFormat {
     #[default]
     Hive,
     Delta,
+    Iceberg,
+}
+
+/// Where an Iceberg table's catalog is, and the table's name in it (`[table] name`).
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IcebergSection {
+    /// `ledger`: Iceberg's JDBC catalog, in the ledger's own database (the tables
+    /// `iceberg_tables` and `iceberg_namespace_properties`); a commit and the ledger's record of
+    /// its chunks are one transaction. Spark's JdbcCatalog, Trino's jdbc catalog and PyIceberg's
+    /// SqlCatalog read the table given the ledger's URL. (`rest`, an Iceberg REST catalog, is
+    /// not in this release: refused.)
+    #[serde(default)]
+    pub catalog: IcebergCatalog,
+    /// The JDBC catalog's `catalog_name`: the name readers give the catalog.
+    #[serde(default = "default_catalog_name")]
+    pub catalog_name: String,
+    /// The table's namespace in the catalog (levels joined with `.`).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+}
+
+impl Default for IcebergSection {
+    fn default() -> Self {
+        IcebergSection { catalog: IcebergCatalog::default(), catalog_name: default_catalog_name(), namespace: default_namespace() }
+    }
+}
+
+fn default_catalog_name() -> String {
+    "ferry".into()
+}
+fn default_namespace() -> String {
+    "default".into()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum IcebergCatalog {
+    #[default]
+    Ledger,
+    Rest,
 }
 
 impl TableFormat {
+    /// The format as users know it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TableFormat::Hive => "Hive",
+            TableFormat::Delta => "Delta",
+            TableFormat::Iceberg => "Iceberg",
+        }
+    }
+
     /// Whether a column's type can widen (`int` to `bigint`, `float` to `double`) in a table of
     /// this format. A Delta table cannot without the `typeWidening` table feature, which Ferry
     /// does not write (and readers without it could no longer read the table): there a wider
@@ -416,8 +470,22 @@ impl Config {
             return Err("ledger.max_attempts: must be at least 1".into());
         }
         LedgerUrl::parse(&self.ledger.url).map_err(|e| format!("ledger.url: {}", e.message))?;
-        if self.destination.table_format == TableFormat::Delta {
-            // Delta timestamps hold microseconds: a nanosecond column would lose digits.
+        if self.destination.table_format == TableFormat::Iceberg {
+            let ice = &self.destination.iceberg;
+            if ice.catalog == IcebergCatalog::Rest {
+                return Err("destination.iceberg.catalog: \"rest\" is not in this release of Ferry; use \"ledger\" (Iceberg's JDBC \
+                            catalog in the ledger's database)"
+                    .into());
+            }
+            for (key, v) in [("destination.iceberg.catalog_name", &ice.catalog_name), ("destination.iceberg.namespace", &ice.namespace)] {
+                if v.is_empty() || v.len() > 255 || v.chars().any(char::is_control) || v.split('.').any(str::is_empty) {
+                    return Err(format!("{key}: {v:?} must be 1 to 255 characters, without control characters or empty levels"));
+                }
+            }
+        }
+        if self.destination.table_format != TableFormat::Hive {
+            // Delta and Iceberg (v2) timestamps hold microseconds: a nanosecond column would
+            // lose digits.
             let mut ns = self
                 .table
                 .columns
@@ -427,7 +495,9 @@ impl Config {
                 .chain(self.transform.cast.iter().filter(|(_, t)| **t == ColumnType::TimestampNs).map(|(n, _)| ("transform.cast", n)));
             if let Some((key, name)) = ns.next() {
                 return Err(format!(
-                    "{key}: column {name:?} is timestamp_ns, which a Delta table cannot hold (its timestamps are microseconds);                      use timestamp_us, or destination.table_format = \"hive\""
+                    "{key}: column {name:?} is timestamp_ns, which a {} table cannot hold (its timestamps are microseconds); \
+                     use timestamp_us, or destination.table_format = \"hive\"",
+                    self.destination.table_format.name()
                 ));
             }
         }
@@ -658,10 +728,19 @@ name = "events"
         assert!(e.contains("table.columns") && e.contains("\"at\"") && e.contains("microseconds"), "{e}");
         let e = load_str(&format!("{delta}\n[transform]\ncast = {{ at = \"timestamp_ns\" }}\n")).unwrap_err().to_string();
         assert!(e.contains("transform.cast"), "{e}");
-        let e = load_str(&MIN.replace("url = \"/data/warehouse\"", "url = \"/data/warehouse\"\ntable_format = \"iceberg\""))
+        let e = load_str(&MIN.replace("url = \"/data/warehouse\"", "url = \"/data/warehouse\"\ntable_format = \"orc\""))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("iceberg") && e.contains("delta"), "{e}");
+        assert!(e.contains("orc") && e.contains("delta") && e.contains("iceberg"), "{e}");
+        let iceberg = MIN.replace("url = \"/data/warehouse\"", "url = \"/data/warehouse\"\ntable_format = \"iceberg\"");
+        let cfg = load_str(&iceberg).unwrap();
+        assert_eq!((cfg.destination.iceberg.catalog_name.as_str(), cfg.destination.iceberg.namespace.as_str()), ("ferry", "default"));
+        let e = load_str(&ns.replace("table_format = \"delta\"", "table_format = \"iceberg\"")).unwrap_err().to_string();
+        assert!(e.contains("Iceberg table cannot hold"), "{e}");
+        let e = load_str(&format!("{iceberg}\n[destination.iceberg]\ncatalog = \"rest\"\n")).unwrap_err().to_string();
+        assert!(e.contains("destination.iceberg.catalog"), "{e}");
+        let e = load_str(&format!("{iceberg}\n[destination.iceberg]\nnamespace = \"a..b\"\n")).unwrap_err().to_string();
+        assert!(e.contains("destination.iceberg.namespace"), "{e}");
     }
 
     #[test]

@@ -32,6 +32,41 @@
 
 pub mod hive;
 
+/// Ferry's recorded column types (`SchemaColumn::detail`: `list<struct<a:int,b:string>>`), as the
+/// formats with a schema of their own read them.
+pub mod types {
+    /// `<...>` without its brackets.
+    pub fn inner(t: &str) -> Option<&str> {
+        t.strip_prefix('<').and_then(|t| t.strip_suffix('>'))
+    }
+
+    /// The precision and scale of `(p,s)`, where both formats with a schema can hold them
+    /// (precision 1 to 38, scale at most the precision).
+    pub fn decimal(t: &str) -> Option<(u32, u32)> {
+        let (prec, scale) = t.trim_matches(['(', ')']).split_once(',')?;
+        let (p, s) = (prec.trim().parse::<u32>().ok()?, scale.trim().parse::<u32>().ok()?);
+        ((1..=38).contains(&p) && s <= p).then_some((p, s))
+    }
+
+    /// Splits `a,b<c,d>,e` at the commas outside brackets.
+    pub fn split_top(s: &str) -> Vec<&str> {
+        let (mut depth, mut start, mut out) = (0i32, 0usize, Vec::new());
+        for (i, c) in s.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 0 => {
+                    out.push(&s[start..i]);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        out.push(&s[start..]);
+        out
+    }
+}
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -283,6 +318,42 @@ pub async fn in_table<F: Failure>(dest: &Store, target: &str, p: &Part) -> Resul
         Ok((_, hash)) => Ok(Some(hash == p.content_hash)),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// A part's file name in a table of a format with a log (Delta, Iceberg):
+/// `part-<chunk>-<first 8 of its blake3>.parquet`, so that other bytes for the same chunk and
+/// partition (a rerun) never take a name an earlier version of the table still reads.
+pub fn part_rel(p: &Part) -> String {
+    let stem = p.name.strip_suffix(".parquet").unwrap_or(&p.name);
+    let hash = p.content_hash.get(..8).unwrap_or(&p.content_hash);
+    paths::part_rel(&p.partition, &format!("{stem}-{hash}.parquet"))
+}
+
+/// The chunk id in the name of a table file Ferry wrote ([`part_rel`]); None for files of
+/// other writers.
+pub fn chunk_of(rel: &str) -> Option<&str> {
+    let name = rel.rsplit('/').next()?;
+    let (chunk, hash) = name.strip_prefix("part-")?.strip_suffix(".parquet")?.rsplit_once('-')?;
+    (hash.len() == 8 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(chunk)
+}
+
+/// Moves a landed part into `table`'s directory under its [`part_rel`] name, where no reader
+/// looks until a commit names it; a part already there with its bytes (a retry) is done, one
+/// with other bytes is a conflict, and one in neither place must be copied again.
+pub async fn place(dest: &Store, table: &str, p: &Part) -> Result<(), TableError> {
+    let landed = paths::landed(table, &p.chunk_id, &p.rel_path());
+    let target = paths::table_file(table, &part_rel(p));
+    if dest.rename_noreplace(&landed, &target).await.or_else(|e| if e.is_not_found() { Ok(false) } else { Err(e) })? {
+        return Ok(());
+    }
+    match in_table::<TableFailure>(dest, &target, p).await? {
+        Some(true) => {
+            let _ = dest.delete(&landed).await;
+            Ok(())
+        }
+        Some(false) => Err(conflict(dest, &target, &p.chunk_id)),
+        None => Err(missing(dest, &landed, &target, &p.chunk_id)),
     }
 }
 

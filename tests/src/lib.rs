@@ -226,8 +226,12 @@ max_bad_records = 5
         self.dir.path().join(rel)
     }
 
+    /// The ledger's URL as the config has it (a SQLite file in the test's directory unless
+    /// [`Pipeline::use_ledger`] pointed it elsewhere).
     pub fn ledger_url(&self) -> String {
-        format!("sqlite://{}/ledger.db", self.dir.path().display())
+        let cfg = std::fs::read_to_string(&self.config).unwrap();
+        let line = cfg.lines().find(|l| l.starts_with("url = ")).expect("the ledger's url, first in the config");
+        line.trim_start_matches("url = ").trim_matches('"').to_string()
     }
 
     pub fn command(&self, name: &str) -> Command {
@@ -366,7 +370,19 @@ max_bad_records = 5
     /// `_delta_log`) by delta-rs at its latest version.
     pub fn table_digest(&self) -> serde_json::Value {
         let dir = self.path("wh/events");
-        if dir.join("_delta_log").exists() { delta_digest(&dir, None) } else { table_digest(&dir) }
+        if self.is_iceberg() {
+            iceberg_digest(&self.ledger_url(), "default.events", None)
+        } else if dir.join("_delta_log").exists() {
+            delta_digest(&dir, None)
+        } else {
+            table_digest(&dir)
+        }
+    }
+
+    /// Whether the table is an Iceberg table (`table_format = "iceberg"`), which
+    /// [`Pipeline::table_digest`] reads through PyIceberg and the catalog in the ledger.
+    pub fn is_iceberg(&self) -> bool {
+        std::fs::read_to_string(&self.config).unwrap().contains("table_format = \"iceberg\"")
     }
 }
 
@@ -599,6 +615,24 @@ pub fn delta_digest(dir: &Path, version: Option<i64>) -> serde_json::Value {
     python(DIGEST, &["delta", dir.to_str().unwrap(), &v])
 }
 
+/// Digest of an Iceberg table as PyIceberg reads it through the JDBC catalog in the ledger at
+/// `ledger_url` (given only that URL, as a user would point it there): at the current snapshot,
+/// or at `snapshot` (time travel by snapshot id). `table`: `namespace.name`.
+pub fn iceberg_digest(ledger_url: &str, table: &str, snapshot: Option<i64>) -> serde_json::Value {
+    let v = snapshot.map(|v| v.to_string()).unwrap_or_default();
+    python(DIGEST, &["iceberg", &format!("{}|{table}", sqlalchemy_url(ledger_url)), &v])
+}
+
+/// A ledger URL as SQLAlchemy (PyIceberg's SqlCatalog) takes it.
+pub fn sqlalchemy_url(ledger_url: &str) -> String {
+    if let Some(path) = ledger_url.strip_prefix("sqlite://") {
+        format!("sqlite:///{}", path.split('?').next().unwrap_or(path))
+    } else {
+        let rest = ledger_url.split_once("://").map_or(ledger_url, |(_, r)| r);
+        format!("postgresql+psycopg2://{rest}")
+    }
+}
+
 /// Digests of a Delta table as Spark with delta-spark (Delta's reference implementation)
 /// reads it, one per entry of `versions` (None: the latest; Some: time travel), from one Spark
 /// session. Each version is read through Spark, written out with pyarrow and digested like a
@@ -802,7 +836,7 @@ def digest(kind, d, v):
         s = r["score"]
         s = None if s in (None, "") else float(s)
         rows.append((r["event_id"], ms(r["ts"]), r["host"], r["kind"], int(r["user_id"]), r["payload"], s))
-    if kind in ("table", "s3table", "delta"):
+    if kind in ("table", "s3table", "delta", "iceberg"):
         import pyarrow.dataset as ds
         fsys = None
         if kind == "s3table":
@@ -814,6 +848,11 @@ def digest(kind, d, v):
         if kind == "delta":
             from deltalake import DeltaTable
             t = DeltaTable(d, version=None if v is None else int(v)).to_pyarrow_table()
+        elif kind == "iceberg":
+            from pyiceberg.catalog.sql import SqlCatalog
+            uri, name = d.split("|", 1)
+            t = SqlCatalog("ferry", uri=uri, init_catalog_tables="false").load_table(name).scan(
+                snapshot_id=None if v is None else int(v)).to_arrow()
         elif fsys is not None and fsys.get_file_info(d).type == pfs.FileType.NotFound:
             import pyarrow as pa
             t = pa.table({})

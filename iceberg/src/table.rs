@@ -1,0 +1,704 @@
+//! Ferry's Iceberg table: the `Table` seam's Iceberg side (see the crate's opening note for
+//! the commit and what a crash leaves).
+//!
+//! | Hive layout (renames)                          | Iceberg (one snapshot per commit)                  |
+//! |------------------------------------------------|----------------------------------------------------|
+//! | parts renamed into the table, all or nothing   | every part added in one snapshot (`append`)        |
+//! | a rerun's earlier output deleted               | the chunk's other files deleted in it (`overwrite`)|
+//! | a version switched in, older files deleted     | the version's files added and the older versions'  |
+//! |                                                | deleted in one snapshot: a reader sees one or other|
+//! | a skipped sibling's parts moved back out       | its files deleted                                  |
+//! | a superseded chunk's parts moved back out      | its files deleted in a snapshot of their own       |
+//!
+//! Deleted files stay in the directory (a reader of an older snapshot still reads them).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use ferry_common::paths;
+use ferry_ledger::{CatalogSwap, Lease, Ledger, Part, SchemaColumn, Swapped};
+use ferry_runtime::config::Config;
+use ferry_storage::Store;
+use ferry_table::{Job, Outcome, Table, TableError, TableFailure, Verified, WAIT_BRIEFLY, chunk_of, part_rel};
+use serde_json::{Value, json};
+
+use crate::manifest::{self, ADDED, DELETED, EXISTING, Entry, ManifestFile};
+use crate::schema::{self, PartitionField};
+use crate::{FORMAT_VERSION, IcebergError, PREVIOUS_VERSIONS_MAX, Result, rel};
+
+/// How many times a commit plans again after another writer moved the catalog row first,
+/// before its chunk waits and tries later.
+const ROUNDS: usize = 10;
+
+/// The property of the default name mapping (Ferry's Parquet files carry no field ids).
+const NAME_MAPPING: &str = "schema.name-mapping.default";
+
+/// An Iceberg table whose catalog is the ledger.
+pub struct IcebergTable {
+    cfg: Config,
+    ledger: Ledger,
+    dest: Store,
+    /// Commits of this process go one at a time (they would race for the catalog row anyway).
+    commits: tokio::sync::Mutex<()>,
+    /// Manifests read, by path: a manifest is never changed once written.
+    manifests: std::sync::Mutex<HashMap<String, Arc<Vec<Entry>>>>,
+}
+
+/// The table as its catalog row names it.
+#[derive(Default)]
+struct Current {
+    /// The metadata file (None: no table yet).
+    location: Option<String>,
+    meta: Option<Value>,
+    /// The current snapshot's manifests, and the entries of each data manifest.
+    manifests: Vec<(ManifestFile, Arc<Vec<Entry>>)>,
+}
+
+impl Current {
+    /// The data files a reader of the current snapshot reads.
+    fn live(&self) -> impl Iterator<Item = &Entry> {
+        self.manifests
+            .iter()
+            .filter(|(m, _)| m.content == 0)
+            .flat_map(|(_, es)| es.iter())
+            .filter(|e| e.status != DELETED && e.content == 0)
+    }
+
+    fn snapshot_id(&self) -> Option<i64> {
+        self.meta.as_ref()?.get("current-snapshot-id")?.as_i64().filter(|id| *id >= 0)
+    }
+}
+
+/// What a chunk's publish is to bring about, fixed before the table is read.
+struct Plan {
+    /// Every part going in (the chunk's, and in a version switch its siblings'), by file URL.
+    parts: Vec<(String, Part)>,
+    chunks: HashSet<String>,
+    /// The source file's version, with every chunk of every version of it (versions = replace).
+    version: Option<(i64, HashMap<String, i64>)>,
+    /// Siblings an operator skipped: their files must not stay in the table.
+    skipped: HashSet<String>,
+    /// This version replaces an older one: the older one's files go in the same snapshot.
+    replaces: bool,
+    columns: Vec<SchemaColumn>,
+    /// `<chunk>@<epoch>` of each chunk the snapshot brings.
+    marker: String,
+}
+
+/// A plan against one snapshot.
+enum Planned {
+    /// Every part is in and nothing is to go: the table version that brought them.
+    Nothing(Option<i64>),
+    /// A newer version of the source file is in the table.
+    Superseded,
+    Commit {
+        adds: Vec<(String, Part)>,
+        drops: HashSet<String>,
+    },
+}
+
+impl Plan {
+    fn against(&self, cur: &Current) -> Planned {
+        let version_of = |path: &str| self.version.as_ref().and_then(|(_, all)| all.get(chunk_of(path)?).copied());
+        if let Some((mine, _)) = &self.version
+            && cur.live().any(|e| version_of(&e.path).is_some_and(|v| v > *mine))
+        {
+            return Planned::Superseded;
+        }
+        let live: HashMap<&str, &Entry> = cur.live().map(|e| (e.path.as_str(), e)).collect();
+        let wanted: HashSet<&str> = self.parts.iter().map(|(url, _)| url.as_str()).collect();
+        let adds: Vec<(String, Part)> = self.parts.iter().filter(|(url, _)| !live.contains_key(url.as_str())).cloned().collect();
+        let drops: HashSet<String> = live
+            .keys()
+            .filter(|path| !wanted.contains(*path))
+            .filter(|path| {
+                let Some(c) = chunk_of(path) else { return false };
+                self.chunks.contains(c)
+                    || self.skipped.contains(c)
+                    || (self.replaces && version_of(path).zip(self.version.as_ref()).is_some_and(|(v, (mine, _))| v < *mine))
+            })
+            .map(|p| p.to_string())
+            .collect();
+        if adds.is_empty() && drops.is_empty() {
+            let seq = self.parts.iter().filter_map(|(url, _)| live.get(url.as_str()).map(|e| e.seq)).max();
+            return Planned::Nothing(seq);
+        }
+        Planned::Commit { adds, drops }
+    }
+}
+
+/// A store's or the ledger's error keeps its class; what the metadata or the schema refuses is
+/// the chunk's.
+fn table_error(e: IcebergError) -> TableError {
+    match e {
+        IcebergError::Storage(e) => e.into(),
+        IcebergError::Ledger(e) => e.into(),
+        other => TableError::Stage(TableFailure::Table(other.to_string())),
+    }
+}
+
+/// A random id for a snapshot (positive, as Iceberg's are).
+fn snapshot_id() -> i64 {
+    (rand::random::<u64>() >> 1) as i64
+}
+
+/// A random UUID (version 4) as text.
+fn uuid() -> String {
+    let b: u128 = (rand::random::<u128>() & !(0xf << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
+    let h = format!("{b:032x}");
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
+impl IcebergTable {
+    pub fn new(cfg: Config, ledger: Ledger, dest: Store) -> IcebergTable {
+        IcebergTable { cfg, ledger, dest, commits: Default::default(), manifests: Default::default() }
+    }
+
+    fn name(&self) -> &str {
+        &self.cfg.table.name
+    }
+
+    fn metadata_dir(&self) -> String {
+        format!("{}/metadata", self.name())
+    }
+
+    /// The table as the catalog names it now, its manifests read (or taken from memory).
+    async fn current(&self) -> Result<Current> {
+        let ice = &self.cfg.destination.iceberg;
+        let location = self.ledger.iceberg_location(&ice.catalog_name, &ice.namespace, self.name()).await?;
+        let Some(loc) = location else { return Ok(Current::default()) };
+        let bytes = self.dest.read(&rel(&self.dest, &loc)?).await?;
+        let meta: Value = serde_json::from_slice(&bytes).map_err(|e| IcebergError::Metadata(format!("{loc}: not JSON: {e}")))?;
+        match meta.get("format-version").and_then(Value::as_i64) {
+            Some(FORMAT_VERSION) => {}
+            v => {
+                return Err(IcebergError::Metadata(format!(
+                    "{loc}: format version {}; Ferry writes Iceberg tables of format version 2 only (upgrade a version 1 \
+                     table with ALTER TABLE ... SET TBLPROPERTIES ('format-version' = '2'))",
+                    v.map_or("none".to_string(), |v| v.to_string())
+                )));
+            }
+        }
+        let mut cur = Current { location: Some(loc.clone()), meta: Some(meta), manifests: vec![] };
+        let Some(id) = cur.snapshot_id() else { return Ok(cur) };
+        let snap = snapshot(cur.meta.as_ref().expect("read above"), id)
+            .ok_or_else(|| IcebergError::Metadata(format!("{loc}: current snapshot {id} is not in its snapshots")))?;
+        let list_url = snap.get("manifest-list").and_then(Value::as_str).ok_or_else(|| {
+            IcebergError::Metadata(format!("{loc}: snapshot {id} has no manifest-list (format version 1 manifests are not read)"))
+        })?;
+        let list = manifest::read_list(&self.dest.read(&rel(&self.dest, list_url)?).await?, list_url)?;
+        for m in list {
+            let cached = self.manifests.lock().unwrap_or_else(|e| e.into_inner()).get(&m.path).cloned();
+            let entries = match cached {
+                Some(es) => es,
+                // Delete manifests are carried as they are: Ferry reads only data files.
+                None if m.content != 0 => Arc::new(vec![]),
+                None => {
+                    let es = Arc::new(manifest::read_manifest(&self.dest.read(&rel(&self.dest, &m.path)?).await?, &m)?);
+                    self.manifests.lock().unwrap_or_else(|e| e.into_inner()).insert(m.path.clone(), es.clone());
+                    es
+                }
+            };
+            cur.manifests.push((m, entries));
+        }
+        Ok(cur)
+    }
+
+    /// Writes the manifests, manifest list and metadata file of a snapshot that adds `adds`
+    /// and deletes `drops` from `cur` (and takes in Ferry's `columns`); returns the new
+    /// metadata file's URL and the snapshot's sequence number. Nothing is visible until the
+    /// catalog's row names the file.
+    async fn write_snapshot(
+        &self,
+        cur: &Current,
+        columns: &[SchemaColumn],
+        adds: &[(String, Part)],
+        drops: &HashSet<String>,
+        marker: &str,
+    ) -> Result<(String, i64)> {
+        let now = self.ledger.now_ms();
+        let mut meta = match &cur.meta {
+            Some(m) => m.clone(),
+            None => self.new_metadata(columns, now)?,
+        };
+        self.take_in_schema(&mut meta, columns)?;
+        let (spec, fields) = self.spec(&meta)?;
+        let partition_avro = schema::partition_avro(&fields)?;
+        let schema_json = current_schema(&meta).map(|s| s.to_string()).unwrap_or_default();
+        let seq = meta.get("last-sequence-number").and_then(Value::as_i64).unwrap_or(0) + 1;
+        let id = snapshot_id();
+        let tag = uuid();
+        let dir = self.metadata_dir();
+        let mut list: Vec<ManifestFile> = Vec::new();
+        let (mut deleted_files, mut deleted_records, mut deleted_bytes) = (0i64, 0i64, 0i64);
+        for (k, (m, entries)) in cur.manifests.iter().enumerate() {
+            if m.content != 0 || !entries.iter().any(|e| e.status != DELETED && drops.contains(&e.path)) {
+                list.push(m.clone());
+                continue;
+            }
+            // A manifest naming a file to delete is written again: that file deleted, the
+            // others it has kept as they are (existing), the ones it had deleted left out.
+            if m.spec_id as i64 != spec.get("spec-id").and_then(Value::as_i64).unwrap_or(0) {
+                return Err(IcebergError::Schema(format!(
+                    "manifest {} of table {} is of partition spec {}, not the table's: Ferry does not rewrite it",
+                    m.path,
+                    self.name(),
+                    m.spec_id
+                )));
+            }
+            let kept: Vec<Entry> = entries
+                .iter()
+                .filter(|e| e.status != DELETED)
+                .map(|e| {
+                    let mut e = e.clone();
+                    if drops.contains(&e.path) {
+                        e.status = DELETED;
+                        e.snapshot_id = id;
+                        deleted_files += 1;
+                        deleted_records += e.records;
+                        deleted_bytes += e.size;
+                    } else {
+                        e.status = EXISTING;
+                    }
+                    e
+                })
+                .collect();
+            let bytes = manifest::write_manifest(&kept, &partition_avro, &schema_json, &spec)?;
+            let path = format!("{dir}/{tag}-m{k}.avro");
+            list.push(manifest_file(&self.dest.url(&path), bytes.len(), &kept, id, seq, m.spec_id));
+            self.dest.create_new(&path, bytes).await?;
+        }
+        if !adds.is_empty() {
+            let mut entries = Vec::new();
+            for (url, p) in adds {
+                entries.push(Entry {
+                    status: ADDED,
+                    snapshot_id: id,
+                    seq,
+                    file_seq: seq,
+                    content: 0,
+                    path: url.clone(),
+                    format: "PARQUET".into(),
+                    partition: schema::partition_tuple(&p.partition, &fields)?,
+                    records: p.records,
+                    size: p.bytes,
+                });
+            }
+            let bytes = manifest::write_manifest(&entries, &partition_avro, &schema_json, &spec)?;
+            let path = format!("{dir}/{tag}-m{}.avro", cur.manifests.len());
+            let spec_id = spec.get("spec-id").and_then(Value::as_i64).unwrap_or(0) as i32;
+            list.insert(0, manifest_file(&self.dest.url(&path), bytes.len(), &entries, id, seq, spec_id));
+            self.dest.create_new(&path, bytes).await?;
+        }
+        let parent = cur.snapshot_id();
+        let list_path = format!("{dir}/snap-{id}-{tag}.avro");
+        self.dest.create_new(&list_path, manifest::write_list(&list, id, parent, seq)?).await?;
+
+        let live: Vec<&Entry> = cur.live().filter(|e| !drops.contains(&e.path)).collect();
+        let added_records: i64 = adds.iter().map(|(_, p)| p.records).sum();
+        let added_bytes: i64 = adds.iter().map(|(_, p)| p.bytes).sum();
+        let operation = match (adds.is_empty(), drops.is_empty()) {
+            (false, true) => "append",
+            (true, false) => "delete",
+            _ => "overwrite",
+        };
+        let summary = json!({
+            "operation": operation,
+            "added-data-files": adds.len().to_string(),
+            "added-records": added_records.to_string(),
+            "added-files-size": added_bytes.to_string(),
+            "deleted-data-files": deleted_files.to_string(),
+            "deleted-records": deleted_records.to_string(),
+            "removed-files-size": deleted_bytes.to_string(),
+            "total-data-files": (live.len() + adds.len()).to_string(),
+            "total-records": (live.iter().map(|e| e.records).sum::<i64>() + added_records).to_string(),
+            "total-files-size": (live.iter().map(|e| e.size).sum::<i64>() + added_bytes).to_string(),
+            "ferry.pipeline": self.cfg.pipeline,
+            "ferry.chunks": marker,
+            "engine-name": "ferry",
+            "engine-version": env!("CARGO_PKG_VERSION"),
+        });
+        // Snapshot times only grow, as readers' time travel expects.
+        let last = meta.get("last-updated-ms").and_then(Value::as_i64).unwrap_or(0);
+        let at = now.max(last + 1);
+        let mut snap = json!({
+            "snapshot-id": id,
+            "sequence-number": seq,
+            "timestamp-ms": at,
+            "manifest-list": self.dest.url(&list_path),
+            "summary": summary,
+            "schema-id": meta.get("current-schema-id").cloned().unwrap_or(json!(0)),
+        });
+        if let Some(p) = parent {
+            snap["parent-snapshot-id"] = json!(p);
+        }
+        push(&mut meta, "snapshots", snap);
+        meta["current-snapshot-id"] = json!(id);
+        meta["last-sequence-number"] = json!(seq);
+        // The main branch moves; its other settings (retention) and every other ref stay.
+        match meta.get_mut("refs").and_then(|r| r.get_mut("main")).and_then(Value::as_object_mut) {
+            Some(main) => {
+                main.insert("snapshot-id".into(), json!(id));
+            }
+            None => {
+                if !meta.get("refs").is_some_and(Value::is_object) {
+                    meta["refs"] = json!({});
+                }
+                meta["refs"]["main"] = json!({"snapshot-id": id, "type": "branch"});
+            }
+        }
+        push(&mut meta, "snapshot-log", json!({"timestamp-ms": at, "snapshot-id": id}));
+        if let Some(old) = &cur.location {
+            push(&mut meta, "metadata-log", json!({"timestamp-ms": last, "metadata-file": old}));
+            let keep =
+                property(&meta, "write.metadata.previous-versions-max").and_then(|v| v.parse().ok()).unwrap_or(PREVIOUS_VERSIONS_MAX);
+            if let Some(log) = meta.get_mut("metadata-log").and_then(Value::as_array_mut)
+                && log.len() > keep
+            {
+                log.drain(..log.len() - keep);
+            }
+        }
+        meta["last-updated-ms"] = json!(at);
+        let n = cur.location.as_deref().and_then(metadata_number).map_or(0, |n| n + 1);
+        let path = format!("{dir}/{n:05}-{tag}.metadata.json");
+        let text = serde_json::to_vec_pretty(&meta).map_err(|e| IcebergError::Metadata(e.to_string()))?;
+        self.dest.create_new(&path, text).await?;
+        Ok((self.dest.url(&path), seq))
+    }
+
+    /// The metadata of a new table: Ferry's schema, the identity spec of `partition_by`, no
+    /// snapshot yet.
+    fn new_metadata(&self, columns: &[SchemaColumn], now: i64) -> Result<Value> {
+        let (schema, last_column_id) = schema::new_schema(columns)?;
+        let spec = schema::new_spec(&schema, &self.cfg.table.partition_by)?;
+        let last_partition_id = schema::FIRST_PARTITION_FIELD_ID - 1 + self.cfg.table.partition_by.len() as i64;
+        Ok(json!({
+            "format-version": FORMAT_VERSION,
+            "table-uuid": uuid(),
+            "location": self.dest.url(self.name()),
+            "last-sequence-number": 0,
+            "last-updated-ms": now,
+            "last-column-id": last_column_id,
+            "current-schema-id": 0,
+            "schemas": [schema],
+            "default-spec-id": 0,
+            "partition-specs": [spec],
+            "last-partition-id": last_partition_id,
+            "properties": {NAME_MAPPING: schema::name_mapping(&schema, None).to_string()},
+            "current-snapshot-id": -1,
+            "snapshots": [],
+            "snapshot-log": [],
+            "metadata-log": [],
+            "sort-orders": [{"order-id": 0, "fields": []}],
+            "default-sort-order-id": 0,
+            "refs": {},
+        }))
+    }
+
+    /// Takes Ferry's columns into the table's schema (see [`schema::evolve`]): a new schema
+    /// made current, and the name mapping updated, when they change it.
+    fn take_in_schema(&self, meta: &mut Value, columns: &[SchemaColumn]) -> Result<()> {
+        let current =
+            current_schema(meta).cloned().ok_or_else(|| IcebergError::Metadata(format!("table {}: no current schema", self.name())))?;
+        let highest =
+            meta.get("schemas").and_then(Value::as_array).into_iter().flatten().filter_map(|s| s.get("schema-id")?.as_i64()).max();
+        let last = meta.get("last-column-id").and_then(Value::as_i64).unwrap_or(0);
+        let evolved = schema::evolve(&current, highest.unwrap_or(0), last, columns, self.name())?;
+        let (schema, last) = match evolved {
+            Some((s, last)) => (s, last),
+            None if property(meta, NAME_MAPPING).is_some() => return Ok(()),
+            None => (current, last),
+        };
+        let earlier: Option<Value> = property(meta, NAME_MAPPING).and_then(|m| serde_json::from_str(&m).ok());
+        let mapping = schema::name_mapping(&schema, earlier.as_ref()).to_string();
+        if schema.get("schema-id") != current_schema(meta).and_then(|s| s.get("schema-id")) {
+            meta["current-schema-id"] = schema["schema-id"].clone();
+            push(meta, "schemas", schema);
+            meta["last-column-id"] = json!(last);
+        }
+        if !meta.get("properties").is_some_and(Value::is_object) {
+            meta["properties"] = json!({});
+        }
+        meta["properties"][NAME_MAPPING] = json!(mapping);
+        Ok(())
+    }
+
+    /// The table's default spec, checked against `partition_by`, and its fields.
+    fn spec(&self, meta: &Value) -> Result<(Value, Vec<PartitionField>)> {
+        let id = meta.get("default-spec-id").and_then(Value::as_i64).unwrap_or(0);
+        let spec = meta
+            .get("partition-specs")
+            .and_then(Value::as_array)
+            .and_then(|ss| ss.iter().find(|s| s.get("spec-id").and_then(Value::as_i64) == Some(id)))
+            .cloned()
+            .ok_or_else(|| IcebergError::Metadata(format!("table {}: default spec {id} is not in its specs", self.name())))?;
+        let schema = current_schema(meta).ok_or_else(|| IcebergError::Metadata(format!("table {}: no current schema", self.name())))?;
+        let fields = schema::spec_fields(&spec, schema, &self.cfg.table.partition_by, self.name())?;
+        Ok((spec, fields))
+    }
+
+    fn swap<'a>(&'a self, old: Option<&'a str>, new: &'a str) -> CatalogSwap<'a> {
+        let ice = &self.cfg.destination.iceberg;
+        CatalogSwap { catalog: &ice.catalog_name, namespace: &ice.namespace, table: self.name(), old, new }
+    }
+
+    /// Publishes one chunk: its parts into the directory, then one snapshot committed with
+    /// the ledger's record of it.
+    async fn publish_chunk(&self, job: &Job<'_>) -> Result<Outcome, TableError> {
+        let Job { lease, dest, parts, moving, siblings: _, version } = *job;
+        let name = self.name().to_string();
+        for p in moving {
+            ferry_table::place(dest, &name, p).await?;
+        }
+        let columns = match self.ledger.table_schemas(&name).await?.pop() {
+            Some(v) => v.columns,
+            None => return Err(TableError::Stage(TableFailure::Table(format!("no schema of table {name} is recorded")))),
+        };
+        let every_version = match version {
+            Some(v) => Some((v.version, self.ledger.chunks_of_every_version(&lease.chunk_id).await?.into_iter().collect())),
+            None => None,
+        };
+        let chunks: HashSet<String> = moving.iter().map(|p| p.chunk_id.clone()).chain([lease.chunk_id.clone()]).collect();
+        let mut marker: Vec<String> = chunks.iter().map(|c| format!("{c}@{}", lease.epoch)).collect();
+        marker.sort();
+        let url = |p: &Part| self.dest.url(&paths::table_file(&name, &part_rel(p)));
+        let plan = Plan {
+            parts: moving.iter().map(|p| (url(p), p.clone())).collect(),
+            chunks,
+            version: every_version,
+            skipped: version
+                .filter(|v| v.replaces)
+                .map(|v| v.chunks.iter().filter(|c| c.skipped).map(|c| c.id.clone()).collect())
+                .unwrap_or_default(),
+            replaces: version.is_some_and(|v| v.replaces),
+            columns,
+            marker: marker.join(","),
+        };
+        let published: Vec<(String, Part)> = parts.iter().map(|p| (paths::table_file(&name, &part_rel(p)), p.clone())).collect();
+        let replace = version.is_some();
+        let outcome = {
+            let _one = self.commits.lock().await;
+            let mut outcome = None;
+            for _ in 0..ROUNDS {
+                let cur = self.current().await.map_err(table_error)?;
+                let done = match plan.against(&cur) {
+                    Planned::Superseded => Swapped::Superseded,
+                    Planned::Nothing(seq) => {
+                        if self.ledger.record_published(lease, &name, &published, replace, seq).await? {
+                            Swapped::Done
+                        } else {
+                            Swapped::Superseded
+                        }
+                    }
+                    Planned::Commit { adds, drops } => {
+                        let (new, seq) =
+                            self.write_snapshot(&cur, &plan.columns, &adds, &drops, &plan.marker).await.map_err(table_error)?;
+                        let swap = self.swap(cur.location.as_deref(), &new);
+                        let done = self.ledger.record_published_with(lease, &swap, &name, &published, replace, Some(seq)).await?;
+                        if done == Swapped::Done {
+                            tracing::debug!(chunk = %lease.chunk_id, sequence = seq, metadata = %new, "committed to the Iceberg table");
+                        }
+                        done
+                    }
+                };
+                if done != Swapped::Lost {
+                    outcome = Some(done);
+                    break;
+                }
+                tracing::debug!(chunk = %lease.chunk_id, "another writer committed to the Iceberg table first; planning again");
+            }
+            outcome
+        };
+        match outcome {
+            Some(Swapped::Done) => {}
+            Some(Swapped::Superseded) => {
+                tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file is in the table; not added");
+                if self.withdraw_chunk(dest, lease).await? {
+                    return Ok(Outcome::Superseded);
+                }
+                return Err(TableError::Stage(TableFailure::Waiting {
+                    reason: "the table holds a newer version of the source file, the ledger does not yet".into(),
+                    after: WAIT_BRIEFLY,
+                }));
+            }
+            Some(Swapped::Lost) | None => {
+                return Err(TableError::Stage(TableFailure::Waiting {
+                    reason: format!("other writers committed to Iceberg table {name} first {ROUNDS} times; trying again later"),
+                    after: WAIT_BRIEFLY,
+                }));
+            }
+        }
+        if let Some(v) = version {
+            // The older versions' files left the table in the snapshot; their rows go now.
+            let old: Vec<String> = self.ledger.older_versions_published(&lease.chunk_id).await?.into_iter().map(|(p, _)| p).collect();
+            if !old.is_empty() {
+                self.ledger.retract_published(&v.uri, &old).await?;
+            }
+        }
+        Ok(Outcome::Published)
+    }
+
+    /// A superseded chunk: recorded as withdrawn (durably), then its files deleted from the
+    /// table in a snapshot of their own (fenced by its lease), then its landed files removed.
+    async fn withdraw_chunk(&self, dest: &Store, lease: &Lease) -> Result<bool, TableError> {
+        let chunk = lease.chunk_id.as_str();
+        let Some(newer) = self.ledger.begin_withdrawal(lease).await? else { return Ok(false) };
+        tracing::info!(chunk, newer_version = newer, "withdrawing: a newer version of its source file is in the table");
+        ferry_table::withdraw_gate().await;
+        self.ledger.make_durable().await?;
+        {
+            let _one = self.commits.lock().await;
+            for round in 0.. {
+                let cur = self.current().await.map_err(table_error)?;
+                let drops: HashSet<String> = cur.live().filter(|e| chunk_of(&e.path) == Some(chunk)).map(|e| e.path.clone()).collect();
+                if drops.is_empty() {
+                    break;
+                }
+                if round == ROUNDS {
+                    return Err(TableError::Stage(TableFailure::Waiting {
+                        reason: format!(
+                            "other writers committed to Iceberg table {} first {ROUNDS} times; trying again later",
+                            self.name()
+                        ),
+                        after: WAIT_BRIEFLY,
+                    }));
+                }
+                let marker = format!("{chunk}@{}", lease.epoch);
+                let (new, seq) = self.write_snapshot(&cur, &[], &[], &drops, &marker).await.map_err(table_error)?;
+                if self.ledger.commit_catalog(lease, &self.swap(cur.location.as_deref(), &new)).await? == Swapped::Done {
+                    tracing::info!(chunk, sequence = seq, "took the superseded chunk's files out of the table");
+                    break;
+                }
+            }
+        }
+        ferry_table::remove_landed(&self.ledger, dest, self.name(), chunk).await?;
+        Ok(true)
+    }
+}
+
+/// The manifest-list entry of a manifest this snapshot wrote.
+fn manifest_file(url: &str, length: usize, entries: &[Entry], id: i64, seq: i64, spec_id: i32) -> ManifestFile {
+    let count = |s: i32| entries.iter().filter(|e| e.status == s).count() as i32;
+    let rows = |s: i32| entries.iter().filter(|e| e.status == s).map(|e| e.records).sum::<i64>();
+    ManifestFile {
+        path: url.to_string(),
+        length: length as i64,
+        spec_id,
+        content: 0,
+        seq,
+        min_seq: entries.iter().map(|e| if e.status == ADDED { seq } else { e.seq }).min().unwrap_or(seq),
+        added_snapshot_id: id,
+        added_files: count(ADDED),
+        existing_files: count(EXISTING),
+        deleted_files: count(DELETED),
+        added_rows: rows(ADDED),
+        existing_rows: rows(EXISTING),
+        deleted_rows: rows(DELETED),
+        partitions: None,
+    }
+}
+
+fn snapshot(meta: &Value, id: i64) -> Option<&Value> {
+    meta.get("snapshots")?.as_array()?.iter().find(|s| s.get("snapshot-id").and_then(Value::as_i64) == Some(id))
+}
+
+fn current_schema(meta: &Value) -> Option<&Value> {
+    let id = meta.get("current-schema-id")?.as_i64()?;
+    meta.get("schemas")?.as_array()?.iter().find(|s| s.get("schema-id").and_then(Value::as_i64) == Some(id))
+}
+
+fn property(meta: &Value, key: &str) -> Option<String> {
+    meta.get("properties")?.get(key)?.as_str().map(str::to_string)
+}
+
+fn push(meta: &mut Value, key: &str, v: Value) {
+    match meta.get_mut(key).and_then(Value::as_array_mut) {
+        Some(a) => a.push(v),
+        None => meta[key] = json!([v]),
+    }
+}
+
+/// `00012` of `.../00012-<uuid>.metadata.json`.
+fn metadata_number(url: &str) -> Option<u64> {
+    url.rsplit('/').next()?.split('-').next()?.parse().ok()
+}
+
+#[async_trait::async_trait]
+impl Table for IcebergTable {
+    fn format(&self) -> &'static str {
+        "iceberg"
+    }
+
+    fn store(&self) -> &Store {
+        &self.dest
+    }
+
+    fn meta_dirs(&self) -> Vec<String> {
+        vec![paths::table_meta(self.name()), self.metadata_dir()]
+    }
+
+    async fn publish(&self, job: &Job<'_>) -> Result<Outcome, TableError> {
+        self.publish_chunk(job).await
+    }
+
+    async fn withdraw(&self, dest: &Store, lease: &Lease) -> Result<bool, TableError> {
+        self.withdraw_chunk(dest, lease).await
+    }
+
+    /// In an Iceberg table, "in the table" is "a live data file of the current snapshot".
+    async fn unrecorded(&self, chunk: &str) -> Result<Vec<String>, TableError> {
+        let cur = self.current().await.map_err(table_error)?;
+        let recorded: HashSet<String> = self.ledger.published_of(chunk).await?.into_iter().map(|(p, _)| p).collect();
+        let mut out = Vec::new();
+        for e in cur.live().filter(|e| chunk_of(&e.path) == Some(chunk)) {
+            let rel = rel(&self.dest, &e.path).map_err(table_error)?;
+            if !recorded.contains(&rel) {
+                out.push(rel);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn verify(&self) -> Result<Verified, TableError> {
+        let mut out = Verified::default();
+        let cur = self.current().await.map_err(table_error)?;
+        let seq = cur.meta.as_ref().and_then(|m| m.get("last-sequence-number")?.as_i64()).unwrap_or(0);
+        let live: HashMap<String, &Entry> = cur.live().filter_map(|e| Some((rel(&self.dest, &e.path).ok()?, e))).collect();
+        let want = self.ledger.published_files(self.name()).await?;
+        let mut recorded = HashSet::new();
+        for (path, chunk, bytes) in &want {
+            recorded.insert(path.as_str());
+            match live.get(path) {
+                None => {
+                    out.problems += 1;
+                    out.bad_chunks.insert(chunk.clone());
+                    out.lines.push(format!("missing  {path} (chunk {chunk}): not in the table's snapshot of sequence {seq}"));
+                }
+                Some(e) if e.size != *bytes => {
+                    out.problems += 1;
+                    out.bad_chunks.insert(chunk.clone());
+                    out.lines.push(format!("size     {path}: {} bytes in the table, the ledger says {bytes} (chunk {chunk})", e.size));
+                }
+                Some(_) => {}
+            }
+        }
+        let mut others = 0;
+        for (path, _) in live.iter().filter(|(p, _)| !recorded.contains(p.as_str())) {
+            match chunk_of(path) {
+                Some(chunk) => {
+                    out.problems += 1;
+                    out.bad_chunks.insert(chunk.to_string());
+                    out.lines.push(format!("unrecorded {path} (chunk {chunk}): in the table, not recorded as published"));
+                }
+                None => others += 1,
+            }
+        }
+        out.lines.push(format!(
+            "Iceberg table {}: {} data files at sequence {seq} ({others} of other writers), {} recorded by the ledger",
+            self.name(),
+            live.len(),
+            want.len()
+        ));
+        Ok(out)
+    }
+}

@@ -1,0 +1,202 @@
+//! `[destination] table_format = "iceberg"` with the catalog in the ledger: the table read back
+//! by PyIceberg (an independent implementation of the Iceberg spec) through its SqlCatalog,
+//! given only the ledger's URL, at the current snapshot and by snapshot id; another writer's
+//! snapshots, rows and properties kept; the ledger's record and the catalog committed as one.
+
+use ferry_tests::{Pipeline, STAGES, input_digest, postgres::Postgres, sqlalchemy_url};
+
+fn iceberg_pipeline() -> Pipeline {
+    Pipeline::new("16KiB", "30s", "0s").table_format("iceberg")
+}
+
+fn drained(p: &Pipeline) {
+    drained_with(p, &|q| p.sql(q));
+}
+
+/// Runs the stages until every task is done (at most six rounds), the ledger read by `sql`.
+fn drained_with(p: &Pipeline, sql: &dyn Fn(&str) -> String) {
+    for _ in 0..6 {
+        for s in STAGES {
+            p.stage_round(s);
+        }
+        if sql("SELECT COUNT(*) FROM tasks WHERE state <> 'done'").trim() == "0" {
+            return;
+        }
+    }
+    panic!("tasks left: {}", sql("SELECT stage || ': ' || COALESCE(last_error, '') FROM tasks WHERE state <> 'done'"));
+}
+
+fn same(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{what}: {k} ({got} vs {want})");
+    }
+    assert_eq!(got["bad_dt"], 0, "{what}: rows in the wrong partition ({got})");
+}
+
+/// What PyIceberg sees of the table: its snapshots (id, parent, operation, Ferry's marker),
+/// properties, and the live data files' paths.
+fn table_facts(p: &Pipeline) -> serde_json::Value {
+    const SCRIPT: &str = r#"
+import sys, json, os
+from pyiceberg.catalog.sql import SqlCatalog
+t = SqlCatalog("ferry", uri=sys.argv[1], init_catalog_tables="false").load_table("default.events")
+snaps = [{"id": s.snapshot_id, "parent": s.parent_snapshot_id, "operation": s.summary.operation.value,
+          "chunks": s.summary.additional_properties.get("ferry.chunks")} for s in t.snapshots()]
+files = [f.file.file_path for f in t.scan().plan_files()]
+print(json.dumps({"snapshots": snaps, "properties": t.properties, "files": files,
+                  "spec": str(t.spec()), "format_version": t.metadata.format_version}))
+sys.stdout.flush()
+os._exit(0)
+"#;
+    let out = std::process::Command::new("python3").args(["-c", SCRIPT, &sqlalchemy_url(&p.ledger_url())]).output().unwrap();
+    assert!(out.status.success(), "pyiceberg: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Appends rows through PyIceberg (another writer of the table, committing through the same
+/// catalog rows), and sets a property of its own.
+fn another_writer_appends(p: &Pipeline, ids: &[&str]) {
+    const SCRIPT: &str = r#"
+import sys, json, os, datetime
+import pyarrow as pa
+from pyiceberg.catalog.sql import SqlCatalog
+t = SqlCatalog("ferry", uri=sys.argv[1], init_catalog_tables="false").load_table("default.events")
+ids = json.loads(sys.argv[2])
+ts = datetime.datetime(2026, 11, 21, 12, 0, tzinfo=datetime.timezone.utc)
+schema = t.schema().as_arrow()
+rows = {"event_id": ids, "ts": [ts] * len(ids), "host": ["other"] * len(ids), "kind": ["k"] * len(ids),
+        "user_id": [7] * len(ids), "payload": ["from pyiceberg"] * len(ids), "score": [None] * len(ids),
+        "dt": [ts.date()] * len(ids)}
+t.append(pa.Table.from_pydict(rows, schema=schema))
+with t.transaction() as tx:
+    tx.set_properties({"owner.note": "kept"})
+sys.stdout.flush()
+os._exit(0)
+"#;
+    let list = serde_json::to_string(ids).unwrap();
+    let out = std::process::Command::new("python3").args(["-c", SCRIPT, &sqlalchemy_url(&p.ledger_url()), &list]).output().unwrap();
+    assert!(out.status.success(), "pyiceberg append: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn ferry_ok(p: &Pipeline, args: &[&str]) -> String {
+    let out = p.command("ferry").args(args).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "ferry {args:?}: {text}");
+    text
+}
+
+fn snapshots(facts: &serde_json::Value) -> Vec<serde_json::Value> {
+    facts["snapshots"].as_array().unwrap().clone()
+}
+
+/// Two batches loaded, read back whole at each snapshot; the ledger read by `sql`.
+fn every_record_once_at_every_snapshot(p: &Pipeline, sql: &dyn Fn(&str) -> String) {
+    let count = |q: &str| -> i64 { sql(q).trim().parse().unwrap_or_else(|_| panic!("{q}: {}", sql(q))) };
+    p.add_jsonl_batch("a", 3, 400, 1);
+    drained_with(p, sql);
+    let first = input_digest("jsonl", &p.path("in"));
+    same(&p.table_digest(), &first, "after the first batch");
+    let facts = table_facts(p);
+    assert_eq!(facts["format_version"], 2);
+    let after_first = snapshots(&facts).last().unwrap()["id"].as_i64().unwrap();
+
+    p.add_jsonl_batch("b", 2, 300, 2);
+    drained_with(p, sql);
+    let all = input_digest("jsonl", &p.path("in"));
+    same(&p.table_digest(), &all, "after the second batch");
+    same(&ferry_tests::iceberg_digest(&p.ledger_url(), "default.events", Some(after_first)), &first, "at the first batch's last snapshot");
+
+    // Every snapshot is Ferry's append naming the chunks it brought, each chunk once; the
+    // ledger's published files are the live ones; every snapshot holds each record at most once.
+    let facts = table_facts(p);
+    let snaps = snapshots(&facts);
+    let mut chunks = std::collections::BTreeSet::new();
+    for (i, s) in snaps.iter().enumerate() {
+        assert_eq!(s["operation"], "append", "{s}");
+        if i > 0 {
+            assert_eq!(s["parent"], snaps[i - 1]["id"], "snapshots form one line: {snaps:?}");
+        }
+        for c in s["chunks"].as_str().unwrap().split(',') {
+            let (chunk, epoch) = c.split_once('@').unwrap();
+            assert!(epoch.parse::<i64>().unwrap() >= 1, "{c}");
+            assert!(chunks.insert(chunk.to_string()), "chunk {chunk} in two snapshots: {snaps:?}");
+        }
+        let d = ferry_tests::iceberg_digest(&p.ledger_url(), "default.events", s["id"].as_i64());
+        assert_eq!(d["rows"], d["distinct"], "snapshot {s} holds a record twice: {d}");
+    }
+    assert_eq!(chunks.len() as i64, count("SELECT COUNT(*) FROM chunks"), "every chunk in one snapshot");
+    let files = facts["files"].as_array().unwrap();
+    assert_eq!(files.len() as i64, count("SELECT COUNT(*) FROM published"));
+    for f in files {
+        let rel = f.as_str().unwrap().split("/wh/").nth(1).unwrap();
+        assert_eq!(count(&format!("SELECT COUNT(*) FROM published WHERE path = '{rel}'")), 1, "{rel} recorded");
+    }
+    assert!(facts["spec"].as_str().unwrap().contains("identity"), "{}", facts["spec"]);
+    // Each file is recorded with the sequence number of the snapshot that brought it.
+    assert_eq!(count("SELECT COUNT(*) FROM published WHERE table_version IS NULL OR table_version < 1"), 0);
+    let verify = ferry_ok(p, &["verify"]);
+    assert!(verify.contains("Iceberg table events"), "{verify}");
+}
+
+#[test]
+fn every_record_is_in_the_iceberg_table_once_at_every_snapshot() {
+    let p = iceberg_pipeline();
+    every_record_once_at_every_snapshot(&p, &|q| p.sql(q));
+    // The catalog row is the JDBC catalog's: PyIceberg found it by the ledger's URL alone.
+    let row = p.sql("SELECT catalog_name || ' ' || table_namespace || ' ' || table_name || ' ' || (previous_metadata_location IS NOT NULL) FROM iceberg_tables");
+    assert_eq!(row.trim(), "ferry default events 1");
+}
+
+#[test]
+fn every_record_is_in_the_iceberg_table_once_with_the_catalog_in_postgres() {
+    let pg = Postgres::start(false);
+    let p = iceberg_pipeline();
+    p.use_ledger(&pg.url());
+    every_record_once_at_every_snapshot(&p, &|q| pg.sql(q));
+}
+
+#[test]
+fn another_writers_snapshots_rows_and_properties_are_kept() {
+    let p = iceberg_pipeline();
+    p.add_jsonl_batch("a", 2, 300, 1);
+    drained(&p);
+    another_writer_appends(&p, &["theirs-1", "theirs-2", "theirs-3"]);
+    let before = snapshots(&table_facts(&p)).len();
+    p.add_jsonl_batch("b", 2, 300, 2);
+    drained(&p);
+    let facts = table_facts(&p);
+    assert_eq!(facts["properties"]["owner.note"], "kept", "{}", facts["properties"]);
+    let snaps = snapshots(&facts);
+    assert!(snaps.len() > before, "Ferry committed after the other writer: {snaps:?}");
+    let got = p.table_digest();
+    let ours = input_digest("jsonl", &p.path("in"));
+    assert_eq!(got["rows"].as_i64().unwrap(), ours["rows"].as_i64().unwrap() + 3, "Ferry's rows and the other writer's 3: {got}");
+    assert_eq!(got["rows"], got["distinct"]);
+    // A rerun of a chunk (the same bytes) commits nothing new and keeps the other writer's rows.
+    let chunk = p.sql("SELECT MIN(id) FROM chunks");
+    ferry_ok(&p, &["rerun", "--chunk", chunk.trim(), "--from", "transform"]);
+    drained(&p);
+    let again = p.table_digest();
+    assert_eq!(again["rows"], got["rows"], "{again}");
+    assert_eq!(again["digest"], got["digest"]);
+    // A rerun with other bytes (another Parquet codec): the chunk's new file in, its old one
+    // deleted in the same snapshot (an overwrite), the other writer's rows untouched.
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, cfg.replace("max_bad_records = 5", "max_bad_records = 5\ncompression = \"snappy\"")).unwrap();
+    let old: Vec<String> = table_facts(&p)["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    let mine: Vec<&String> = old.iter().filter(|f| f.contains(&format!("part-{}-", chunk.trim()))).collect();
+    assert!(!mine.is_empty(), "the chunk's files: {old:?}");
+    ferry_ok(&p, &["rerun", "--chunk", chunk.trim(), "--from", "transform"]);
+    drained(&p);
+    let facts = table_facts(&p);
+    let files: Vec<&str> = facts["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    assert!(mine.iter().all(|f| !files.contains(&f.as_str())), "the chunk's old files are out: {files:?}");
+    assert_eq!(files.len(), old.len(), "{files:?}");
+    assert_eq!(snapshots(&facts).last().unwrap()["operation"], "overwrite");
+    let after = p.table_digest();
+    assert_eq!(after["rows"], got["rows"], "{after}");
+    assert_eq!(after["digest"], got["digest"]);
+    // `ferry verify` counts the other writer's file as theirs, not a problem.
+    let verify = ferry_ok(&p, &["verify"]);
+    assert!(verify.contains("1 of other writers"), "{verify}");
+}
