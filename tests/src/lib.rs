@@ -623,6 +623,52 @@ pub fn iceberg_digest(ledger_url: &str, table: &str, snapshot: Option<i64>) -> s
     python(DIGEST, &["iceberg", &format!("{}|{table}", sqlalchemy_url(ledger_url)), &v])
 }
 
+/// One Python process that digests tables on request (as [`iceberg_digest`] and the others
+/// do): a test that reads the table after each of many steps imports pyarrow and PyIceberg once.
+pub struct Digester {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Digester {
+    pub fn new() -> Digester {
+        let mut child = Command::new("python3")
+            .args(["-c", DIGEST, "serve"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        Digester { child, out }
+    }
+
+    /// [`iceberg_digest`], answered by this process.
+    pub fn iceberg(&mut self, ledger_url: &str, table: &str, snapshot: Option<i64>) -> serde_json::Value {
+        use std::io::{BufRead, Write};
+        let ask = serde_json::json!(["iceberg", format!("{}|{table}", sqlalchemy_url(ledger_url)), snapshot.map(|s| s.to_string())]);
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{ask}").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("digest of {ask}: {e}: {line:?} (the reader's error is above)"))
+    }
+}
+
+impl Default for Digester {
+    fn default() -> Self {
+        Digester::new()
+    }
+}
+
+impl Drop for Digester {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A ledger URL as SQLAlchemy (PyIceberg's SqlCatalog) takes it.
 pub fn sqlalchemy_url(ledger_url: &str) -> String {
     if let Some(path) = ledger_url.strip_prefix("sqlite://") {
@@ -883,7 +929,12 @@ def digest(kind, d, v):
     rows.sort(key=lambda r: r[0])
     h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
     return {"rows": len(rows), "distinct": len({r[0] for r in rows}), "digest": h, "days": days, "bad_dt": bad_dt}
-if sys.argv[1] == "many":
+if sys.argv[1] == "serve":
+    # One [kind, path, version or null] per line in, its digest per line out, until stdin ends.
+    for line in sys.stdin:
+        k, d, v = json.loads(line)
+        print(json.dumps(digest(k, d, v)), flush=True)
+elif sys.argv[1] == "many":
     # [[kind, path, version or null], ...]: one interpreter (and one pyarrow import) for all.
     print(json.dumps([digest(k, d, v) for k, d, v in json.loads(sys.argv[2])]))
 else:
