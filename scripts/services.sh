@@ -169,6 +169,41 @@ PY
   echo "spark test jars: $FERRY_SPARK_JARS" >&2
 }
 
+# Spark as a reader of Iceberg tables: iceberg-spark-runtime is built for Spark 4.1 (not the
+# pyspark 4.2 that reads Delta above, whose catalog interfaces it cannot load), so pyspark 4.1.1
+# goes into a venv of its own, with the runtime and the JDBC drivers of the ledger's databases
+# fetched from Maven Central into $FERRY_CACHE/iceberg-spark/<versions>/jars, moved into place
+# whole. Exports FERRY_ICEBERG_SPARK_PYTHON and FERRY_ICEBERG_SPARK_JARS; the tests reach no
+# network.
+FERRY_ICEBERG_SPARK_JAR_LIST='org/apache/iceberg/iceberg-spark-runtime-4.1_2.13/1.12.0/iceberg-spark-runtime-4.1_2.13-1.12.0.jar
+org/xerial/sqlite-jdbc/3.51.1.0/sqlite-jdbc-3.51.1.0.jar
+org/postgresql/postgresql/42.7.4/postgresql-42.7.4.jar'
+ferry_iceberg_spark() {
+  local venv="$FERRY_CACHE/venv-spark41"
+  if ! "$venv/bin/python3" -c 'import pyspark; assert pyspark.__version__ == "4.1.1"' 2>/dev/null; then
+    echo "installing pyspark 4.1.1 from PyPI into $venv (Spark for Iceberg's runtime)" >&2
+    rm -rf "$venv.part"
+    python3 -m venv "$venv.part" >&2 && "$venv.part/bin/python3" -m pip install -q 'pyspark==4.1.1' >&2 \
+      || { echo "iceberg-spark: installing pyspark 4.1.1 failed" >&2; return 1; }
+    rm -rf "$venv" && mv "$venv.part" "$venv"
+    # The venv was made under another name: its scripts' #! lines name that one; python3 -m is used.
+  fi
+  local key; key=$(printf '%s' "$FERRY_ICEBERG_SPARK_JAR_LIST" | sha256sum | cut -c1-16)
+  local dir="$FERRY_CACHE/iceberg-spark/$key"
+  if [ ! -f "$dir/complete" ]; then
+    rm -rf "$dir.part" && mkdir -p "$dir.part/jars"
+    local j
+    for j in $FERRY_ICEBERG_SPARK_JAR_LIST; do
+      echo "fetching $(basename "$j") from Maven Central" >&2
+      curl -fsSL --retry 3 --max-time 600 -o "$dir.part/jars/$(basename "$j")" "https://repo1.maven.org/maven2/$j" \
+        || { echo "iceberg-spark: fetching $j failed" >&2; return 1; }
+    done
+    touch "$dir.part/complete" && rm -rf "$dir" && mv "$dir.part" "$dir"
+  fi
+  export FERRY_ICEBERG_SPARK_PYTHON="$venv/bin/python3" FERRY_ICEBERG_SPARK_JARS="$dir/jars"
+  echo "iceberg spark: $FERRY_ICEBERG_SPARK_PYTHON, $FERRY_ICEBERG_SPARK_JARS" >&2
+}
+
 # The tools that read what deploy/ ships: Prometheus and promtool (a real scrape in the tests),
 # systemd-analyze (unit files); and strace, which shows the durability test the order of a
 # stage's fsyncs and unlinks.

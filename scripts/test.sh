@@ -26,6 +26,8 @@ trap 'ferry_stop_azurite; ferry_stop_gcs; ferry_stop_s3; ferry_stop_postgres' EX
 ferry_start_postgres
 ferry_python_deps
 ferry_deploy_tools
+# Spark 4.1 with Iceberg's runtime: the quick tier's Iceberg tests read their tables with it too.
+ferry_iceberg_spark
 # The quick tier: binaries that need no server but PostgreSQL (kept in step with the full run:
 # run_tests.py refuses a name it does not find).
 quick_tier=(ferry-tests::cases ferry-tests::deploy ferry-tests::inputs ferry-tests::moving_sources

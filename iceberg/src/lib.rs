@@ -78,10 +78,19 @@ pub const FORMAT_VERSION: i64 = 2;
 /// `write.metadata.previous-versions-max` default), unless the table's property says.
 const PREVIOUS_VERSIONS_MAX: usize = 100;
 
+/// A file's URL in one spelling: Java's Hadoop paths write local files as `file:/dir/f`, Ferry
+/// and PyIceberg as `file:///dir/f`; the two name one file.
+pub(crate) fn canon(url: &str) -> std::borrow::Cow<'_, str> {
+    match url.strip_prefix("file:") {
+        Some(rest) if rest.starts_with('/') && !rest.starts_with("//") => format!("file://{rest}").into(),
+        _ => url.into(),
+    }
+}
+
 /// The table's path in the store for a URL of it (the catalog's and manifests' paths are
 /// URLs), or an error naming it.
 fn rel(dest: &Store, url: &str) -> Result<String> {
-    dest.rel_of(url).ok_or_else(|| {
+    dest.rel_of(&canon(url)).ok_or_else(|| {
         IcebergError::Metadata(format!("{url} is not on the destination store {}: Ferry reads and writes one store", dest.url("")))
     })
 }

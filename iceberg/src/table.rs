@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use crate::manifest::{self, ADDED, DELETED, EXISTING, Entry, ManifestFile};
 use crate::schema::{self, PartitionField};
-use crate::{FORMAT_VERSION, IcebergError, PREVIOUS_VERSIONS_MAX, Result, rel};
+use crate::{FORMAT_VERSION, IcebergError, PREVIOUS_VERSIONS_MAX, Result, canon, rel};
 
 /// How many times a commit plans again after another writer moved the catalog row first,
 /// before its chunk waits and tries later.
@@ -64,6 +64,13 @@ impl Current {
             .filter(|e| e.status != DELETED && e.content == 0)
     }
 
+    /// Whether a snapshot of the table's history is another writer's (no `ferry.chunks` in its
+    /// summary): only then can a file Ferry recorded be out of the table by design.
+    fn foreign(&self) -> bool {
+        let snaps = self.meta.as_ref().and_then(|m| m.get("snapshots")?.as_array().cloned()).unwrap_or_default();
+        snaps.iter().any(|s| s.get("summary").and_then(|x| x.get("ferry.chunks")).is_none())
+    }
+
     fn snapshot_id(&self) -> Option<i64> {
         self.meta.as_ref()?.get("current-snapshot-id")?.as_i64().filter(|id| *id >= 0)
     }
@@ -83,10 +90,16 @@ struct Plan {
     columns: Vec<SchemaColumn>,
     /// `<chunk>@<epoch>` of each chunk the snapshot brings.
     marker: String,
+    /// The files the ledger records as published for these chunks, by URL, with their chunk.
+    recorded: HashMap<String, String>,
+    table: String,
 }
 
 /// A plan against one snapshot.
 enum Planned {
+    /// Another writer's snapshot deleted a file of these chunks after it was in (a DELETE, an
+    /// overwrite, a compaction): what the plan would do next would undo or double that.
+    Refused(String),
     /// Every part is in and nothing is to go: the table version that brought them.
     Nothing(Option<i64>),
     /// A newer version of the source file is in the table.
@@ -105,12 +118,36 @@ impl Plan {
         {
             return Planned::Superseded;
         }
-        let live: HashMap<&str, &Entry> = cur.live().map(|e| (e.path.as_str(), e)).collect();
+        // By each file's one spelling; what is deleted is named as its manifest names it.
+        let live: HashMap<String, &Entry> = cur.live().map(|e| (canon(&e.path).into_owned(), e)).collect();
         let wanted: HashSet<&str> = self.parts.iter().map(|(url, _)| url.as_str()).collect();
-        let adds: Vec<(String, Part)> = self.parts.iter().filter(|(url, _)| !live.contains_key(url.as_str())).cloned().collect();
+        // Files of these chunks the ledger recorded in the table that are no longer in it: only
+        // another writer's snapshot takes a recorded file out (Ferry's own deletes record the
+        // chunk's new files, or retract the chunk, in the same step). The same bytes again (a
+        // retry, a rerun) count as in, as that writer left them; other bytes would put back
+        // rows it deleted, or double rows it kept in files of its own.
+        let foreign = cur.foreign();
+        let theirs: HashMap<&str, &str> = self
+            .recorded
+            .iter()
+            .filter(|(url, _)| foreign && !live.contains_key(url.as_str()))
+            .map(|(u, c)| (u.as_str(), c.as_str()))
+            .collect();
+        let adds: Vec<(String, Part)> =
+            self.parts.iter().filter(|(url, _)| !live.contains_key(url.as_str()) && !theirs.contains_key(url.as_str())).cloned().collect();
+        if let Some((url, p)) = adds.iter().find(|(_, p)| theirs.values().any(|c| *c == p.chunk_id)) {
+            let (gone, _) = theirs.iter().find(|(_, c)| **c == p.chunk_id).expect("found above");
+            return Planned::Refused(format!(
+                "Iceberg table {}: {gone} of chunk {} was deleted by another writer's snapshot after Ferry published it; loading \
+                 other bytes for the chunk ({url}) would bring back or double the rows that writer changed, so nothing is \
+                 written. Skip the chunk (ferry skip --chunk {}) to leave the table as that writer left it",
+                self.table, p.chunk_id, p.chunk_id
+            ));
+        }
         let drops: HashSet<String> = live
-            .keys()
-            .filter(|path| !wanted.contains(*path))
+            .iter()
+            .filter(|(path, _)| !wanted.contains(path.as_str()))
+            .map(|(_, e)| e.path.as_str())
             .filter(|path| {
                 let Some(c) = chunk_of(path) else { return false };
                 self.chunks.contains(c)
@@ -462,6 +499,12 @@ impl IcebergTable {
         let mut marker: Vec<String> = chunks.iter().map(|c| format!("{c}@{}", lease.epoch)).collect();
         marker.sort();
         let url = |p: &Part| self.dest.url(&paths::table_file(&name, &part_rel(p)));
+        let mut recorded = HashMap::new();
+        for c in &chunks {
+            for (path, _) in self.ledger.published_of(c).await? {
+                recorded.insert(self.dest.url(&path), c.clone());
+            }
+        }
         let plan = Plan {
             parts: moving.iter().map(|p| (url(p), p.clone())).collect(),
             chunks,
@@ -473,6 +516,8 @@ impl IcebergTable {
             replaces: version.is_some_and(|v| v.replaces),
             columns,
             marker: marker.join(","),
+            recorded,
+            table: name.clone(),
         };
         let published: Vec<(String, Part)> = parts.iter().map(|p| (paths::table_file(&name, &part_rel(p)), p.clone())).collect();
         let replace = version.is_some();
@@ -482,6 +527,7 @@ impl IcebergTable {
             for _ in 0..ROUNDS {
                 let cur = self.current().await.map_err(table_error)?;
                 let done = match plan.against(&cur) {
+                    Planned::Refused(why) => return Err(TableError::Stage(TableFailure::Table(why))),
                     Planned::Superseded => Swapped::Superseded,
                     Planned::Nothing(seq) => {
                         if self.ledger.record_published(lease, &name, &published, replace, seq).await? {
@@ -669,6 +715,15 @@ impl Table for IcebergTable {
         for (path, chunk, bytes) in &want {
             recorded.insert(path.as_str());
             match live.get(path) {
+                // Taken out by another writer's snapshot (Ferry's own deletes leave no recorded
+                // file out): that writer's to change, reported, not a fault of the table.
+                None if cur.foreign() => {
+                    out.rewritten += 1;
+                    out.lines.push(format!(
+                        "rewritten {path} (chunk {chunk}): deleted by another writer's snapshot (a DELETE, an overwrite, a \
+                         compaction) before sequence {seq}"
+                    ));
+                }
                 None => {
                     out.problems += 1;
                     out.bad_chunks.insert(chunk.clone());

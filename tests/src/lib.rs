@@ -679,6 +679,69 @@ pub fn sqlalchemy_url(ledger_url: &str) -> String {
     }
 }
 
+/// Digests of an Iceberg table as Spark (iceberg-spark-runtime, Iceberg's own Java
+/// implementation) reads it through Iceberg's JdbcCatalog on the ledger at `ledger_url`, one per
+/// entry of `snapshots` (None: the current snapshot; Some: `VERSION AS OF` the snapshot id), from
+/// one Spark session.
+pub fn spark_iceberg_digests(ledger_url: &str, table: &str, snapshots: &[Option<i64>]) -> Vec<serde_json::Value> {
+    let list: Vec<serde_json::Value> =
+        snapshots.iter().map(|s| serde_json::json!(["spark-iceberg", format!("{}|{table}", jdbc_url(ledger_url)), s])).collect();
+    let _one = SPARK.lock().unwrap_or_else(|p| p.into_inner());
+    let python = std::env::var("FERRY_ICEBERG_SPARK_PYTHON")
+        .expect("FERRY_ICEBERG_SPARK_PYTHON is not set: run the README's test command, which installs Spark 4.1 for Iceberg");
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(DIGEST)
+        .args(["many", &serde_json::Value::from(list.clone()).to_string()])
+        .env("TZ", "UTC")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "spark: {}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got = got.as_array().expect("a list of digests").clone();
+    assert_eq!(got.len(), list.len(), "one digest per snapshot");
+    got
+}
+
+/// Runs SQL statements in Spark with Iceberg's runtime and the JdbcCatalog on the ledger at
+/// `ledger_url` (as `ferry`), one session: each statement's rows, as text.
+pub fn spark_iceberg_sql(ledger_url: &str, statements: &[&str]) -> Vec<Vec<Vec<String>>> {
+    let _one = SPARK.lock().unwrap_or_else(|p| p.into_inner());
+    let python = std::env::var("FERRY_ICEBERG_SPARK_PYTHON")
+        .expect("FERRY_ICEBERG_SPARK_PYTHON is not set: run the README's test command, which installs Spark 4.1 for Iceberg");
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(DIGEST)
+        .arg("spark-sql")
+        .arg(jdbc_url(ledger_url))
+        .args(statements)
+        .env("TZ", "UTC")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "spark: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A ledger URL as JDBC takes it, the user and password as query parameters (which the digest
+/// script hands to the catalog as `jdbc.user` and `jdbc.password`).
+pub fn jdbc_url(ledger_url: &str) -> String {
+    if let Some(path) = ledger_url.strip_prefix("sqlite://") {
+        return format!("jdbc:sqlite:{}", path.split('?').next().unwrap_or(path));
+    }
+    let rest = ledger_url.split_once("://").map_or(ledger_url, |(_, r)| r);
+    let (auth, host) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let host = host.split('?').next().unwrap_or(host);
+    let (user, password) = auth.split_once(':').unwrap_or((auth, ""));
+    let mut url = format!("jdbc:postgresql://{host}");
+    if !user.is_empty() {
+        url += &format!("?user={user}");
+        if !password.is_empty() {
+            url += &format!("&password={password}");
+        }
+    }
+    url
+}
+
 /// Digests of a Delta table as Spark with delta-spark (Delta's reference implementation)
 /// reads it, one per entry of `versions` (None: the latest; Some: time travel), from one Spark
 /// session. Each version is read through Spark, written out with pyarrow and digested like a
@@ -876,13 +939,48 @@ def ms(v):
     if isinstance(v, str):
         return int(datetime.datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp() * 1000)
     return int(v)
+SPARK = None
+def iceberg_spark(jdbc):
+    # Spark (iceberg-spark-runtime) with Iceberg's JdbcCatalog on the ledger's database as
+    # `ferry`, one session for every table this process reads.
+    global SPARK
+    if SPARK is None:
+        import os
+        from pyspark.sql import SparkSession
+        jars = ",".join(sorted(glob.glob(os.environ["FERRY_ICEBERG_SPARK_JARS"] + "/*.jar")))
+        b = (SparkSession.builder.master("local[1]").config("spark.jars", jars)
+             .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
+             .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+             .config("spark.sql.catalog.ferry", "org.apache.iceberg.spark.SparkCatalog")
+             .config("spark.sql.catalog.ferry.catalog-impl", "org.apache.iceberg.jdbc.JdbcCatalog")
+             .config("spark.sql.catalog.ferry.uri", jdbc.split("?")[0])
+             # Where JdbcCatalog would create new tables; it refuses to start without one.
+             .config("spark.sql.catalog.ferry.warehouse", "file:///tmp/ferry-spark-warehouse"))
+        for kv in (jdbc.split("?", 1)[1].split("&") if "?" in jdbc else []):
+            k, v2 = kv.split("=", 1)
+            b = b.config("spark.sql.catalog.ferry.jdbc." + k, v2)
+        SPARK = b.getOrCreate()
+        SPARK.sparkContext.setLogLevel("ERROR")
+    return SPARK
 def digest(kind, d, v):
     rows = []
     def add(r):
         s = r["score"]
         s = None if s in (None, "") else float(s)
         rows.append((r["event_id"], ms(r["ts"]), r["host"], r["kind"], int(r["user_id"]), r["payload"], s))
-    if kind in ("table", "s3table", "delta", "iceberg"):
+    if kind == "spark-iceberg":
+        # Spark (iceberg-spark-runtime) through Iceberg's JdbcCatalog on the ledger's database,
+        # one session for every table read by this process.
+        jdbc, name = d.split("|", 1)
+        spark = iceberg_spark(jdbc)
+        q = "SELECT * FROM ferry." + name + ("" if v is None else " VERSION AS OF " + str(int(v)))
+        rs = [r.asDict() for r in spark.sql(q).collect()]
+        for r in rs:
+            r["ts"] = r["ts"].replace(tzinfo=datetime.timezone.utc)
+            add(r)
+        days = sorted({str(r["dt"]) for r in rs})
+        bad_dt = sum(1 for r in rs if str(r["dt"]) != r["ts"].date().isoformat())
+    elif kind in ("table", "s3table", "delta", "iceberg"):
         import pyarrow.dataset as ds
         fsys = None
         if kind == "s3table":
@@ -929,7 +1027,11 @@ def digest(kind, d, v):
     rows.sort(key=lambda r: r[0])
     h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
     return {"rows": len(rows), "distinct": len({r[0] for r in rows}), "digest": h, "days": days, "bad_dt": bad_dt}
-if sys.argv[1] == "serve":
+if sys.argv[1] == "spark-sql":
+    # [jdbc url, statement, ...]: each statement's rows, as lists of strings.
+    spark = iceberg_spark(sys.argv[2])
+    print(json.dumps([[[str(c) for c in r] for r in spark.sql(q).collect()] for q in sys.argv[3:]]))
+elif sys.argv[1] == "serve":
     # One [kind, path, version or null] per line in, its digest per line out, until stdin ends.
     for line in sys.stdin:
         k, d, v = json.loads(line)

@@ -137,6 +137,11 @@ fn every_record_once_at_every_snapshot(p: &Pipeline, sql: &dyn Fn(&str) -> Strin
     assert_eq!(count("SELECT COUNT(*) FROM published WHERE table_version IS NULL OR table_version < 1"), 0);
     let verify = ferry_ok(p, &["verify"]);
     assert!(verify.contains("Iceberg table events"), "{verify}");
+    // Spark with Iceberg's runtime reads the same, through the JdbcCatalog on the ledger: the
+    // current snapshot, and the first batch's last one by id.
+    let spark = ferry_tests::spark_iceberg_digests(&p.ledger_url(), "default.events", &[None, Some(after_first)]);
+    same(&spark[0], &all, "Spark, current snapshot");
+    same(&spark[1], &first, "Spark, the first batch's last snapshot");
 }
 
 #[test]
@@ -311,4 +316,60 @@ os._exit(0)
     }
     assert_eq!(chunks.len() as i64, p.count("SELECT COUNT(*) FROM chunks"));
     ferry_ok(&p, &["verify"]);
+}
+
+/// Spark deletes some of Ferry's rows (copy-on-write: Ferry's file is deleted and Spark's
+/// rewrite of it added). Ferry's later loads keep that; a rerun of the chunk with the same bytes
+/// brings nothing back; with other bytes it is refused naming the chunk, the table unchanged;
+/// `ferry verify` reports the file as rewritten by another writer, not as a problem.
+#[test]
+fn a_spark_delete_of_ferrys_rows_is_never_undone() {
+    let p = iceberg_pipeline();
+    p.add_jsonl_batch("a", 2, 300, 1);
+    drained(&p);
+    let before = p.table_digest()["rows"].as_i64().unwrap();
+    let url = p.ledger_url();
+    let picked = ferry_tests::spark_iceberg_sql(&url, &["SELECT event_id FROM ferry.default.events ORDER BY event_id LIMIT 5"]);
+    let ids: Vec<String> = picked[0].iter().map(|r| format!("'{}'", r[0])).collect();
+    ferry_tests::spark_iceberg_sql(&url, &[&format!("DELETE FROM ferry.default.events WHERE event_id IN ({})", ids.join(","))]);
+    assert_eq!(p.table_digest()["rows"].as_i64().unwrap(), before - 5, "Spark deleted 5 rows");
+
+    p.add_jsonl_batch("b", 1, 200, 2);
+    drained(&p);
+    let got = p.table_digest();
+    assert_eq!(got["rows"].as_i64().unwrap(), before - 5 + 200, "{got}");
+    assert_eq!(got["rows"], got["distinct"]);
+
+    // The chunks whose recorded files Spark's snapshot took out.
+    let live: Vec<String> = table_facts(&p)["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    let published = p.sql("SELECT group_concat(path || ' ' || chunk_id, char(10)) FROM published");
+    let rewritten: Vec<&str> = published
+        .lines()
+        .filter(|l| !live.iter().any(|f| f.ends_with(l.split(' ').next().unwrap())))
+        .map(|l| l.split(' ').nth(1).unwrap())
+        .collect();
+    assert!(!rewritten.is_empty(), "Spark's DELETE rewrote a file of Ferry's: {published}");
+    let chunk = rewritten[0];
+    let verify = ferry_ok(&p, &["verify"]);
+    assert!(verify.contains("rewritten") && verify.contains(chunk), "{verify}");
+
+    // The same bytes again: nothing comes back.
+    ferry_ok(&p, &["rerun", "--chunk", chunk, "--from", "transform"]);
+    drained(&p);
+    let again = p.table_digest();
+    assert_eq!((&again["rows"], &again["digest"]), (&got["rows"], &got["digest"]), "a rerun of the same bytes: {again}");
+
+    // Other bytes: refused, named, the table unchanged.
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, cfg.replace("max_bad_records = 5", "max_bad_records = 5\ncompression = \"snappy\"")).unwrap();
+    ferry_ok(&p, &["rerun", "--chunk", chunk, "--from", "transform"]);
+    for _ in 0..3 {
+        for s in STAGES {
+            p.stage_round(s);
+        }
+    }
+    let load = p.sql(&format!("SELECT state || ' ' || COALESCE(last_error, '') FROM tasks WHERE chunk_id = '{chunk}' AND stage = 'load'"));
+    assert!(load.starts_with("quarantined") && load.contains("deleted by another writer's snapshot") && load.contains(chunk), "{load}");
+    let after = p.table_digest();
+    assert_eq!((&after["rows"], &after["digest"]), (&got["rows"], &got["digest"]), "refused: nothing written ({after})");
 }
