@@ -686,9 +686,7 @@ pub fn sqlalchemy_url(ledger_url: &str) -> String {
 pub fn spark_iceberg_digests(ledger_url: &str, table: &str, snapshots: &[Option<i64>]) -> Vec<serde_json::Value> {
     let list: Vec<serde_json::Value> =
         snapshots.iter().map(|s| serde_json::json!(["spark-iceberg", format!("{}|{table}", jdbc_url(ledger_url)), s])).collect();
-    let _one = SPARK.lock().unwrap_or_else(|p| p.into_inner());
-    let python = std::env::var("FERRY_ICEBERG_SPARK_PYTHON")
-        .expect("FERRY_ICEBERG_SPARK_PYTHON is not set: run the README's test command, which installs Spark 4.1 for Iceberg");
+    let (_one, python) = iceberg_spark_python();
     let out = Command::new(python)
         .arg("-c")
         .arg(DIGEST)
@@ -703,12 +701,18 @@ pub fn spark_iceberg_digests(ledger_url: &str, table: &str, snapshots: &[Option<
     got
 }
 
+/// Spark 4.1's Python (with Iceberg's runtime), held for one session at a time.
+fn iceberg_spark_python() -> (std::sync::MutexGuard<'static, ()>, String) {
+    let one = SPARK.lock().unwrap_or_else(|p| p.into_inner());
+    let python = std::env::var("FERRY_ICEBERG_SPARK_PYTHON")
+        .expect("FERRY_ICEBERG_SPARK_PYTHON is not set: run the README's test command, which installs Spark 4.1 for Iceberg");
+    (one, python)
+}
+
 /// Runs SQL statements in Spark with Iceberg's runtime and the JdbcCatalog on the ledger at
 /// `ledger_url` (as `ferry`), one session: each statement's rows, as text.
 pub fn spark_iceberg_sql(ledger_url: &str, statements: &[&str]) -> Vec<Vec<Vec<String>>> {
-    let _one = SPARK.lock().unwrap_or_else(|p| p.into_inner());
-    let python = std::env::var("FERRY_ICEBERG_SPARK_PYTHON")
-        .expect("FERRY_ICEBERG_SPARK_PYTHON is not set: run the README's test command, which installs Spark 4.1 for Iceberg");
+    let (_one, python) = iceberg_spark_python();
     let out = Command::new(python)
         .arg("-c")
         .arg(DIGEST)
