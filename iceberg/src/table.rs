@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ferry_common::paths;
-use ferry_ledger::{CatalogSwap, Lease, Ledger, Part, SchemaColumn, Swapped};
+use ferry_ledger::{CatalogSwap, Lease, Ledger, Part, Record, SchemaColumn, Swapped};
 use ferry_runtime::config::Config;
 use ferry_storage::Store;
 use ferry_table::{Job, Outcome, Table, TableError, TableFailure, Verified, WAIT_BRIEFLY, chunk_of, part_rel};
@@ -38,8 +38,10 @@ pub struct IcebergTable {
     cfg: Config,
     ledger: Ledger,
     dest: Store,
-    /// Commits of this process go one at a time (they would race for the catalog row anyway).
+    /// Commits of this process go one at a time (they would race for the catalog row anyway);
+    /// whoever holds it commits every plan queued meanwhile (see [`IcebergTable::commit_queued`]).
     commits: tokio::sync::Mutex<()>,
+    queue: std::sync::Mutex<Vec<Queued>>,
     /// Manifests read, by path: a manifest is never changed once written.
     manifests: std::sync::Mutex<HashMap<String, Arc<Vec<Entry>>>>,
 }
@@ -93,6 +95,44 @@ struct Plan {
     /// The files the ledger records as published for these chunks, by URL, with their chunk.
     recorded: HashMap<String, String>,
     table: String,
+}
+
+/// One chunk's plan waiting for a commit, and where its answer goes.
+struct Queued {
+    plan: Arc<Plan>,
+    lease: Lease,
+    /// Its own parts, as the ledger records them.
+    published: Vec<(String, Part)>,
+    replace: bool,
+    /// A commit of several plans failed: this one goes in a commit of its own.
+    alone: bool,
+    answer: tokio::sync::oneshot::Sender<Answer>,
+}
+
+/// What became of a queued plan.
+enum Answer {
+    /// In the table and recorded.
+    Done,
+    /// A newer version of its source file is in: to be withdrawn.
+    Superseded,
+    Failed(TableError),
+    /// The commit it was in failed with others' plans: queue it again, alone.
+    Alone,
+    /// Other writers took the catalog's row first every round.
+    Busy,
+}
+
+/// Whether two plans may share a snapshot, each planned against the same one: no common chunk,
+/// the same schema, and if of the same source file, chunks of one version that replaces none.
+fn independent(a: &Plan, b: &Plan) -> bool {
+    let chunks = |p: &Plan| -> HashSet<String> { p.chunks.iter().chain(&p.skipped).cloned().collect() };
+    if !chunks(a).is_disjoint(&chunks(b)) || a.columns != b.columns {
+        return false;
+    }
+    match (&a.version, &b.version) {
+        (Some((va, all_a)), Some((vb, all_b))) if all_a.keys().any(|c| all_b.contains_key(c)) => va == vb && !a.replaces && !b.replaces,
+        _ => true,
+    }
 }
 
 /// A plan against one snapshot.
@@ -188,7 +228,7 @@ fn uuid() -> String {
 
 impl IcebergTable {
     pub fn new(cfg: Config, ledger: Ledger, dest: Store) -> IcebergTable {
-        IcebergTable { cfg, ledger, dest, commits: Default::default(), manifests: Default::default() }
+        IcebergTable { cfg, ledger, dest, commits: Default::default(), queue: Default::default(), manifests: Default::default() }
     }
 
     fn name(&self) -> &str {
@@ -521,43 +561,45 @@ impl IcebergTable {
         };
         let published: Vec<(String, Part)> = parts.iter().map(|p| (paths::table_file(&name, &part_rel(p)), p.clone())).collect();
         let replace = version.is_some();
-        let outcome = {
-            let _one = self.commits.lock().await;
-            let mut outcome = None;
-            for _ in 0..ROUNDS {
-                let cur = self.current().await.map_err(table_error)?;
-                let done = match plan.against(&cur) {
-                    Planned::Refused(why) => return Err(TableError::Stage(TableFailure::Table(why))),
-                    Planned::Superseded => Swapped::Superseded,
-                    Planned::Nothing(seq) => {
-                        if self.ledger.record_published(lease, &name, &published, replace, seq).await? {
-                            Swapped::Done
-                        } else {
-                            Swapped::Superseded
-                        }
-                    }
-                    Planned::Commit { adds, drops } => {
-                        let (new, seq) =
-                            self.write_snapshot(&cur, &plan.columns, &adds, &drops, &plan.marker).await.map_err(table_error)?;
-                        let swap = self.swap(cur.location.as_deref(), &new);
-                        let done = self.ledger.record_published_with(lease, &swap, &name, &published, replace, Some(seq)).await?;
-                        if done == Swapped::Done {
-                            tracing::debug!(chunk = %lease.chunk_id, sequence = seq, metadata = %new, "committed to the Iceberg table");
-                        }
-                        done
-                    }
-                };
-                if done != Swapped::Lost {
-                    outcome = Some(done);
-                    break;
+        let plan = Arc::new(plan);
+        let mut alone = false;
+        let answer = loop {
+            let (answer, mut rx) = tokio::sync::oneshot::channel();
+            self.lock_queue().push(Queued {
+                plan: plan.clone(),
+                lease: lease.clone(),
+                published: published.clone(),
+                replace,
+                alone,
+                answer,
+            });
+            // An answer dropped unsent (a committer that panicked) is taken as "alone".
+            let answered = |rx: &mut tokio::sync::oneshot::Receiver<Answer>| match rx.try_recv() {
+                Ok(reply) => Some(reply),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => None,
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => Some(Answer::Alone),
+            };
+            let reply = loop {
+                let one = self.commits.lock().await;
+                // Another task's commit took this plan while this one waited for the lock.
+                if let Some(reply) = answered(&mut rx) {
+                    break reply;
                 }
-                tracing::debug!(chunk = %lease.chunk_id, "another writer committed to the Iceberg table first; planning again");
+                self.commit_queued().await;
+                drop(one);
+                if let Some(reply) = answered(&mut rx) {
+                    break reply;
+                }
+            };
+            match reply {
+                Answer::Alone => alone = true,
+                other => break other,
             }
-            outcome
         };
-        match outcome {
-            Some(Swapped::Done) => {}
-            Some(Swapped::Superseded) => {
+        match answer {
+            Answer::Done => {}
+            Answer::Failed(e) => return Err(e),
+            Answer::Superseded => {
                 tracing::info!(chunk = %lease.chunk_id, "a newer version of its source file is in the table; not added");
                 if self.withdraw_chunk(dest, lease).await? {
                     return Ok(Outcome::Superseded);
@@ -567,7 +609,7 @@ impl IcebergTable {
                     after: WAIT_BRIEFLY,
                 }));
             }
-            Some(Swapped::Lost) | None => {
+            Answer::Alone | Answer::Busy => {
                 return Err(TableError::Stage(TableFailure::Waiting {
                     reason: format!("other writers committed to Iceberg table {name} first {ROUNDS} times; trying again later"),
                     after: WAIT_BRIEFLY,
@@ -582,6 +624,111 @@ impl IcebergTable {
             }
         }
         Ok(Outcome::Published)
+    }
+
+    fn lock_queue(&self) -> std::sync::MutexGuard<'_, Vec<Queued>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One commit of the plans queued now (the caller holds `commits`): group commit. On HDFS
+    /// a snapshot costs three files' closes (~0.5 s each) whatever it holds, so chunks ready
+    /// together go in one snapshot, their ledger rows in its transaction. Each plan is judged on
+    /// its own against the snapshot (a refusal, a supersession, nothing to do are its own); plans
+    /// that touch a chunk or a source file of another plan in the commit, or bring another
+    /// schema, wait for the next one; a commit of several plans that fails is made again by each
+    /// plan alone, so no chunk fails for another's error. Every plan taken is answered, or put
+    /// back in the queue.
+    async fn commit_queued(&self) {
+        let mut batch: Vec<Queued> = {
+            let mut queue = self.lock_queue();
+            match queue.iter().position(|q| q.alone) {
+                Some(i) => vec![queue.remove(i)],
+                None => std::mem::take(&mut *queue),
+            }
+        };
+        let fail = |batch: Vec<Queued>, e: TableError| {
+            if batch.len() == 1 {
+                if let Some(q) = batch.into_iter().next() {
+                    let _ = q.answer.send(Answer::Failed(e));
+                }
+            } else {
+                batch.into_iter().for_each(|q| q.answer.send(Answer::Alone).unwrap_or(()));
+            }
+        };
+        for _ in 0..ROUNDS {
+            // A plan whose load was cut off (its deadline) is not committed for it.
+            batch.retain(|q| !q.answer.is_closed());
+            if batch.is_empty() {
+                return;
+            }
+            let cur = match self.current().await {
+                Ok(cur) => cur,
+                Err(e) => return fail(batch, table_error(e)),
+            };
+            let (mut adds, mut drops, mut markers) = (Vec::new(), HashSet::new(), Vec::new());
+            let mut taken: Vec<Queued> = Vec::new();
+            let mut later: Vec<Queued> = Vec::new();
+            for q in std::mem::take(&mut batch) {
+                if taken.iter().any(|t| !independent(&t.plan, &q.plan)) {
+                    later.push(q);
+                    continue;
+                }
+                let reply = match q.plan.against(&cur) {
+                    Planned::Refused(why) => Answer::Failed(TableError::Stage(TableFailure::Table(why))),
+                    Planned::Superseded => Answer::Superseded,
+                    Planned::Nothing(seq) => {
+                        match self.ledger.record_published(&q.lease, self.name(), &q.published, q.replace, seq).await {
+                            Ok(true) => Answer::Done,
+                            Ok(false) => Answer::Superseded,
+                            Err(e) => Answer::Failed(e.into()),
+                        }
+                    }
+                    Planned::Commit { adds: a, drops: d } => {
+                        adds.extend(a);
+                        drops.extend(d);
+                        markers.push(q.plan.marker.clone());
+                        taken.push(q);
+                        continue;
+                    }
+                };
+                let _ = q.answer.send(reply);
+            }
+            self.lock_queue().splice(0..0, later);
+            if taken.is_empty() {
+                return;
+            }
+            let columns = taken[0].plan.columns.clone();
+            let (new, seq) = match self.write_snapshot(&cur, &columns, &adds, &drops, &markers.join(",")).await {
+                Ok(written) => written,
+                Err(e) => return fail(taken, table_error(e)),
+            };
+            let swap = self.swap(cur.location.as_deref(), &new);
+            let entries: Vec<(&Lease, Record<'_>)> = taken
+                .iter()
+                .map(|q| (&q.lease, Record { table: self.name(), parts: &q.published, replace: q.replace, table_version: Some(seq) }))
+                .collect();
+            let ended = self.ledger.record_published_with(&swap, &entries).await;
+            drop(entries);
+            match ended {
+                Ok((Swapped::Done, _)) => {
+                    tracing::debug!(chunks = taken.len(), sequence = seq, metadata = %new, "committed to the Iceberg table");
+                    taken.into_iter().for_each(|q| q.answer.send(Answer::Done).unwrap_or(()));
+                    return;
+                }
+                Ok((Swapped::Superseded, _)) if taken.len() == 1 => {
+                    taken.into_iter().for_each(|q| q.answer.send(Answer::Superseded).unwrap_or(()));
+                    return;
+                }
+                Ok((Swapped::Superseded, _)) => return taken.into_iter().for_each(|q| q.answer.send(Answer::Alone).unwrap_or(())),
+                // Another writer moved the catalog's row first: every plan made again on its table.
+                Ok((Swapped::Lost, _)) => {
+                    tracing::debug!(chunks = taken.len(), "another writer committed to the Iceberg table first; planning again");
+                    batch = taken;
+                }
+                Err(e) => return fail(taken, e.into()),
+            }
+        }
+        batch.into_iter().for_each(|q| q.answer.send(Answer::Busy).unwrap_or(()));
     }
 
     /// A superseded chunk: recorded as withdrawn (durably), then its files deleted from the

@@ -24,7 +24,7 @@ pub struct CatalogSwap<'a> {
 
 /// What a chunk's publish records beside a swap (see [`Ledger::record_published`]).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Record<'a> {
+pub struct Record<'a> {
     pub table: &'a str,
     pub parts: &'a [(String, Part)],
     pub replace: bool,
@@ -105,23 +105,17 @@ impl Ledger {
         .await
     }
 
-    /// Commits `swap` and records the chunk's files as published in one transaction, if
-    /// `lease` is still current (see [`Ledger::record_published`] for `replace` and
-    /// `table_version`).
-    pub async fn record_published_with(
-        &self,
-        lease: &Lease,
-        swap: &CatalogSwap<'_>,
-        table: &str,
-        parts: &[(String, Part)],
-        replace: bool,
-        table_version: Option<i64>,
-    ) -> Result<Swapped> {
-        self.publish_tx(lease, Some(swap), Some(Record { table, parts, replace, table_version })).await
+    /// Commits `swap` and records each entry's chunk (its lease confirmed, its files as
+    /// published, see [`Ledger::record_published`]) in one transaction: a group commit. How it
+    /// ended, and for `Superseded` the entry whose newer version is in (nothing committed); a
+    /// lost lease is the error of the first entry whose lease another claim took.
+    pub async fn record_published_with(&self, swap: &CatalogSwap<'_>, entries: &[(&Lease, Record<'_>)]) -> Result<(Swapped, usize)> {
+        let entries: Vec<(&Lease, Option<Record<'_>>)> = entries.iter().map(|(l, r)| (*l, Some(*r))).collect();
+        self.publish_tx(Some(swap), &entries).await
     }
 
     /// Commits `swap` alone, if `lease` is still current: a commit that records no chunk.
     pub async fn commit_catalog(&self, lease: &Lease, swap: &CatalogSwap<'_>) -> Result<Swapped> {
-        self.publish_tx(lease, Some(swap), None).await
+        Ok(self.publish_tx(Some(swap), &[(lease, None)]).await?.0)
     }
 }

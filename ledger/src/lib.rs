@@ -94,7 +94,7 @@ use crate::options::LedgerSection;
 
 pub use admin::{BacklogRow, Count, Overview, Pruned, Quarantined, RecentFailure, RequeueFilter, StageOverview, Status, StuckLease};
 use backend::{Backend, Begin};
-pub use catalog::{CatalogSwap, Swapped};
+pub use catalog::{CatalogSwap, Record, Swapped};
 use clock::{Clock, SystemClock};
 pub use error::{Error, Result};
 pub use files::{

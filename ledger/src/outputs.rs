@@ -503,77 +503,83 @@ impl Ledger {
         table_version: Option<i64>,
     ) -> Result<bool> {
         let record = Record { table, parts, replace, table_version };
-        Ok(self.publish_tx(lease, None, Some(record)).await? == Swapped::Done)
+        Ok(self.publish_tx(None, &[(lease, Some(record))]).await?.0 == Swapped::Done)
     }
 
-    /// [`Ledger::record_published`] and, when `swap` is given, a commit to a table of the
-    /// Iceberg catalog in the ledger, as one transaction: both or neither. `record` None: the
-    /// swap alone (a commit that takes a withdrawn chunk's files out), still fenced by `lease`.
-    pub(crate) async fn publish_tx(&self, lease: &Lease, swap: Option<&CatalogSwap<'_>>, record: Option<Record<'_>>) -> Result<Swapped> {
+    /// [`Ledger::record_published`] of each entry and, when `swap` is given, a commit to a table
+    /// of the Iceberg catalog in the ledger, as one transaction: all or nothing. An entry whose
+    /// record is None has its lease confirmed only (a commit that takes a withdrawn chunk's files
+    /// out). Returns how it ended and, for `Superseded`, the entry whose newer version is in; a
+    /// lease lost is the error of the first entry whose lease another claim took.
+    pub(crate) async fn publish_tx(
+        &self,
+        swap: Option<&CatalogSwap<'_>>,
+        entries: &[(&Lease, Option<Record<'_>>)],
+    ) -> Result<(Swapped, usize)> {
         let now = self.now_ms();
-        let replace = record.as_ref().is_some_and(|r| r.replace);
         let postgres = self.backend_name() == "postgres";
-        let ok = self
+        let ended = self
             .call("record_published", || async move {
                 on_backend!(self, |pool, begin| {
                     let op = "record_published";
                     let (_write, mut tx) = write_tx!(self, pool, begin, op);
-                    if !fence!(tx, lease, op) {
-                        return Ok(None);
-                    }
-                    if replace {
-                        if newer_in_tx!(tx, &lease.chunk_id, postgres, op).is_some() {
-                            return Ok(Some(Swapped::Superseded));
+                    for (i, (lease, record)) in entries.iter().enumerate() {
+                        if !fence!(tx, lease, op) {
+                            return Ok(Err(i));
                         }
-                        // A version with no rows is in the table from here on (see `version_in_table!`).
-                        sqlx::query("UPDATE source_files SET switched_at = $2 WHERE id = (SELECT file_id FROM chunks WHERE id = $1)")
-                            .bind(&lease.chunk_id)
-                            .bind(now)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(db(op))?;
+                        if record.is_some_and(|r| r.replace) {
+                            if newer_in_tx!(tx, &lease.chunk_id, postgres, op).is_some() {
+                                return Ok(Ok((Swapped::Superseded, i)));
+                            }
+                            // A version with no rows is in the table from here on (see `version_in_table!`).
+                            sqlx::query("UPDATE source_files SET switched_at = $2 WHERE id = (SELECT file_id FROM chunks WHERE id = $1)")
+                                .bind(&lease.chunk_id)
+                                .bind(now)
+                                .execute(&mut *tx)
+                                .await
+                                .map_err(db(op))?;
+                        }
                     }
                     if let Some(swap) = swap
                         && !swap_in_tx!(tx, swap, op)
                     {
-                        return Ok(Some(Swapped::Lost));
+                        return Ok(Ok((Swapped::Lost, 0)));
                     }
-                    let Some(Record { table, parts, table_version, .. }) = record else {
-                        tx.commit().await.map_err(db(op))?;
-                        return Ok(Some(Swapped::Done));
-                    };
-                    sqlx::query("DELETE FROM published WHERE chunk_id = $1")
-                        .bind(&lease.chunk_id)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db(op))?;
-                    for (path, p) in parts {
-                        sqlx::query(
-                            "INSERT INTO published (path, table_name, chunk_id, partition, records, bytes,
-                                content_hash, published_at, table_version)
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (path) DO NOTHING",
-                        )
-                        .bind(path)
-                        .bind(table)
-                        .bind(&p.chunk_id)
-                        .bind(&p.partition)
-                        .bind(p.records)
-                        .bind(p.bytes)
-                        .bind(&p.content_hash)
-                        .bind(now)
-                        .bind(table_version)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db(op))?;
+                    for (lease, record) in entries {
+                        let Some(Record { table, parts, table_version, .. }) = record else { continue };
+                        sqlx::query("DELETE FROM published WHERE chunk_id = $1")
+                            .bind(&lease.chunk_id)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
+                        for (path, p) in *parts {
+                            sqlx::query(
+                                "INSERT INTO published (path, table_name, chunk_id, partition, records, bytes,
+                                    content_hash, published_at, table_version)
+                                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (path) DO NOTHING",
+                            )
+                            .bind(path)
+                            .bind(*table)
+                            .bind(&p.chunk_id)
+                            .bind(&p.partition)
+                            .bind(p.records)
+                            .bind(p.bytes)
+                            .bind(&p.content_hash)
+                            .bind(now)
+                            .bind(*table_version)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db(op))?;
+                        }
                     }
                     tx.commit().await.map_err(db(op))?;
-                    Ok(Some(Swapped::Done))
+                    Ok(Ok((Swapped::Done, 0)))
                 })
             })
             .await?;
-        match ok {
-            Some(done) => Ok(done),
-            None => Err(self.lease_lost(lease).await),
+        match ended {
+            Ok(end) => Ok(end),
+            Err(i) => Err(self.lease_lost(entries[i].0).await),
         }
     }
 
