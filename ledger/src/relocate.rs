@@ -219,7 +219,7 @@ async fn copy_table(src: &mut sqlx::SqliteConnection, tx: &mut sqlx::PgConnectio
     if a != b {
         return Err(Error::Internal(format!("move: {table} has columns {b:?} in SQLite and {a:?} in Postgres")));
     }
-    if let Some((name, ty)) = columns.iter().find(|(_, ty)| !matches!(ty.as_str(), "text" | "integer" | "bigint")) {
+    if let Some((name, ty)) = columns.iter().find(|(_, ty)| !matches!(ty.as_str(), "text" | "character varying" | "integer" | "bigint")) {
         return Err(Error::Internal(format!("move: {table}.{name} is of type {ty}, which the move does not know")));
     }
     let list = columns.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>().join(", ");
@@ -235,7 +235,8 @@ async fn copy_table(src: &mut sqlx::SqliteConnection, tx: &mut sqlx::PgConnectio
         q.push_values(&page, |mut b, r| {
             for (i, (name, ty)) in columns.iter().enumerate() {
                 let v = match ty.as_str() {
-                    "text" => r.try_get::<Option<String>, _>(i + 1).map(Value::Text),
+                    // The Iceberg catalog's columns are VARCHAR(n), as its readers create them.
+                    "text" | "character varying" => r.try_get::<Option<String>, _>(i + 1).map(Value::Text),
                     "integer" => r
                         .try_get::<Option<i64>, _>(i + 1)
                         .and_then(|v| v.map(i32::try_from).transpose().map_err(|e| sqlx::Error::Decode(e.into())))

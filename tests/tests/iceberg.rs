@@ -373,3 +373,28 @@ fn a_spark_delete_of_ferrys_rows_is_never_undone() {
     let after = p.table_digest();
     assert_eq!((&after["rows"], &after["digest"]), (&got["rows"], &got["digest"]), "refused: nothing written ({after})");
 }
+
+/// A SQLite ledger whose Iceberg catalog holds the table, moved to Postgres (`ferry
+/// move-ledger`): the catalog's rows move with it, PyIceberg and Spark find the table through
+/// the new ledger, and loads go on there with every record once.
+#[test]
+fn the_catalog_moves_with_the_ledger_to_postgres() {
+    let pg = Postgres::start(false);
+    let p = iceberg_pipeline();
+    p.add_jsonl_batch("a", 2, 300, 41);
+    drained(&p);
+    let sqlite = p.ledger_url();
+    let to = pg.url();
+    ferry_ok(&p, &["--ledger", &to, "migrate"]);
+    ferry_ok(&p, &["move-ledger", "--to", &to]);
+    assert_eq!(pg.sql("SELECT COUNT(*) FROM iceberg_tables"), "1", "the catalog's row moved");
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, cfg.replace(&format!("url = \"{sqlite}\""), &format!("url = \"{to}\""))).unwrap();
+    assert_eq!(p.ledger_url(), to);
+    p.add_jsonl_batch("b", 1, 300, 42);
+    drained_with(&p, &|q| pg.sql(q));
+    let all = input_digest("jsonl", &p.path("in"));
+    same(&p.table_digest(), &all, "PyIceberg through the moved catalog");
+    let spark = ferry_tests::spark_iceberg_digests(&to, "default.events", &[None]);
+    same(&spark[0], &all, "Spark through the moved catalog");
+}
