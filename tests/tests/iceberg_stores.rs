@@ -1,0 +1,76 @@
+//! Iceberg tables (catalog in the ledger) on the cluster stores: HDFS (a MiniDFS cluster), load
+//! reaching its NameNode through a fault proxy; read back where they are by Spark with Iceberg's
+//! runtime, through Hadoop's own HDFS client.
+
+use ferry_tests::clusters::MiniDfs;
+use ferry_tests::proxy::{FaultProxy, Faults};
+use ferry_tests::{Pipeline, STAGES, input_digest};
+
+fn same(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{what}: {k} ({got} vs {want})");
+    }
+    assert_eq!(got["bad_dt"], 0, "{what}: rows in the wrong partition ({got})");
+}
+
+/// Rounds of the four stages until every task is done (retries due at once), or the test fails.
+fn drained(p: &Pipeline, what: &str) {
+    for _ in 0..40 {
+        for s in STAGES {
+            p.stage_round(s);
+        }
+        if p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == 0 {
+            return;
+        }
+        p.ledger_script("UPDATE tasks SET scheduled_at = 0 WHERE state = 'retryable'");
+    }
+    let left =
+        p.sql("SELECT group_concat(stage || ' ' || state || ': ' || COALESCE(last_error, ''), '; ') FROM tasks WHERE state <> 'done'");
+    panic!("{what}: tasks left: {left}");
+}
+
+/// The table on HDFS, load through a proxy that resets connections right after a `rename2` (a
+/// part's move, a metadata file's or manifest's put-if-absent) or a `complete` went out and
+/// swallows some replies: writes whose outcome load cannot know. Every record is in once, read
+/// by Spark where the table is, current snapshot and the first batch's by id.
+#[test]
+fn an_iceberg_table_on_hdfs_through_lost_replies_holds_every_record_once() {
+    let a = MiniDfs::start("A");
+    let proxy = FaultProxy::start(a.addr, 3911);
+    let dest = format!(
+        "[destination]\nurl = \"{}/wh\"\ntable_format = \"iceberg\"\n[destination.store]\ncall_timeout = \"3s\"\nread_stall = \"10s\"\n",
+        a.url
+    );
+    let p = Pipeline::with_stores("16KiB", "5s", "0s", None, Some(dest));
+    // Every stage reaches A through the proxy: the table's URLs (which the metadata holds) are
+    // the proxy's, and Spark reads through it too once the faults stop.
+    p.stage_env("ferry-copy", "FERRY_DESTINATION_URL", &format!("hdfs://{}/wh", proxy.addr));
+    p.stage_env("ferry-load", "FERRY_DESTINATION_URL", &format!("hdfs://{}/wh", proxy.addr));
+    p.stage_env("ferry", "FERRY_DESTINATION_URL", &format!("hdfs://{}/wh", proxy.addr));
+    p.raise_attempt_cap(40);
+    p.add_jsonl_batch("a", 2, 300, 11);
+    drained(&p, "the first batch");
+    let first = input_digest("jsonl", &p.path("in"));
+    let snaps = ferry_tests::spark_iceberg_sql(
+        &p.ledger_url(),
+        &["SELECT snapshot_id FROM ferry.default.events.snapshots ORDER BY committed_at DESC LIMIT 1"],
+    );
+    let after_first: i64 = snaps[0][0][0].parse().unwrap();
+    proxy.set(Faults {
+        on_request: vec![(b"rename2".to_vec(), 0.25, true), (b"rename2".to_vec(), 0.15, false), (b"complete".to_vec(), 0.1, false)],
+        ..Faults::default()
+    });
+    p.add_jsonl_batch("b", 3, 300, 12);
+    drained(&p, "HDFS through faults");
+    let c = proxy.counters();
+    let hit = c.pattern_resets.load(std::sync::atomic::Ordering::SeqCst) + c.silences.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(hit > 0, "the proxy cut some of the writes' requests");
+    p.assert_attempts_within(40);
+    proxy.set(Faults::default());
+    let all = input_digest("jsonl", &p.path("in"));
+    let spark = ferry_tests::spark_iceberg_digests(&p.ledger_url(), "default.events", &[None, Some(after_first)]);
+    same(&spark[0], &all, "Spark, on HDFS");
+    same(&spark[1], &first, "Spark, on HDFS, the first batch's snapshot");
+    let verify = p.command("ferry").arg("verify").output().unwrap();
+    assert!(verify.status.success(), "verify: {}", String::from_utf8_lossy(&verify.stderr));
+}
