@@ -930,7 +930,13 @@ pub fn input_digest(fmt: &str, dir: &Path) -> serde_json::Value {
 }
 
 fn python(script: &str, args: &[&str]) -> serde_json::Value {
-    let out = Command::new("python3").arg("-c").arg(script).args(args).output().unwrap();
+    let mut cmd = Command::new("python3");
+    // pyarrow's S3 client (PyIceberg's) takes no CA of its own: it trusts the test server's
+    // through the environment its TLS library reads when the process starts.
+    if let Some(ca) = std::env::var_os("FERRY_TEST_S3_CA") {
+        cmd.env("AWS_CA_BUNDLE", &ca).env("SSL_CERT_FILE", &ca);
+    }
+    let out = cmd.arg("-c").arg(script).args(args).output().unwrap();
     assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -999,7 +1005,12 @@ def digest(kind, d, v):
         elif kind == "iceberg":
             from pyiceberg.catalog.sql import SqlCatalog
             uri, name = d.split("|", 1)
-            t = SqlCatalog("ferry", uri=uri, init_catalog_tables="false").load_table(name).scan(
+            import os
+            e = os.environ
+            # The S3 test server's, for a table there (the process trusts its CA: AWS_CA_BUNDLE).
+            s3 = {"s3.endpoint": e["FERRY_TEST_S3_ENDPOINT"], "s3.access-key-id": e["FERRY_TEST_S3_ACCESS_KEY"],
+                  "s3.secret-access-key": e["FERRY_TEST_S3_SECRET_KEY"], "s3.region": "us-east-1"} if "FERRY_TEST_S3_ENDPOINT" in e else {}
+            t = SqlCatalog("ferry", uri=uri, init_catalog_tables="false", **s3).load_table(name).scan(
                 snapshot_id=None if v is None else int(v)).to_arrow()
         elif fsys is not None and fsys.get_file_info(d).type == pfs.FileType.NotFound:
             import pyarrow as pa

@@ -1,6 +1,6 @@
-//! Iceberg tables (catalog in the ledger) on the cluster stores: HDFS (a MiniDFS cluster), load
-//! reaching its NameNode through a fault proxy; read back where they are by Spark with Iceberg's
-//! runtime, through Hadoop's own HDFS client.
+//! Iceberg tables (catalog in the ledger) on the cluster stores, loaded through a fault proxy:
+//! HDFS (a MiniDFS cluster), read back where it is by Spark with Iceberg's runtime through
+//! Hadoop's own HDFS client; S3 (the test server over TLS), read back where it is by PyIceberg.
 
 use ferry_tests::clusters::MiniDfs;
 use ferry_tests::proxy::{FaultProxy, Faults};
@@ -73,4 +73,68 @@ fn an_iceberg_table_on_hdfs_through_lost_replies_holds_every_record_once() {
     same(&spark[1], &first, "Spark, on HDFS, the first batch's snapshot");
     let verify = p.command("ferry").arg("verify").output().unwrap();
     assert!(verify.status.success(), "verify: {}", String::from_utf8_lossy(&verify.stderr));
+}
+
+/// The table on S3, load through a proxy that resets a third of its connections at a random
+/// byte of either direction (a reset in a reply to a PUT is a write that landed with its answer
+/// lost). Every record is in once, read where it is by PyIceberg through the catalog in the
+/// ledger, at the current snapshot and at the first batch's.
+#[test]
+fn an_iceberg_table_on_s3_through_resets_holds_every_record_once() {
+    use ferry_tests::clusters::S3Server;
+    let s3 = S3Server::from_env();
+    let proxy = FaultProxy::start(s3.addr, 3912);
+    let prefix = format!("iceberg-{}", std::process::id());
+    let dest = s3.destination_toml(&prefix, &format!("https://{}", proxy.addr), 2, "12s").replacen(
+        "[destination.store]",
+        "table_format = \"iceberg\"\n[destination.store]",
+        1,
+    );
+    let p = Pipeline::with_stores("16KiB", "5s", "0s", None, Some(dest));
+    p.raise_attempt_cap(40);
+    p.add_jsonl_batch("a", 2, 300, 21);
+    drained(&p, "the first batch");
+    let first = input_digest("jsonl", &p.path("in"));
+    let url = p.ledger_url();
+    let after_first = p.count("SELECT MAX(table_version) FROM published");
+    proxy.set(Faults { reset: 0.35, reset_within: 24 << 10, reset_both_ways: true, ..Faults::default() });
+    let resets = || proxy.counters().resets.load(std::sync::atomic::Ordering::SeqCst);
+    for round in 0..8u64 {
+        p.add_jsonl_batch(&format!("more{round}"), 1, 200, 30 + round);
+        drained(&p, "S3 through resets");
+        if resets() > 0 {
+            break;
+        }
+    }
+    assert!(resets() > 0, "the proxy reset some of the stages' connections");
+    p.assert_attempts_within(40);
+    proxy.set(Faults::default());
+    same(&p.table_digest(), &input_digest("jsonl", &p.path("in")), "PyIceberg, on S3");
+    // The first batch's snapshot: the one whose sequence number its files were recorded with.
+    let snapshot = snapshot_of_sequence(&url, after_first);
+    same(&ferry_tests::iceberg_digest(&url, "default.events", Some(snapshot)), &first, "PyIceberg, on S3, the first batch's snapshot");
+    let verify = p.command("ferry").arg("verify").output().unwrap();
+    assert!(verify.status.success(), "verify: {}", String::from_utf8_lossy(&verify.stderr));
+}
+
+/// The id of the snapshot with sequence number `seq`, as PyIceberg reads the table's metadata.
+fn snapshot_of_sequence(ledger_url: &str, seq: i64) -> i64 {
+    const SCRIPT: &str = r#"
+import sys, os
+from pyiceberg.catalog.sql import SqlCatalog
+e = os.environ
+s3 = {"s3.endpoint": e["FERRY_TEST_S3_ENDPOINT"], "s3.access-key-id": e["FERRY_TEST_S3_ACCESS_KEY"],
+      "s3.secret-access-key": e["FERRY_TEST_S3_SECRET_KEY"], "s3.region": "us-east-1"}
+t = SqlCatalog("ferry", uri=sys.argv[1], init_catalog_tables="false", **s3).load_table("default.events")
+print([s.snapshot_id for s in t.snapshots() if s.sequence_number == int(sys.argv[2])][0])
+sys.stdout.flush()
+os._exit(0)
+"#;
+    let mut cmd = std::process::Command::new("python3");
+    if let Some(ca) = std::env::var_os("FERRY_TEST_S3_CA") {
+        cmd.env("AWS_CA_BUNDLE", &ca).env("SSL_CERT_FILE", &ca);
+    }
+    let out = cmd.args(["-c", SCRIPT, &ferry_tests::sqlalchemy_url(ledger_url), &seq.to_string()]).output().unwrap();
+    assert!(out.status.success(), "pyiceberg: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
