@@ -35,7 +35,7 @@ one() {
 }
 # PARALLEL=1 runs the setups side by side (each gets the whole time; they share the cores).
 pids=()
-for s in ${SETUPS:-sqlite postgres s3_through_faults hdfs_pair delta}; do
+for s in ${SETUPS:-sqlite postgres s3_through_faults hdfs_pair delta iceberg}; do
   if [ "${PARALLEL:-0}" = 1 ]; then
     one "$s" & pids+=($!)
   else

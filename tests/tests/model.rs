@@ -186,6 +186,9 @@ enum Setup {
     /// Local dirs and a SQLite ledger, the table a Delta table (`table_format = "delta"`), read
     /// back by delta-rs.
     Delta,
+    /// Local dirs and a SQLite ledger, the table an Iceberg table whose catalog is the ledger
+    /// (`table_format = "iceberg"`), read back by PyIceberg.
+    Iceberg,
 }
 
 /// How the source is configured for one seed (drawn from it on the local setups): every
@@ -284,8 +287,9 @@ impl Run {
                 std::fs::write(&p.config, cfg).unwrap();
                 p
             }
-            (None, None) if setup == Setup::Delta => {
-                let dest = format!("[destination]\nurl = \"{}\"\ntable_format = \"delta\"\n", "WH");
+            (None, None) if setup == Setup::Delta || setup == Setup::Iceberg => {
+                let format = if setup == Setup::Delta { "delta" } else { "iceberg" };
+                let dest = format!("[destination]\nurl = \"{}\"\ntable_format = \"{format}\"\n", "WH");
                 let p = Pipeline::with_stores("16KiB", "2s", "0s", None, Some(dest));
                 let cfg =
                     std::fs::read_to_string(&p.config).unwrap().replace("url = \"WH\"", &format!("url = \"{}\"", p.path("wh").display()));
@@ -907,6 +911,8 @@ impl Run {
                 }
                 ferry_tests::delta_digest(&self.destination_path("events"), None)
             }
+            // No table until the catalog in the ledger names one.
+            (None, None) if self.setup == Setup::Iceberg && self.count("SELECT COUNT(*) FROM iceberg_tables") == 0 => none,
             (None, None) => self.p.table_digest(),
             (Some(o), _) => s3_table_digest(&format!("{}/{}/events", o.server.bucket, o.prefix)),
         }
@@ -1071,6 +1077,7 @@ impl Setup {
             Setup::S3Faults => "random_histories_keep_every_file_exactly_once_on_s3_through_faults",
             Setup::HdfsPair => "random_histories_keep_every_file_exactly_once_on_hdfs_pair",
             Setup::Delta => "random_histories_keep_every_file_exactly_once_on_delta",
+            Setup::Iceberg => "random_histories_keep_every_file_exactly_once_on_iceberg",
         }
     }
 }
@@ -1231,6 +1238,13 @@ fn random_histories_keep_every_file_exactly_once_on_s3_through_faults() {
 fn random_histories_keep_every_file_exactly_once_on_delta() {
     // 3183263688: versions = "replace" (switches in one commit), disposition = "archive".
     model_test(Setup::Delta, 200, &[3183263688]);
+}
+
+/// The same into an Iceberg table (catalog in the ledger) on local dirs: every history's table
+/// read by PyIceberg.
+#[test]
+fn random_histories_keep_every_file_exactly_once_on_iceberg() {
+    model_test(Setup::Iceberg, 150, &[49]);
 }
 
 /// The same with staging on one MiniDFS cluster and the table on another (the second seed's
