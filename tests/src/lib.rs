@@ -620,7 +620,7 @@ pub fn delta_digest(dir: &Path, version: Option<i64>) -> serde_json::Value {
 /// or at `snapshot` (time travel by snapshot id). `table`: `namespace.name`.
 pub fn iceberg_digest(ledger_url: &str, table: &str, snapshot: Option<i64>) -> serde_json::Value {
     let v = snapshot.map(|v| v.to_string()).unwrap_or_default();
-    python(DIGEST, &["iceberg", &format!("{}|{table}", sqlalchemy_url(ledger_url)), &v])
+    python_in(pyiceberg_python(), DIGEST, &["iceberg", &format!("{}|{table}", sqlalchemy_url(ledger_url)), &v])
 }
 
 /// One Python process that digests tables on request (as [`iceberg_digest`] and the others
@@ -632,7 +632,7 @@ pub struct Digester {
 
 impl Digester {
     pub fn new() -> Digester {
-        let mut child = Command::new("python3")
+        let mut child = pyiceberg_python()
             .args(["-c", DIGEST, "serve"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -930,12 +930,20 @@ pub fn input_digest(fmt: &str, dir: &Path) -> serde_json::Value {
 }
 
 fn python(script: &str, args: &[&str]) -> serde_json::Value {
+    python_in(Command::new("python3"), script, args)
+}
+
+/// `python3` for PyIceberg: pyarrow's S3 client (PyIceberg's) takes no CA of its own, so it
+/// trusts the S3 test server's through the environment its TLS library reads at start.
+pub fn pyiceberg_python() -> Command {
     let mut cmd = Command::new("python3");
-    // pyarrow's S3 client (PyIceberg's) takes no CA of its own: it trusts the test server's
-    // through the environment its TLS library reads when the process starts.
     if let Some(ca) = std::env::var_os("FERRY_TEST_S3_CA") {
         cmd.env("AWS_CA_BUNDLE", &ca).env("SSL_CERT_FILE", &ca);
     }
+    cmd
+}
+
+fn python_in(mut cmd: Command, script: &str, args: &[&str]) -> serde_json::Value {
     let out = cmd.arg("-c").arg(script).args(args).output().unwrap();
     assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()

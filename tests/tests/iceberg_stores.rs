@@ -130,11 +130,8 @@ print([s.snapshot_id for s in t.snapshots() if s.sequence_number == int(sys.argv
 sys.stdout.flush()
 os._exit(0)
 "#;
-    let mut cmd = std::process::Command::new("python3");
-    if let Some(ca) = std::env::var_os("FERRY_TEST_S3_CA") {
-        cmd.env("AWS_CA_BUNDLE", &ca).env("SSL_CERT_FILE", &ca);
-    }
-    let out = cmd.args(["-c", SCRIPT, &ferry_tests::sqlalchemy_url(ledger_url), &seq.to_string()]).output().unwrap();
+    let out =
+        ferry_tests::pyiceberg_python().args(["-c", SCRIPT, &ferry_tests::sqlalchemy_url(ledger_url), &seq.to_string()]).output().unwrap();
     assert!(out.status.success(), "pyiceberg: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
