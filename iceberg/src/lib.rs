@@ -47,11 +47,10 @@
 //!   retry, which finds the files in the snapshot and writes nothing.
 
 mod manifest;
-pub mod schema;
+mod schema;
 mod table;
 
 use ferry_storage::Store;
-pub use manifest::{ADDED, DELETED, EXISTING, Entry, ManifestFile, read_list, read_manifest};
 pub use table::IcebergTable;
 
 /// What went wrong with a table's metadata.

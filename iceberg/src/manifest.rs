@@ -151,7 +151,7 @@ fn string(record: &Avro, name: &str) -> Option<String> {
 }
 
 /// Writes a manifest of `entries` (each with its partition tuple in `partition_schema`'s
-/// order). `meta`: the table's schema and spec as JSON, for the header.
+/// order), with the table's current schema (JSON text) and `spec` in its header.
 pub fn write_manifest(entries: &[Entry], partition_schema: &Value, schema_json: &str, spec: &Value) -> Result<Vec<u8>> {
     let schema = entry_schema(partition_schema)?;
     let mut w = writer(&schema).map_err(avro_err("manifest"))?;
@@ -225,7 +225,8 @@ pub fn read_manifest(bytes: &[u8], m: &ManifestFile) -> Result<Vec<Entry>> {
     Ok(out)
 }
 
-/// Writes a manifest list; `meta`: snapshot id, parent, sequence number.
+/// Writes the manifest list of snapshot `snapshot_id` (its parent and sequence number in the
+/// header).
 pub fn write_list(files: &[ManifestFile], snapshot_id: i64, parent: Option<i64>, seq: i64) -> Result<Vec<u8>> {
     let schema = list_schema()?;
     let mut w = writer(&schema).map_err(avro_err("manifest list"))?;

@@ -69,8 +69,8 @@ impl Current {
     /// Whether a snapshot of the table's history is another writer's (no `ferry.chunks` in its
     /// summary): only then can a file Ferry recorded be out of the table by design.
     fn foreign(&self) -> bool {
-        let snaps = self.meta.as_ref().and_then(|m| m.get("snapshots")?.as_array().cloned()).unwrap_or_default();
-        snaps.iter().any(|s| s.get("summary").and_then(|x| x.get("ferry.chunks")).is_none())
+        let snaps = self.meta.as_ref().and_then(|m| m.get("snapshots")?.as_array());
+        snaps.into_iter().flatten().any(|s| s.get("summary").and_then(|x| x.get("ferry.chunks")).is_none())
     }
 
     fn snapshot_id(&self) -> Option<i64> {
@@ -278,6 +278,11 @@ impl IcebergTable {
             };
             cur.manifests.push((m, entries));
         }
+        // Only the current snapshot's manifests stay in memory: a long-running load on a table
+        // with a long history would otherwise keep every manifest it ever read.
+        let keep: HashMap<String, Arc<Vec<Entry>>> =
+            cur.manifests.iter().filter(|(m, _)| m.content == 0).map(|(m, es)| (m.path.clone(), es.clone())).collect();
+        *self.manifests.lock().unwrap_or_else(|e| e.into_inner()) = keep;
         Ok(cur)
     }
 
@@ -710,18 +715,18 @@ impl IcebergTable {
             let ended = self.ledger.record_published_with(&swap, &entries).await;
             drop(entries);
             match ended {
-                Ok((Swapped::Done, _)) => {
+                Ok(Swapped::Done) => {
                     tracing::debug!(chunks = taken.len(), sequence = seq, metadata = %new, "committed to the Iceberg table");
                     taken.into_iter().for_each(|q| q.answer.send(Answer::Done).unwrap_or(()));
                     return;
                 }
-                Ok((Swapped::Superseded, _)) if taken.len() == 1 => {
+                Ok(Swapped::Superseded) if taken.len() == 1 => {
                     taken.into_iter().for_each(|q| q.answer.send(Answer::Superseded).unwrap_or(()));
                     return;
                 }
-                Ok((Swapped::Superseded, _)) => return taken.into_iter().for_each(|q| q.answer.send(Answer::Alone).unwrap_or(())),
+                Ok(Swapped::Superseded) => return taken.into_iter().for_each(|q| q.answer.send(Answer::Alone).unwrap_or(())),
                 // Another writer moved the catalog's row first: every plan made again on its table.
-                Ok((Swapped::Lost, _)) => {
+                Ok(Swapped::Lost) => {
                     tracing::debug!(chunks = taken.len(), "another writer committed to the Iceberg table first; planning again");
                     batch = taken;
                 }
@@ -858,13 +863,14 @@ impl Table for IcebergTable {
         let seq = cur.meta.as_ref().and_then(|m| m.get("last-sequence-number")?.as_i64()).unwrap_or(0);
         let live: HashMap<String, &Entry> = cur.live().filter_map(|e| Some((rel(&self.dest, &e.path).ok()?, e))).collect();
         let want = self.ledger.published_files(self.name()).await?;
+        let foreign = cur.foreign();
         let mut recorded = HashSet::new();
         for (path, chunk, bytes) in &want {
             recorded.insert(path.as_str());
             match live.get(path) {
                 // Taken out by another writer's snapshot (Ferry's own deletes leave no recorded
                 // file out): that writer's to change, reported, not a fault of the table.
-                None if cur.foreign() => {
+                None if foreign => {
                     out.rewritten += 1;
                     out.lines.push(format!(
                         "rewritten {path} (chunk {chunk}): deleted by another writer's snapshot (a DELETE, an overwrite, a \

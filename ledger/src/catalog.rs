@@ -107,15 +107,15 @@ impl Ledger {
 
     /// Commits `swap` and records each entry's chunk (its lease confirmed, its files as
     /// published, see [`Ledger::record_published`]) in one transaction: a group commit. How it
-    /// ended, and for `Superseded` the entry whose newer version is in (nothing committed); a
-    /// lost lease is the error of the first entry whose lease another claim took.
-    pub async fn record_published_with(&self, swap: &CatalogSwap<'_>, entries: &[(&Lease, Record<'_>)]) -> Result<(Swapped, usize)> {
+    /// ended (`Superseded`: some entry's newer version is in, nothing committed); a lost lease
+    /// is the error of the first entry whose lease another claim took.
+    pub async fn record_published_with(&self, swap: &CatalogSwap<'_>, entries: &[(&Lease, Record<'_>)]) -> Result<Swapped> {
         let entries: Vec<(&Lease, Option<Record<'_>>)> = entries.iter().map(|(l, r)| (*l, Some(*r))).collect();
         self.publish_tx(Some(swap), &entries).await
     }
 
     /// Commits `swap` alone, if `lease` is still current: a commit that records no chunk.
     pub async fn commit_catalog(&self, lease: &Lease, swap: &CatalogSwap<'_>) -> Result<Swapped> {
-        Ok(self.publish_tx(Some(swap), &[(lease, None)]).await?.0)
+        self.publish_tx(Some(swap), &[(lease, None)]).await
     }
 }

@@ -503,19 +503,15 @@ impl Ledger {
         table_version: Option<i64>,
     ) -> Result<bool> {
         let record = Record { table, parts, replace, table_version };
-        Ok(self.publish_tx(None, &[(lease, Some(record))]).await?.0 == Swapped::Done)
+        Ok(self.publish_tx(None, &[(lease, Some(record))]).await? == Swapped::Done)
     }
 
     /// [`Ledger::record_published`] of each entry and, when `swap` is given, a commit to a table
     /// of the Iceberg catalog in the ledger, as one transaction: all or nothing. An entry whose
     /// record is None has its lease confirmed only (a commit that takes a withdrawn chunk's files
-    /// out). Returns how it ended and, for `Superseded`, the entry whose newer version is in; a
-    /// lease lost is the error of the first entry whose lease another claim took.
-    pub(crate) async fn publish_tx(
-        &self,
-        swap: Option<&CatalogSwap<'_>>,
-        entries: &[(&Lease, Option<Record<'_>>)],
-    ) -> Result<(Swapped, usize)> {
+    /// out). Returns how it ended; a lease lost is the error of the first entry whose lease
+    /// another claim took.
+    pub(crate) async fn publish_tx(&self, swap: Option<&CatalogSwap<'_>>, entries: &[(&Lease, Option<Record<'_>>)]) -> Result<Swapped> {
         let now = self.now_ms();
         let postgres = self.backend_name() == "postgres";
         let ended = self
@@ -529,7 +525,7 @@ impl Ledger {
                         }
                         if record.is_some_and(|r| r.replace) {
                             if newer_in_tx!(tx, &lease.chunk_id, postgres, op).is_some() {
-                                return Ok(Ok((Swapped::Superseded, i)));
+                                return Ok(Ok(Swapped::Superseded));
                             }
                             // A version with no rows is in the table from here on (see `version_in_table!`).
                             sqlx::query("UPDATE source_files SET switched_at = $2 WHERE id = (SELECT file_id FROM chunks WHERE id = $1)")
@@ -543,7 +539,7 @@ impl Ledger {
                     if let Some(swap) = swap
                         && !swap_in_tx!(tx, swap, op)
                     {
-                        return Ok(Ok((Swapped::Lost, 0)));
+                        return Ok(Ok(Swapped::Lost));
                     }
                     for (lease, record) in entries {
                         let Some(Record { table, parts, table_version, .. }) = record else { continue };
@@ -573,7 +569,7 @@ impl Ledger {
                         }
                     }
                     tx.commit().await.map_err(db(op))?;
-                    Ok(Ok((Swapped::Done, 0)))
+                    Ok(Ok(Swapped::Done))
                 })
             })
             .await?;
