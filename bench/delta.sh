@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): load into a Delta table next to load into the Hive layout, on the
-# same chunks. Extract and transform run once; then, ROUNDS times for each table format,
+# Benchmark (not a test): load into a Delta table and into an Iceberg table (its catalog in the
+# ledger) next to load into the Hive layout, on the same chunks. Extract and transform run once; then, ROUNDS times for each table format,
 # alternating, the ledger and spool go back to what transform left, the table is emptied, copy
 # lands the chunks and `ferry-load --once` is timed. Prints one markdown table (also written
 # to bench/results/delta-<date>.md): load's wall and CPU time, records/s, chunks/s, the Delta
-# log's commits (chunks ready together share one) and bytes per commit, and the checkpoints
-# written. Then the last round's Delta table is compacted (`ferry compact`, timed) and, on a
+# log's commits (chunks ready together share one) and bytes per commit, the checkpoints
+# written, and the Iceberg table's snapshots and metadata bytes. Then the last round's Delta table is compacted (`ferry compact`, timed) and, on a
 # local dir, read whole by delta-rs before and after (median of 5 reads each).
 #
 #   bench/delta.sh [DIR]         (default /tmp/ferry-delta-bench)
@@ -32,6 +32,8 @@ if [ "$HDFS" = 1 ]; then
 fi
 sed 's#^\[destination\].*#&\ntable_format = "delta"#' "$DIR/hive.toml" > "$DIR/delta.toml"
 grep -q '^table_format = "delta"' "$DIR/delta.toml" || { echo "delta bench: no [destination] section to set" >&2; exit 1; }
+sed 's#^table_format = "delta"#table_format = "iceberg"#' "$DIR/delta.toml" > "$DIR/iceberg.toml"
+FORMATS="hive iceberg delta"  # Delta last: the compaction below works on its table
 empty_table() {
   if [ "$HDFS" = 1 ]; then ferry_fsshell -fs "$FERRY_TEST_HDFS_A" -rm -r -f -skipTrash /warehouse >/dev/null 2>&1 || true
   else rm -rf "$DIR/warehouse"; fi
@@ -46,7 +48,7 @@ chunks=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).exec
 records=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT SUM(records) FROM parts').fetchone()[0])" "$DIR/ledger.db")
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 for r in $(seq "$ROUNDS"); do
-  for fmt in hive delta; do
+  for fmt in $FORMATS; do
     rm -rf "$DIR/ledger.db"* "$DIR/spool"
     cp -a "$DIR/saved/." "$DIR/"
     empty_table
@@ -64,8 +66,18 @@ for r in $(seq "$ROUNDS"); do
         rm -rf "$DIR/log" && cp -a "$DIR/warehouse/events/_delta_log" "$DIR/log"
       fi
     fi
+    if [ "$fmt" = iceberg ]; then
+      if [ "$HDFS" = 1 ]; then
+        rm -rf "$DIR/meta" && ferry_fsshell -fs "$FERRY_TEST_HDFS_A" -get /warehouse/events/metadata "$DIR/meta" >/dev/null 2>&1
+      else
+        rm -rf "$DIR/meta" && cp -a "$DIR/warehouse/events/metadata" "$DIR/meta"
+      fi
+    fi
   done
 done
+snapshots=$(find "$DIR/meta" -name 'snap-*.avro' | wc -l)
+meta_bytes=$(find "$DIR/meta" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
+last_meta=$(find "$DIR/meta" -name '*.metadata.json' -printf '%s %f\n' | sort -k2 | tail -1 | cut -d' ' -f1)
 commits=$(find "$DIR/log" -name '*.json' | wc -l)
 json_bytes=$(find "$DIR/log" -name '*.json' -printf '%s\n' | awk '{s+=$1} END {print s}')
 cp_count=$(find "$DIR/log" -name '*.checkpoint.parquet' | wc -l)
@@ -95,18 +107,20 @@ merged=$(tail -1 "$DIR/compact.out")
 where=$([ "$HDFS" = 1 ] && echo "HDFS (MiniDFS)" || echo "local dir")
 out=bench/results/delta-$([ "$HDFS" = 1 ] && echo hdfs- || true)$(date -u +%Y-%m-%d-%H%M).md
 {
-  echo "# load: Delta table vs Hive layout ($where), $(date -u +%Y-%m-%d), $(git rev-parse --short HEAD)"
+  echo "# load: Delta and Iceberg tables vs Hive layout ($where), $(date -u +%Y-%m-%d), $(git rev-parse --short HEAD)"
   echo
   echo "$FILES Avro files x $RECORDS events, chunk_size $CHUNK: $chunks chunks, $records records; medians of $ROUNDS rounds each, alternating; release build, $(nproc) cores."
   echo
   echo "| table | load wall | load CPU | peak RSS | records/s | chunks/s |"
   echo "|---|---|---|---|---|---|"
-  for fmt in hive delta; do
+  for fmt in $FORMATS; do
     w=$(cut -d' ' -f1 "$DIR/$fmt.times" | median); c=$(cut -d' ' -f2 "$DIR/$fmt.times" | median); m=$(cut -d' ' -f3 "$DIR/$fmt.times" | median)
     printf '| %s | %.2f s | %.2f s | %d MiB | %.0f | %.1f |\n' "$fmt" "$w" "$c" $((${m%.*} / 1024)) "$(echo "$records / $w" | bc -l)" "$(echo "$chunks / $w" | bc -l)"
   done
   echo
   echo "Delta log of the last round: $commits commits for $chunks chunks (chunks ready together share a commit; the first also creates the table), $(( json_bytes / commits )) bytes per commit on average; $cp_count checkpoint(s), the last $cp_bytes bytes."
+  echo
+  echo "Iceberg table of the last round (catalog in the ledger): $snapshots snapshots for $chunks chunks (chunks ready together share a snapshot), $meta_bytes bytes of metadata in all (metadata JSON, manifest lists, manifests), the last metadata JSON $last_meta bytes."
   echo
   echo "Compaction of the last round's table (\`ferry compact --target-size 128MiB\`): $files_before part files; $compact_wall s, peak RSS $((compact_kib / 1024)) MiB; $merged"
   echo "A full read by delta-rs (median of 5): $read_before before, $read_after after."
