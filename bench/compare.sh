@@ -452,7 +452,7 @@ EOF
   [ -s "$DIR/m.nnbench" ] || { echo "NNThroughputBenchmark printed no rate" >&2; exit 1; }
   # ferry-copy next to Hadoop's own client, from the same spool.
   spool_for hdfscopy ""
-  export -f ferry_fsshell ferry_build_minidfs _ferry_minidfs_built
+  export -f ferry_fsshell ferry_build_minidfs _ferry_java_built _ferry_java_build
   export FERRY_MINIDFS_CLASSPATH_FILE FERRY_MINIDFS_HOME FERRY_MINIDFS_BUILD FERRY_FSSHELL_JAVA_OPTS FERRY_CACHE
   out hdfs-put "$(du -sb "$DIR/hdfscopy/spool.orig/events" | cut -f1)"; out hdfscopy-ferry "$(cat "$DIR/o.hdfs-put")"
   for r in $(seq "$ROUNDS"); do

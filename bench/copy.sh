@@ -70,7 +70,7 @@ REPEAT=${REPEAT:-3}
 # The tool a user would pick instead.
 case $BACKEND in
   hdfs)
-    export -f ferry_fsshell ferry_build_minidfs _ferry_minidfs_built
+    export -f ferry_fsshell ferry_build_minidfs _ferry_java_built _ferry_java_build
     export FERRY_MINIDFS_CLASSPATH_FILE FERRY_MINIDFS_HOME FERRY_FSSHELL_JAVA_OPTS
     /usr/bin/time -f "%e %M %U %S" -o "$DIR/t.jvm" bash -c 'ferry_fsshell -fs "$0" -ls / >/dev/null 2>&1' "$FERRY_TEST_HDFS_A"
     /usr/bin/time -f "%e %M %U %S" -o "$DIR/t.put" bash -c 'ferry_fsshell -fs "$0" -put "$1" /put-bench 2>/dev/null' \

@@ -28,48 +28,67 @@ FERRY_MINIDFS_TIMEOUT=${FERRY_MINIDFS_TIMEOUT:-120}
 FERRY_MINIDFS_NAMES=${FERRY_MINIDFS_NAMES:-}
 
 # The build lives in the cache, not in the clone (every CI run is a fresh clone): under
-# $FERRY_CACHE/minidfs/<hash of the pom and the sources>, so a changed program builds anew and an
+# $FERRY_CACHE/<name>/<hash of the pom and the sources>, so a changed program builds anew and an
 # unchanged one is never rebuilt. Its classpath file (classes first, then every dependency jar in
-# ~/.m2) is what the tests and benchmarks run; exported for them.
-_ferry_minidfs_key() {
-  (cd "$FERRY_MINIDFS_HOME" && find pom.xml src -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+# ~/.m2) is what the tests and benchmarks run; exported for them. The helpers below serve every
+# Java program of the tests (tests/minidfs, tests/iceberg-rest).
+_ferry_java_key() {
+  (cd "$1" && find pom.xml src -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 }
-FERRY_MINIDFS_BUILD=${FERRY_CACHE:-$HOME/.cache/ferry}/minidfs/$(_ferry_minidfs_key)
+FERRY_MINIDFS_BUILD=${FERRY_CACHE:-$HOME/.cache/ferry}/minidfs/$(_ferry_java_key "$FERRY_MINIDFS_HOME")
 export FERRY_MINIDFS_CLASSPATH_FILE=$FERRY_MINIDFS_BUILD/classpath.txt
 
-# True when the build for this hash is complete and every jar it names still exists.
-_ferry_minidfs_built() {
-  local cpf=$FERRY_MINIDFS_CLASSPATH_FILE
-  [ -s "$cpf" ] && [ -d "$FERRY_MINIDFS_BUILD/classes/ferry" ] || return 1
+# _ferry_java_built BUILD: true when the build in BUILD is complete and every jar its classpath
+# file names still exists.
+_ferry_java_built() {
+  local cpf=$1/classpath.txt
+  [ -s "$cpf" ] && [ -d "$1/classes" ] || return 1
   local IFS=: entry
   for entry in $(cat "$cpf"); do
     [ -e "$entry" ] || return 1
   done
 }
 
-# Compiles tests/minidfs into the cache and writes its classpath file. Quick (no mvn run) when
-# nothing changed. Built in a temporary copy, moved into place whole: a killed build leaves no
-# half a build that looks done.
-ferry_build_minidfs() {
-  _ferry_minidfs_built && return 0
+# _ferry_java_build NAME HOME BUILD: compiles the Maven project HOME into BUILD and writes its
+# classpath file. Quick (no mvn run) when nothing changed. Built in a temporary copy, moved into
+# place whole: a killed build leaves no half a build that looks done.
+_ferry_java_build() {
+  local name=$1 home=$2 build=$3
+  _ferry_java_built "$build" && return 0
   if ! command -v mvn >/dev/null 2>&1 || ! command -v javac >/dev/null 2>&1; then
     echo "installing maven and a JDK from Debian" >&2
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven default-jdk-headless) >&2 || return 1
   fi
-  echo "building tests/minidfs with maven into $FERRY_MINIDFS_BUILD (first run downloads Hadoop into ~/.m2)" >&2
-  local parent; parent=$(dirname "$FERRY_MINIDFS_BUILD")
+  echo "building $name with maven into $build (first run downloads its jars into ~/.m2)" >&2
+  local parent; parent=$(dirname "$build")
   mkdir -p "$parent" || return 1
   local tmp; tmp=$(mktemp -d "$parent/build.XXXXXX") || return 1
-  cp -r "$FERRY_MINIDFS_HOME/pom.xml" "$FERRY_MINIDFS_HOME/src" "$tmp/" || return 1
-  (cd "$tmp" && mvn -q -B -Dstyle.color=never compile) >&2 || { echo "minidfs: maven build failed" >&2; rm -rf "$tmp"; return 1; }
+  cp -r "$home/pom.xml" "$home/src" "$tmp/" || return 1
+  (cd "$tmp" && mvn -q -B -Dstyle.color=never compile) >&2 || { echo "$name: maven build failed" >&2; rm -rf "$tmp"; return 1; }
   local deps="$tmp/target/deps-classpath.txt"
-  [ -s "$deps" ] || { echo "minidfs: $deps missing after the build" >&2; rm -rf "$tmp"; return 1; }
-  rm -rf "$FERRY_MINIDFS_BUILD"
-  mkdir -p "$FERRY_MINIDFS_BUILD" || return 1
-  mv "$tmp/target/classes" "$FERRY_MINIDFS_BUILD/classes" || return 1
-  printf '%s:%s\n' "$FERRY_MINIDFS_BUILD/classes" "$(cat "$deps")" > "$FERRY_MINIDFS_CLASSPATH_FILE.tmp"
-  mv "$FERRY_MINIDFS_CLASSPATH_FILE.tmp" "$FERRY_MINIDFS_CLASSPATH_FILE"
+  [ -s "$deps" ] || { echo "$name: $deps missing after the build" >&2; rm -rf "$tmp"; return 1; }
+  rm -rf "$build"
+  mkdir -p "$build" || return 1
+  mv "$tmp/target/classes" "$build/classes" || return 1
+  printf '%s:%s\n' "$build/classes" "$(cat "$deps")" > "$build/classpath.txt.tmp"
+  mv "$build/classpath.txt.tmp" "$build/classpath.txt"
   rm -rf "$tmp"
+}
+
+# Compiles tests/minidfs into the cache and writes its classpath file.
+ferry_build_minidfs() {
+  _ferry_java_build tests/minidfs "$FERRY_MINIDFS_HOME" "$FERRY_MINIDFS_BUILD"
+}
+
+# Compiles tests/iceberg-rest (Iceberg's REST catalog test server; see its pom.xml) into the
+# cache and exports its classpath file as FERRY_ICEBERG_REST_CLASSPATH_FILE; the tests start
+# one server each.
+ferry_build_iceberg_rest() {
+  local home build
+  home=$(cd "$(dirname "${BASH_SOURCE[0]}")/../tests/iceberg-rest" && pwd) || return 1
+  build=${FERRY_CACHE:-$HOME/.cache/ferry}/iceberg-rest/$(_ferry_java_key "$home")
+  _ferry_java_build tests/iceberg-rest "$home" "$build" || return 1
+  export FERRY_ICEBERG_REST_CLASSPATH_FILE=$build/classpath.txt
 }
 
 # ferry_start_minidfs NAME: starts cluster NAME (letters, digits, _) in the background, waits

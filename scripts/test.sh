@@ -45,6 +45,9 @@ if [ -z "$quick" ]; then
   ferry_apt faketime faketime
   # HDFS: our MiniDFS program (Hadoop from Maven Central); each test starts its own clusters.
   ferry_build_minidfs
+  # Iceberg's REST catalog test server (Iceberg's test fixtures from Maven Central); each test
+  # starts its own.
+  ferry_build_iceberg_rest
   # S3: versitygw (Go module proxy) over TLS with a CA made here; exports FERRY_TEST_S3_*.
   ferry_start_s3
   # An S3-compatible server that ignores If-None-Match (moto's, from PyPI): doctor must refuse it

@@ -357,7 +357,12 @@ async fn run(cli: Cli) -> Result<i32, Error> {
             }
             Err(e) => return Err(e),
         };
-        return status_command(&ledger, &redact_url(&url), *json, *watch, check.then_some(*max_age)).await;
+        // What a partition's table version is: an Iceberg table's are snapshot ids.
+        let label = match cfg.as_ref().map(|c| c.destination.table_format) {
+            Some(ferry_runtime::config::TableFormat::Iceberg) => "snapshot",
+            _ => "table version",
+        };
+        return status_command(&ledger, &redact_url(&url), *json, *watch, check.then_some(*max_age), label).await;
     }
     match cli.cmd {
         Cmd::Migrate { check: true } => print!("{}", Ledger::check_schema(&url).await?),
@@ -687,6 +692,7 @@ async fn status_command(
     json: bool,
     watch: Option<std::time::Duration>,
     check: Option<std::time::Duration>,
+    label: &str,
 ) -> Result<i32, Error> {
     use std::io::IsTerminal;
     loop {
@@ -700,7 +706,7 @@ async fn status_command(
         let shown = if json {
             serde_json::to_string_pretty(&status::to_json(&o, url, &parts)).unwrap_or_default()
         } else {
-            status::text(&o, url, &parts)
+            status::text(&o, url, &parts, label)
         };
         let Some(every) = watch else {
             println!("{}", shown.trim_end());

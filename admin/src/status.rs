@@ -45,8 +45,9 @@ fn eta_secs(o: &Overview, s: &ferry_ledger::StageOverview) -> Option<i64> {
     (left > 0 && per_ms > 0.0).then(|| (left as f64 / per_ms / 1000.0).ceil() as i64)
 }
 
-/// The table `ferry status` prints.
-pub fn text(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> String {
+/// The table `ferry status` prints; `version_label` names what a partition's table version is
+/// ("table version" of a Delta log, "snapshot" of an Iceberg table).
+pub fn text(o: &Overview, ledger: &str, partitions: &[PartitionStats], version_label: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "ledger: {ledger}");
     let files: Vec<String> = o.files.iter().map(|(s, n)| format!("{n} {s}")).collect();
@@ -77,7 +78,7 @@ pub fn text(o: &Overview, ledger: &str, partitions: &[PartitionStats]) -> String
     if !partitions.is_empty() {
         let _ = writeln!(out, "published:");
         for p in partitions {
-            let version = p.table_version.map_or(String::new(), |v| format!("  (table version {v})"));
+            let version = p.table_version.map_or(String::new(), |v| format!("  ({version_label} {v})"));
             let _ = writeln!(out, "  {}/{:<24} {:>5} files {:>10} rows{version}", p.table, p.partition, p.files, p.records);
         }
     }

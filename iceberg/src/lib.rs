@@ -1,6 +1,6 @@
 //! Apache Iceberg tables (`[destination] table_format = "iceberg"`): the table's metadata,
 //! manifests and manifest lists, written by load over Ferry's own stores, and committed through
-//! Iceberg's JDBC catalog in the ledger.
+//! Iceberg's JDBC catalog in the ledger or through an Iceberg REST catalog.
 //!
 //! # Design note
 //!
@@ -39,7 +39,14 @@
 //!   did not add (no chunk id in its name) is never deleted. Each snapshot's summary names the
 //!   chunks it brought (`ferry.chunks`: `<chunk>@<lease epoch>`).
 //!
-//! What a crash leaves, at each step of a chunk's load:
+//! - **A REST catalog** (`rest`) takes a commit as requirements and updates, and writes the
+//!   metadata file itself; its commit and the ledger's record are two steps, settled by the rule
+//!   above (a plan is a function of the snapshot): a lost reply is settled by looking for the
+//!   commit's snapshot id in the table, and a kill between the commit and the record leaves
+//!   files in the snapshot that the retry records. Each commit asserts the `main` it builds on,
+//!   so two sends of one plan (a retry while the first is still on its way) cannot both land.
+//!
+//! What a crash leaves, at each step of a chunk's load (catalog in the ledger):
 //! - parts moved into the table directory, no commit: invisible files; the retry commits them.
 //! - manifests or a metadata file written, the catalog row not moved: files no version names
 //!   (left for a vacuum); the retry plans again.
@@ -47,6 +54,7 @@
 //!   retry, which finds the files in the snapshot and writes nothing.
 
 mod manifest;
+mod rest;
 mod schema;
 mod table;
 

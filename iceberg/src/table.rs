@@ -15,14 +15,16 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use ferry_common::error::ConfigError;
 use ferry_common::paths;
 use ferry_ledger::{CatalogSwap, Lease, Ledger, Part, Record, SchemaColumn, Swapped};
-use ferry_runtime::config::Config;
+use ferry_runtime::config::{Config, IcebergCatalog};
 use ferry_storage::Store;
-use ferry_table::{Job, Outcome, Table, TableError, TableFailure, Verified, WAIT_BRIEFLY, chunk_of, part_rel};
+use ferry_table::{Job, Outcome, Table, TableError, TableFailure, Vacuumed, Verified, WAIT_BRIEFLY, chunk_of, part_rel};
 use serde_json::{Value, json};
 
 use crate::manifest::{self, ADDED, DELETED, EXISTING, Entry, ManifestFile};
+use crate::rest::{Committed, RestCatalog};
 use crate::schema::{self, PartitionField};
 use crate::{FORMAT_VERSION, IcebergError, PREVIOUS_VERSIONS_MAX, Result, canon, rel};
 
@@ -30,20 +32,32 @@ use crate::{FORMAT_VERSION, IcebergError, PREVIOUS_VERSIONS_MAX, Result, canon, 
 /// before its chunk waits and tries later.
 const ROUNDS: usize = 10;
 
+/// Iceberg's default `history.expire.max-snapshot-age-ms`: five days.
+const MAX_SNAPSHOT_AGE_MS: i64 = 5 * 24 * 3600 * 1000;
+
 /// The property of the default name mapping (Ferry's Parquet files carry no field ids).
 const NAME_MAPPING: &str = "schema.name-mapping.default";
 
-/// An Iceberg table whose catalog is the ledger.
+/// An Iceberg table whose catalog is the ledger or a REST catalog.
 pub struct IcebergTable {
     cfg: Config,
     ledger: Ledger,
     dest: Store,
+    catalog: Catalog,
     /// Commits of this process go one at a time (they would race for the catalog row anyway);
     /// whoever holds it commits every plan queued meanwhile (see [`IcebergTable::commit_queued`]).
     commits: tokio::sync::Mutex<()>,
     queue: std::sync::Mutex<Vec<Queued>>,
     /// Manifests read, by path: a manifest is never changed once written.
     manifests: std::sync::Mutex<HashMap<String, Arc<Vec<Entry>>>>,
+}
+
+/// Where the table's current metadata file is named.
+enum Catalog {
+    /// Iceberg's JDBC catalog in the ledger: a commit is one ledger transaction with the record.
+    Ledger,
+    /// A REST catalog: a commit, then the record (see the `rest` module).
+    Rest(Box<RestCatalog>),
 }
 
 /// The table as its catalog row names it.
@@ -140,7 +154,7 @@ enum Planned {
     /// Another writer's snapshot deleted a file of these chunks after it was in (a DELETE, an
     /// overwrite, a compaction): what the plan would do next would undo or double that.
     Refused(String),
-    /// Every part is in and nothing is to go: the table version that brought them.
+    /// Every part is in and nothing is to go: the snapshot that brought them.
     Nothing(Option<i64>),
     /// A newer version of the source file is in the table.
     Superseded,
@@ -197,8 +211,9 @@ impl Plan {
             .map(|p| p.to_string())
             .collect();
         if adds.is_empty() && drops.is_empty() {
-            let seq = self.parts.iter().filter_map(|(url, _)| live.get(url.as_str()).map(|e| e.seq)).max();
-            return Planned::Nothing(seq);
+            // Recorded with the snapshot that brought the newest of its files.
+            let id = self.parts.iter().filter_map(|(url, _)| live.get(url.as_str())).max_by_key(|e| e.seq).map(|e| e.snapshot_id);
+            return Planned::Nothing(id);
         }
         Planned::Commit { adds, drops }
     }
@@ -227,8 +242,23 @@ fn uuid() -> String {
 }
 
 impl IcebergTable {
-    pub fn new(cfg: Config, ledger: Ledger, dest: Store) -> IcebergTable {
-        IcebergTable { cfg, ledger, dest, commits: Default::default(), queue: Default::default(), manifests: Default::default() }
+    pub fn new(cfg: Config, ledger: Ledger, dest: Store) -> Result<IcebergTable, TableError> {
+        let catalog = match cfg.destination.iceberg.catalog {
+            IcebergCatalog::Ledger => Catalog::Ledger,
+            IcebergCatalog::Rest => Catalog::Rest(Box::new(
+                RestCatalog::new(&cfg.destination.iceberg, &cfg.table.name)
+                    .map_err(|e| TableError::Config(ConfigError::new("destination.iceberg", e.to_string())))?,
+            )),
+        };
+        Ok(IcebergTable {
+            cfg,
+            ledger,
+            dest,
+            catalog,
+            commits: Default::default(),
+            queue: Default::default(),
+            manifests: Default::default(),
+        })
     }
 
     fn name(&self) -> &str {
@@ -242,10 +272,19 @@ impl IcebergTable {
     /// The table as the catalog names it now, its manifests read (or taken from memory).
     async fn current(&self) -> Result<Current> {
         let ice = &self.cfg.destination.iceberg;
-        let location = self.ledger.iceberg_location(&ice.catalog_name, &ice.namespace, self.name()).await?;
-        let Some(loc) = location else { return Ok(Current::default()) };
-        let bytes = self.dest.read(&rel(&self.dest, &loc)?).await?;
-        let meta: Value = serde_json::from_slice(&bytes).map_err(|e| IcebergError::Metadata(format!("{loc}: not JSON: {e}")))?;
+        let (loc, meta) = match &self.catalog {
+            Catalog::Ledger => {
+                let location = self.ledger.iceberg_location(&ice.catalog_name, &ice.namespace, self.name()).await?;
+                let Some(loc) = location else { return Ok(Current::default()) };
+                let bytes = self.dest.read(&rel(&self.dest, &loc)?).await?;
+                let meta: Value = serde_json::from_slice(&bytes).map_err(|e| IcebergError::Metadata(format!("{loc}: not JSON: {e}")))?;
+                (loc, meta)
+            }
+            Catalog::Rest(rest) => match rest.load().await? {
+                Some(found) => found,
+                None => return Ok(Current::default()),
+            },
+        };
         match meta.get("format-version").and_then(Value::as_i64) {
             Some(FORMAT_VERSION) => {}
             v => {
@@ -286,10 +325,10 @@ impl IcebergTable {
         Ok(cur)
     }
 
-    /// Writes the manifests, manifest list and metadata file of a snapshot that adds `adds`
-    /// and deletes `drops` from `cur` (and takes in Ferry's `columns`); returns the new
-    /// metadata file's URL and the snapshot's sequence number. Nothing is visible until the
-    /// catalog's row names the file.
+    /// Writes the manifests and manifest list of a snapshot that adds `adds` and deletes
+    /// `drops` from `cur` (and takes in Ferry's `columns`); returns the table's metadata with
+    /// it (see [`IcebergTable::commit_meta`]), and the snapshot's id and sequence number.
+    /// Nothing is visible until the catalog names it.
     async fn write_snapshot(
         &self,
         cur: &Current,
@@ -297,7 +336,7 @@ impl IcebergTable {
         adds: &[(String, Part)],
         drops: &HashSet<String>,
         marker: &str,
-    ) -> Result<(String, i64)> {
+    ) -> Result<(Value, i64, i64)> {
         let now = self.ledger.now_ms();
         let mut meta = match &cur.meta {
             Some(m) => m.clone(),
@@ -441,11 +480,79 @@ impl IcebergTable {
             }
         }
         meta["last-updated-ms"] = json!(at);
-        let n = cur.location.as_deref().and_then(metadata_number).map_or(0, |n| n + 1);
-        let path = format!("{dir}/{n:05}-{tag}.metadata.json");
-        let text = serde_json::to_vec_pretty(&meta).map_err(|e| IcebergError::Metadata(e.to_string()))?;
-        self.dest.create_new(&path, text).await?;
-        Ok((self.dest.url(&path), seq))
+        Ok((meta, id, seq))
+    }
+
+    /// Commits `meta` (from [`IcebergTable::write_snapshot`], snapshot `id`) over `cur`,
+    /// recording `entries` (and confirming `lease`, when given) with it: in the ledger's catalog,
+    /// the metadata file written and the row moved in the ledger transaction; in a REST catalog,
+    /// the commit sent (a lost reply settled by reading the table), then the record.
+    async fn commit_meta(
+        &self,
+        cur: &Current,
+        meta: &Value,
+        id: i64,
+        lease: Option<&Lease>,
+        entries: &[(&Lease, Record<'_>)],
+    ) -> Result<Swapped, TableError> {
+        match &self.catalog {
+            Catalog::Ledger => {
+                let n = cur.location.as_deref().and_then(metadata_number).map_or(0, |n| n + 1);
+                let path = format!("{}/{n:05}-{}.metadata.json", self.metadata_dir(), uuid());
+                let text = serde_json::to_vec_pretty(meta).map_err(|e| table_error(IcebergError::Metadata(e.to_string())))?;
+                self.dest.create_new(&path, text).await?;
+                let new = self.dest.url(&path);
+                let swap = self.swap(cur.location.as_deref(), &new);
+                let ended = match lease {
+                    Some(lease) => self.ledger.commit_catalog(lease, Some(&swap)).await?,
+                    None => self.ledger.record_published_with(Some(&swap), entries).await?,
+                };
+                if ended == Swapped::Done {
+                    tracing::debug!(metadata = %new, "committed to the Iceberg table");
+                }
+                Ok(ended)
+            }
+            Catalog::Rest(rest) => {
+                // The lease first: a load whose lease another claim took commits nothing.
+                if let Some(lease) = lease {
+                    self.ledger.commit_catalog(lease, None).await?;
+                }
+                for (lease, _) in entries {
+                    self.ledger.commit_catalog(lease, None).await?;
+                }
+                if !self.rest_commit(rest, cur, meta, id).await.map_err(table_error)? {
+                    return Ok(Swapped::Lost);
+                }
+                if entries.is_empty() {
+                    return Ok(Swapped::Done);
+                }
+                // In the table now: a record that fails leaves files the retry finds in the
+                // snapshot and records.
+                Ok(self.ledger.record_published_with(None, entries).await?)
+            }
+        }
+    }
+
+    /// Sends the commit of snapshot `id` to the REST catalog: true if it is in the table. An
+    /// answer lost (a reset, a timeout, a 5xx) is settled by reading the table for the snapshot.
+    async fn rest_commit(&self, rest: &RestCatalog, cur: &Current, meta: &Value, id: i64) -> Result<bool> {
+        let base = cur.meta.as_ref().ok_or_else(|| IcebergError::Metadata(format!("table {}: no metadata to commit over", self.name())))?;
+        let (requirements, updates) = rest_changes(base, meta, id)?;
+        match rest.commit(requirements, updates).await {
+            Ok(Committed::Done) => Ok(true),
+            Ok(Committed::Conflict) => Ok(false),
+            Err(IcebergError::Storage(e)) => {
+                tracing::warn!(snapshot = id, error = %e, "the catalog's answer to a commit was lost; reading the table to settle it");
+                match rest.load().await {
+                    Ok(Some((_, now))) if snapshot(&now, id).is_some() => Ok(true),
+                    // Not in: planned again against the table as it is (the commit, if it is
+                    // still on its way, fails its requirement on main).
+                    Ok(_) => Ok(false),
+                    Err(_) => Err(IcebergError::Storage(e)),
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The metadata of a new table: Ferry's schema, the identity spec of `partition_by`, no
@@ -517,6 +624,14 @@ impl IcebergTable {
         let schema = current_schema(meta).ok_or_else(|| IcebergError::Metadata(format!("table {}: no current schema", self.name())))?;
         let fields = schema::spec_fields(&spec, schema, &self.cfg.table.partition_by, self.name())?;
         Ok((spec, fields))
+    }
+
+    /// Creates the table in the REST catalog with Ferry's schema and the spec of
+    /// `partition_by`, at `<destination>/<table>`.
+    async fn rest_create(&self, rest: &RestCatalog, columns: &[SchemaColumn]) -> Result<()> {
+        let (schema, _) = schema::new_schema(columns)?;
+        let spec = schema::new_spec(&schema, &self.cfg.table.partition_by)?;
+        rest.create(&schema, &spec, &self.dest.url(self.name())).await
     }
 
     fn swap<'a>(&'a self, old: Option<&'a str>, new: &'a str) -> CatalogSwap<'a> {
@@ -670,6 +785,14 @@ impl IcebergTable {
                 Ok(cur) => cur,
                 Err(e) => return fail(batch, table_error(e)),
             };
+            // A REST catalog makes the table (its ids, its location) itself: created first, then
+            // read as the catalog wrote it.
+            if let (Catalog::Rest(rest), None) = (&self.catalog, &cur.meta) {
+                if let Err(e) = self.rest_create(rest, &batch[0].plan.columns).await {
+                    return fail(batch, table_error(e));
+                }
+                continue;
+            }
             let (mut adds, mut drops, mut markers) = (Vec::new(), HashSet::new(), Vec::new());
             let mut taken: Vec<Queued> = Vec::new();
             let mut later: Vec<Queued> = Vec::new();
@@ -681,13 +804,11 @@ impl IcebergTable {
                 let reply = match q.plan.against(&cur) {
                     Planned::Refused(why) => Answer::Failed(TableError::Stage(TableFailure::Table(why))),
                     Planned::Superseded => Answer::Superseded,
-                    Planned::Nothing(seq) => {
-                        match self.ledger.record_published(&q.lease, self.name(), &q.published, q.replace, seq).await {
-                            Ok(true) => Answer::Done,
-                            Ok(false) => Answer::Superseded,
-                            Err(e) => Answer::Failed(e.into()),
-                        }
-                    }
+                    Planned::Nothing(id) => match self.ledger.record_published(&q.lease, self.name(), &q.published, q.replace, id).await {
+                        Ok(true) => Answer::Done,
+                        Ok(false) => Answer::Superseded,
+                        Err(e) => Answer::Failed(e.into()),
+                    },
                     Planned::Commit { adds: a, drops: d } => {
                         adds.extend(a);
                         drops.extend(d);
@@ -703,20 +824,19 @@ impl IcebergTable {
                 return;
             }
             let columns = taken[0].plan.columns.clone();
-            let (new, seq) = match self.write_snapshot(&cur, &columns, &adds, &drops, &markers.join(",")).await {
+            let (meta, id, seq) = match self.write_snapshot(&cur, &columns, &adds, &drops, &markers.join(",")).await {
                 Ok(written) => written,
                 Err(e) => return fail(taken, table_error(e)),
             };
-            let swap = self.swap(cur.location.as_deref(), &new);
             let entries: Vec<(&Lease, Record<'_>)> = taken
                 .iter()
-                .map(|q| (&q.lease, Record { table: self.name(), parts: &q.published, replace: q.replace, table_version: Some(seq) }))
+                .map(|q| (&q.lease, Record { table: self.name(), parts: &q.published, replace: q.replace, table_version: Some(id) }))
                 .collect();
-            let ended = self.ledger.record_published_with(&swap, &entries).await;
+            let ended = self.commit_meta(&cur, &meta, id, None, &entries).await;
             drop(entries);
             match ended {
                 Ok(Swapped::Done) => {
-                    tracing::debug!(chunks = taken.len(), sequence = seq, metadata = %new, "committed to the Iceberg table");
+                    tracing::debug!(chunks = taken.len(), sequence = seq, snapshot = id, "committed to the Iceberg table");
                     taken.into_iter().for_each(|q| q.answer.send(Answer::Done).unwrap_or(()));
                     return;
                 }
@@ -730,10 +850,185 @@ impl IcebergTable {
                     tracing::debug!(chunks = taken.len(), "another writer committed to the Iceberg table first; planning again");
                     batch = taken;
                 }
-                Err(e) => return fail(taken, e.into()),
+                Err(e) => return fail(taken, e),
             }
         }
         batch.into_iter().for_each(|q| q.answer.send(Answer::Busy).unwrap_or(()));
+    }
+
+    /// `ferry vacuum`: Ferry's snapshots older than the cutoff expired (not a ref's head, not
+    /// the newest `history.expire.min-snapshots-to-keep` of main; other writers' snapshots are
+    /// theirs to expire), then the files of Ferry's that no snapshot left needs deleted: data
+    /// files no live entry names (of settled chunks, written before the cutoff: a load at work
+    /// may still commit one), and the manifest lists and manifests of Ferry's expired snapshots.
+    async fn vacuum_table(&self, retain: Option<std::time::Duration>, allow_short: bool, dry_run: bool) -> Result<Vacuumed, TableError> {
+        let cur = self.current().await.map_err(table_error)?;
+        let Some(meta) = cur.meta.as_ref() else { return Ok(Vacuumed::default()) };
+        let prop = |k: &str, default: i64| property(meta, k).and_then(|v| v.parse::<i64>().ok()).unwrap_or(default);
+        let table_ms = prop("history.expire.max-snapshot-age-ms", MAX_SNAPSHOT_AGE_MS);
+        let min_keep = prop("history.expire.min-snapshots-to-keep", 1).max(1) as usize;
+        let retain_ms = retain.map_or(table_ms, |d| d.as_millis().min(i64::MAX as u128) as i64);
+        if retain_ms < table_ms && !allow_short {
+            let human = |ms: i64| humantime::format_duration(std::time::Duration::from_millis(ms as u64)).to_string();
+            return Err(ConfigError::new(
+                "--retain",
+                format!(
+                    "{} is shorter than the table's history.expire.max-snapshot-age-ms ({}): readers of snapshots within it \
+                     would fail; pass --allow-short-retention to do it anyway",
+                    human(retain_ms),
+                    human(table_ms)
+                ),
+            )
+            .into());
+        }
+        let now = self.ledger.now_ms();
+        let cutoff = now.saturating_sub(retain_ms);
+        let mut out = Vacuumed::default();
+        // The snapshots to expire, and what they name, read before they go.
+        let mut cur = cur;
+        let mut expired_files: HashSet<String> = HashSet::new();
+        // Every data file a manifest read here names, live or deleted: a file of Ferry's outside
+        // it was never committed.
+        let mut named: HashSet<String> = HashSet::new();
+        for round in 0..=ROUNDS {
+            let meta = cur.meta.as_ref().expect("read above");
+            let expired = expirable(meta, cutoff, min_keep);
+            if expired.is_empty() {
+                break;
+            }
+            if round == ROUNDS {
+                return Err(TableError::Stage(TableFailure::Waiting {
+                    reason: format!("other writers committed to Iceberg table {} first {ROUNDS} times; trying again later", self.name()),
+                    after: WAIT_BRIEFLY,
+                }));
+            }
+            for id in &expired {
+                let Some(list_url) = snapshot(meta, *id).and_then(|s| s.get("manifest-list")?.as_str()) else { continue };
+                expired_files.insert(canon(list_url).into_owned());
+                for m in self.read_list(list_url).await.map_err(table_error)? {
+                    if expired.contains(&m.added_snapshot_id) {
+                        expired_files.insert(canon(&m.path).into_owned());
+                        if m.content == 0 {
+                            named
+                                .extend(self.read_entries(&m).await.map_err(table_error)?.into_iter().map(|e| canon(&e.path).into_owned()));
+                        }
+                    }
+                }
+            }
+            if dry_run {
+                break;
+            }
+            let mut next = meta.clone();
+            let keep = |v: &Value, key: &str| v.get(key).and_then(Value::as_i64).is_none_or(|id| !expired.contains(&id));
+            if let Some(snaps) = next.get_mut("snapshots").and_then(Value::as_array_mut) {
+                snaps.retain(|s| keep(s, "snapshot-id"));
+            }
+            if let Some(log) = next.get_mut("snapshot-log").and_then(Value::as_array_mut) {
+                log.retain(|s| keep(s, "snapshot-id"));
+            }
+            let ids: Vec<i64> = expired.iter().copied().collect();
+            let done = match &self.catalog {
+                Catalog::Ledger => {
+                    if let Some(old) = &cur.location {
+                        push(&mut next, "metadata-log", json!({"timestamp-ms": meta.get("last-updated-ms"), "metadata-file": old}));
+                    }
+                    next["last-updated-ms"] = json!(now.max(meta.get("last-updated-ms").and_then(Value::as_i64).unwrap_or(0) + 1));
+                    let n = cur.location.as_deref().and_then(metadata_number).map_or(0, |n| n + 1);
+                    let path = format!("{}/{n:05}-{}.metadata.json", self.metadata_dir(), uuid());
+                    let text = serde_json::to_vec_pretty(&next).map_err(|e| table_error(IcebergError::Metadata(e.to_string())))?;
+                    self.dest.create_new(&path, text).await?;
+                    let new = self.dest.url(&path);
+                    self.ledger.swap_catalog(&self.swap(cur.location.as_deref(), &new)).await? == Swapped::Done
+                }
+                Catalog::Rest(rest) => {
+                    let requirements = json!([
+                        {"type": "assert-table-uuid", "uuid": meta.get("table-uuid")},
+                        {"type": "assert-ref-snapshot-id", "ref": "main", "snapshot-id": meta.pointer("/refs/main/snapshot-id")},
+                    ]);
+                    let updates = json!([{"action": "remove-snapshots", "snapshot-ids": ids}]);
+                    matches!(rest.commit(requirements, updates).await.map_err(table_error)?, Committed::Done)
+                }
+            };
+            if done {
+                tracing::info!(snapshots = ids.len(), "expired Ferry's snapshots past the retention");
+                break;
+            }
+            cur = self.current().await.map_err(table_error)?;
+        }
+        // What the snapshots left need, read after the expiry (another writer's commit since
+        // then names only files its snapshot's parent had, or new ones).
+        let cur = if dry_run { cur } else { self.current().await.map_err(table_error)? };
+        let meta = cur.meta.as_ref().expect("the table exists");
+        let expired_now: HashSet<i64> = if dry_run { expirable(meta, cutoff, min_keep) } else { HashSet::new() };
+        let mut needed: HashSet<String> = HashSet::new();
+        for s in meta.get("snapshots").and_then(Value::as_array).into_iter().flatten() {
+            if s.get("snapshot-id").and_then(Value::as_i64).is_some_and(|id| expired_now.contains(&id)) {
+                continue;
+            }
+            let Some(list_url) = s.get("manifest-list").and_then(Value::as_str) else { continue };
+            needed.insert(canon(list_url).into_owned());
+            for m in self.read_list(list_url).await.map_err(table_error)? {
+                needed.insert(canon(&m.path).into_owned());
+                if m.content != 0 {
+                    continue;
+                }
+                for e in self.read_entries(&m).await.map_err(table_error)? {
+                    let path = canon(&e.path).into_owned();
+                    if e.status != DELETED {
+                        needed.insert(path.clone());
+                    }
+                    named.insert(path);
+                }
+            }
+        }
+        let name = self.name().to_string();
+        let listed = self.dest.list(&name).await?;
+        let chunks: Vec<String> = listed.iter().filter_map(|e| chunk_of(&e.rel).map(str::to_string)).collect();
+        let settled = self.ledger.settled_chunks(&chunks).await?;
+        let mut gone: Vec<(String, i64, bool)> = Vec::new();
+        for e in &listed {
+            let url = self.dest.url(&e.rel);
+            if needed.contains(&url) {
+                continue;
+            }
+            if expired_files.contains(&url) {
+                gone.push((e.rel.clone(), e.size as i64, false));
+            } else if let Some(c) = chunk_of(&e.rel) {
+                if e.mtime_ms >= cutoff {
+                    out.kept += 1;
+                } else if !settled.contains(c) {
+                    out.again += 1;
+                } else {
+                    gone.push((e.rel.clone(), e.size as i64, !named.contains(&url)));
+                }
+            }
+        }
+        gone.sort();
+        for (path, size, untracked) in gone {
+            if !dry_run {
+                match self.dest.delete(&path).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            out.deleted.push(self.dest.url(&path));
+            out.files += 1;
+            out.bytes += size;
+            out.untracked += usize::from(untracked);
+        }
+        out.version = meta.get("last-sequence-number").and_then(Value::as_i64).unwrap_or(0);
+        Ok(out)
+    }
+
+    /// A manifest list, read.
+    async fn read_list(&self, url: &str) -> Result<Vec<ManifestFile>> {
+        manifest::read_list(&self.dest.read(&rel(&self.dest, url)?).await?, url)
+    }
+
+    /// A data manifest's entries, read.
+    async fn read_entries(&self, m: &ManifestFile) -> Result<Vec<Entry>> {
+        manifest::read_manifest(&self.dest.read(&rel(&self.dest, &m.path)?).await?, m)
     }
 
     /// A superseded chunk: recorded as withdrawn (durably), then its files deleted from the
@@ -762,8 +1057,8 @@ impl IcebergTable {
                     }));
                 }
                 let marker = format!("{chunk}@{}", lease.epoch);
-                let (new, seq) = self.write_snapshot(&cur, &[], &[], &drops, &marker).await.map_err(table_error)?;
-                if self.ledger.commit_catalog(lease, &self.swap(cur.location.as_deref(), &new)).await? == Swapped::Done {
+                let (meta, id, seq) = self.write_snapshot(&cur, &[], &[], &drops, &marker).await.map_err(table_error)?;
+                if self.commit_meta(&cur, &meta, id, Some(lease), &[]).await? == Swapped::Done {
                     tracing::info!(chunk, sequence = seq, "took the superseded chunk's files out of the table");
                     break;
                 }
@@ -772,6 +1067,73 @@ impl IcebergTable {
         ferry_table::remove_landed(&self.ledger, dest, self.name(), chunk).await?;
         Ok(true)
     }
+}
+
+/// The REST commit that makes `meta` (snapshot `id`) of `base`: its requirements (the table,
+/// its main branch where Ferry read it, the schema it evolves) and its updates (the schema, the
+/// properties Ferry changed, the snapshot, main moved to it with its retention kept).
+fn rest_changes(base: &Value, meta: &Value, id: i64) -> Result<(Value, Value)> {
+    let main = base.pointer("/refs/main/snapshot-id").and_then(Value::as_i64);
+    let mut requirements = vec![
+        json!({"type": "assert-table-uuid", "uuid": base.get("table-uuid").cloned().unwrap_or(Value::Null)}),
+        json!({"type": "assert-ref-snapshot-id", "ref": "main", "snapshot-id": main}),
+    ];
+    let mut updates = Vec::new();
+    if meta.get("current-schema-id") != base.get("current-schema-id") {
+        requirements.push(json!({"type": "assert-current-schema-id", "current-schema-id": base.get("current-schema-id")}));
+        requirements.push(json!({"type": "assert-last-assigned-field-id", "last-assigned-field-id": base.get("last-column-id")}));
+        let schema = current_schema(meta).ok_or_else(|| IcebergError::Metadata("the new metadata has no current schema".into()))?;
+        updates.push(json!({"action": "add-schema", "schema": schema, "last-column-id": meta.get("last-column-id")}));
+        updates.push(json!({"action": "set-current-schema", "schema-id": -1}));
+    }
+    let changed: serde_json::Map<String, Value> = meta
+        .get("properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| base.get("properties").and_then(|p| p.get(k.as_str())) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if !changed.is_empty() {
+        updates.push(json!({"action": "set-properties", "updates": changed}));
+    }
+    let snap = snapshot(meta, id).ok_or_else(|| IcebergError::Metadata(format!("snapshot {id} is not in the new metadata")))?;
+    updates.push(json!({"action": "add-snapshot", "snapshot": snap}));
+    let mut set_ref = json!({"action": "set-snapshot-ref", "ref-name": "main", "type": "branch", "snapshot-id": id});
+    for key in ["min-snapshots-to-keep", "max-snapshot-age-ms", "max-ref-age-ms"] {
+        if let Some(v) = meta.pointer(&format!("/refs/main/{key}")) {
+            set_ref[key] = v.clone();
+        }
+    }
+    updates.push(set_ref);
+    Ok((Value::Array(requirements), Value::Array(updates)))
+}
+
+/// The snapshots `ferry vacuum` expires: Ferry's (`ferry.chunks` in the summary) older than
+/// `cutoff`, but never the current one, a ref's head, or one of the newest `min_keep` of main's
+/// line.
+fn expirable(meta: &Value, cutoff: i64, min_keep: usize) -> HashSet<i64> {
+    let snaps: Vec<&Value> = meta.get("snapshots").and_then(Value::as_array).into_iter().flatten().collect();
+    let mut keep: HashSet<i64> = HashSet::new();
+    if let Some(refs) = meta.get("refs").and_then(Value::as_object) {
+        keep.extend(refs.values().filter_map(|r| r.get("snapshot-id")?.as_i64()));
+    }
+    keep.extend(meta.get("current-snapshot-id").and_then(Value::as_i64));
+    let parent: HashMap<i64, i64> =
+        snaps.iter().filter_map(|s| Some((s.get("snapshot-id")?.as_i64()?, s.get("parent-snapshot-id")?.as_i64()?))).collect();
+    let mut at = meta.pointer("/refs/main/snapshot-id").and_then(Value::as_i64);
+    for _ in 0..min_keep {
+        let Some(id) = at else { break };
+        keep.insert(id);
+        at = parent.get(&id).copied();
+    }
+    snaps
+        .iter()
+        .filter(|s| s.pointer("/summary/ferry.chunks").is_some())
+        .filter(|s| s.get("timestamp-ms").and_then(Value::as_i64).is_some_and(|t| t < cutoff))
+        .filter_map(|s| s.get("snapshot-id")?.as_i64())
+        .filter(|id| !keep.contains(id))
+        .collect()
 }
 
 /// The manifest-list entry of a manifest this snapshot wrote.
@@ -855,6 +1217,10 @@ impl Table for IcebergTable {
             }
         }
         Ok(out)
+    }
+
+    async fn vacuum(&self, retain: Option<std::time::Duration>, allow_short: bool, dry_run: bool) -> Result<Vacuumed, TableError> {
+        self.vacuum_table(retain, allow_short, dry_run).await
     }
 
     async fn verify(&self) -> Result<Verified, TableError> {

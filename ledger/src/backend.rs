@@ -49,6 +49,7 @@ const MIGRATION_FILES: (Embedded, Embedded) = embed_migrations!(
     "0013_withdrawn_and_switched.sql",
     "0014_part_stats_and_table_versions.sql",
     "0015_iceberg_catalog.sql",
+    "0016_partition_table_version.sql",
 );
 
 static SQLITE_MIGRATIONS: LazyLock<Migrator> = LazyLock::new(|| migrator(MIGRATION_FILES.0));

@@ -105,17 +105,23 @@ impl Ledger {
         .await
     }
 
-    /// Commits `swap` and records each entry's chunk (its lease confirmed, its files as
+    /// Commits `swap` (if any: a REST catalog's commit is not the ledger's) and records each entry's chunk (its lease confirmed, its files as
     /// published, see [`Ledger::record_published`]) in one transaction: a group commit. How it
     /// ended (`Superseded`: some entry's newer version is in, nothing committed); a lost lease
     /// is the error of the first entry whose lease another claim took.
-    pub async fn record_published_with(&self, swap: &CatalogSwap<'_>, entries: &[(&Lease, Record<'_>)]) -> Result<Swapped> {
+    pub async fn record_published_with(&self, swap: Option<&CatalogSwap<'_>>, entries: &[(&Lease, Record<'_>)]) -> Result<Swapped> {
         let entries: Vec<(&Lease, Option<Record<'_>>)> = entries.iter().map(|(l, r)| (*l, Some(*r))).collect();
-        self.publish_tx(Some(swap), &entries).await
+        self.publish_tx(swap, &entries).await
+    }
+
+    /// Commits `swap` alone, for no chunk (`ferry vacuum` expiring snapshots).
+    pub async fn swap_catalog(&self, swap: &CatalogSwap<'_>) -> Result<Swapped> {
+        self.publish_tx(Some(swap), &[]).await
     }
 
     /// Commits `swap` alone, if `lease` is still current: a commit that records no chunk.
-    pub async fn commit_catalog(&self, lease: &Lease, swap: &CatalogSwap<'_>) -> Result<Swapped> {
-        self.publish_tx(Some(swap), &[(lease, None)]).await
+    /// Without a swap, only confirms the lease (an error if another claim took it).
+    pub async fn commit_catalog(&self, lease: &Lease, swap: Option<&CatalogSwap<'_>>) -> Result<Swapped> {
+        self.publish_tx(swap, &[(lease, None)]).await
     }
 }

@@ -107,7 +107,7 @@ pub use schemas::{SchemaColumn, TableSchema};
 pub use state::{AttemptOutcome, FileState, RangeKind, Stage, TaskState};
 /// The ledger schema this binary needs: the number of migrations in each of
 /// `migrations/sqlite` and `migrations/postgres` (a test keeps them equal).
-pub const SCHEMA_VERSION: i64 = 15;
+pub const SCHEMA_VERSION: i64 = 16;
 /// What `--version` prints: the release, the commit it was built from (`FERRY_COMMIT` at
 /// build time, as deploy/install.sh, the Dockerfile and scripts/deb.sh set it; "unknown" for a
 /// plain `cargo build`, whose every commit would otherwise rebuild the workspace) and the
@@ -321,6 +321,7 @@ pub const COMPAT: &[(i64, i64, &str)] = &[
     (13, 13, "a version with no rows is in the table once recorded (source_files.switched_at), which older binaries do not write"),
     (14, 13, "additive: parts.stats, published.table_version, table_partitions.table_version"),
     (15, 14, "additive: iceberg_tables, iceberg_namespace_properties (the Iceberg JDBC catalog)"),
+    (16, 15, "additive: table_partitions.table_version is the newest published file's (an Iceberg snapshot id)"),
 ];
 
 /// The pipeline of a config without `pipeline`, and of every row from before pipelines.

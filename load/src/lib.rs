@@ -33,7 +33,7 @@ pub fn open_table(cfg: &Config, ledger: &Ledger) -> Result<Arc<dyn Table>, LoadE
     Ok(match cfg.destination.table_format {
         TableFormat::Hive => Arc::new(HiveTable::new(cfg.clone(), ledger.clone(), dest)),
         TableFormat::Delta => Arc::new(ferry_delta::DeltaTable::new(cfg.clone(), ledger.clone(), dest)),
-        TableFormat::Iceberg => Arc::new(ferry_iceberg::IcebergTable::new(cfg.clone(), ledger.clone(), dest)),
+        TableFormat::Iceberg => Arc::new(ferry_iceberg::IcebergTable::new(cfg.clone(), ledger.clone(), dest)?),
     })
 }
 

@@ -169,24 +169,88 @@ pub struct IcebergSection {
     /// `ledger`: Iceberg's JDBC catalog, in the ledger's own database (the tables
     /// `iceberg_tables` and `iceberg_namespace_properties`); a commit and the ledger's record of
     /// its chunks are one transaction. Spark's JdbcCatalog, Trino's jdbc catalog and PyIceberg's
-    /// SqlCatalog read the table given the ledger's URL. (`rest`, an Iceberg REST catalog, is
-    /// not in this release: refused.)
+    /// SqlCatalog read the table given the ledger's URL. `rest`: an Iceberg REST catalog at
+    /// `uri` (Polaris, Lakekeeper, Unity, Glue, S3 Tables, Iceberg's own); each commit names the
+    /// snapshot it builds on, and a commit whose reply is lost is settled by reading the table.
     #[serde(default)]
     pub catalog: IcebergCatalog,
-    /// The JDBC catalog's `catalog_name`: the name readers give the catalog.
+    /// The JDBC catalog's `catalog_name`: the name readers give the catalog (`ledger` only).
     #[serde(default = "default_catalog_name")]
     pub catalog_name: String,
     /// The table's namespace in the catalog (levels joined with `.`).
     #[serde(default = "default_namespace")]
     pub namespace: String,
+    /// `rest`: the catalog's base URL (`https://host:port/path`, without `/v1`).
+    #[serde(default)]
+    pub uri: Option<String>,
+    /// `rest`: the warehouse to ask the catalog for (sent as `warehouse` to `/v1/config`).
+    #[serde(default)]
+    pub warehouse: Option<String>,
+    /// `rest`: a bearer token sent with every request.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// `token` read from this file (a mounted Kubernetes Secret, a systemd credential).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// `rest`: OAuth2 client credentials, `client_id:client_secret`, exchanged for a token at
+    /// `oauth2_server_uri` (not with `token`).
+    #[serde(default)]
+    pub credential: Option<String>,
+    /// `credential` read from this file.
+    #[serde(default)]
+    pub credential_file: Option<PathBuf>,
+    /// Where `credential` is exchanged; default `<uri>/v1/oauth/tokens`.
+    #[serde(default)]
+    pub oauth2_server_uri: Option<String>,
+    /// The OAuth2 scope asked for with `credential`.
+    #[serde(default = "default_scope")]
+    pub scope: String,
+    /// `rest`: PEM file of extra CA certificates to trust for the catalog.
+    #[serde(default)]
+    pub ca_bundle: Option<PathBuf>,
+    /// `rest`: allow an `http://` catalog (tests, sidecars). Off: tokens never travel in clear.
+    #[serde(default)]
+    pub allow_http: bool,
+    /// `rest`: TCP connect plus TLS handshake to the catalog.
+    #[serde(default = "default_rest_connect")]
+    pub connect_timeout: HumanDuration,
+    /// `rest`: one request to the catalog, from start to end. A commit not answered within it
+    /// is settled by reading the table.
+    #[serde(default = "default_rest_request")]
+    pub request_timeout: HumanDuration,
 }
 
 impl Default for IcebergSection {
     fn default() -> Self {
-        IcebergSection { catalog: IcebergCatalog::default(), catalog_name: default_catalog_name(), namespace: default_namespace() }
+        IcebergSection {
+            catalog: IcebergCatalog::default(),
+            catalog_name: default_catalog_name(),
+            namespace: default_namespace(),
+            uri: None,
+            warehouse: None,
+            token: None,
+            token_file: None,
+            credential: None,
+            credential_file: None,
+            oauth2_server_uri: None,
+            scope: default_scope(),
+            ca_bundle: None,
+            allow_http: false,
+            connect_timeout: default_rest_connect(),
+            request_timeout: default_rest_request(),
+        }
     }
 }
 
+fn default_scope() -> String {
+    "catalog".into()
+}
+fn default_rest_connect() -> HumanDuration {
+    HumanDuration(Duration::from_secs(5))
+}
+fn default_rest_request() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
 fn default_catalog_name() -> String {
     "ferry".into()
 }
@@ -473,9 +537,26 @@ impl Config {
         if self.destination.table_format == TableFormat::Iceberg {
             let ice = &self.destination.iceberg;
             if ice.catalog == IcebergCatalog::Rest {
-                return Err("destination.iceberg.catalog: \"rest\" is not in this release of Ferry; use \"ledger\" (Iceberg's JDBC \
-                            catalog in the ledger's database)"
-                    .into());
+                let uri = ice.uri.as_deref().ok_or("destination.iceberg.uri: catalog \"rest\" needs the catalog's URL")?;
+                match uri.split_once("://") {
+                    Some(("https", rest)) if !rest.is_empty() => {}
+                    Some(("http", rest)) if !rest.is_empty() && ice.allow_http => {}
+                    Some(("http", _)) => {
+                        return Err(format!(
+                            "destination.iceberg.uri: {uri:?} is plain HTTP; set destination.iceberg.allow_http = true to allow it"
+                        ));
+                    }
+                    _ => return Err(format!("destination.iceberg.uri: {uri:?} is not an https:// (or http://) URL")),
+                }
+                if ice.token.is_some() && ice.credential.is_some() {
+                    return Err("destination.iceberg.credential: set either it or destination.iceberg.token, not both".into());
+                }
+                if ice.credential.as_deref().is_some_and(|c| !c.contains(':')) {
+                    return Err("destination.iceberg.credential: must be client_id:client_secret".into());
+                }
+                if ice.connect_timeout.0.is_zero() || ice.request_timeout.0.is_zero() {
+                    return Err("destination.iceberg.request_timeout / connect_timeout: must be above zero".into());
+                }
             }
             for (key, v) in [("destination.iceberg.catalog_name", &ice.catalog_name), ("destination.iceberg.namespace", &ice.namespace)] {
                 if v.is_empty() || v.len() > 255 || v.chars().any(char::is_control) || v.split('.').any(str::is_empty) {
@@ -540,6 +621,11 @@ impl Config {
         for store in [&mut shown.source.store, &mut shown.staging.store, &mut shown.destination.store] {
             store.redact();
         }
+        for secret in [&mut shown.destination.iceberg.token, &mut shown.destination.iceberg.credential] {
+            if secret.is_some() {
+                *secret = Some(REDACTED.into());
+            }
+        }
         toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
 
@@ -554,6 +640,9 @@ impl Config {
         {
             store.read_secret_files(name)?;
         }
+        let ice = &mut self.destination.iceberg;
+        config::secret_from_file("destination.iceberg.token", &mut ice.token, &ice.token_file)?;
+        config::secret_from_file("destination.iceberg.credential", &mut ice.credential, &ice.credential_file)?;
         Ok(())
     }
 }
@@ -738,7 +827,15 @@ name = "events"
         let e = load_str(&ns.replace("table_format = \"delta\"", "table_format = \"iceberg\"")).unwrap_err().to_string();
         assert!(e.contains("Iceberg table cannot hold"), "{e}");
         let e = load_str(&format!("{iceberg}\n[destination.iceberg]\ncatalog = \"rest\"\n")).unwrap_err().to_string();
-        assert!(e.contains("destination.iceberg.catalog"), "{e}");
+        assert!(e.contains("destination.iceberg.uri"), "{e}");
+        let rest = format!("{iceberg}\n[destination.iceberg]\ncatalog = \"rest\"\nuri = \"http://127.0.0.1:8181\"\n");
+        let e = load_str(&rest).unwrap_err().to_string();
+        assert!(e.contains("destination.iceberg.uri") && e.contains("allow_http"), "{e}");
+        let cfg = load_str(&format!("{rest}allow_http = true\ntoken = \"t0k3n\"\n")).unwrap();
+        assert_eq!(cfg.destination.iceberg.token.as_deref(), Some("t0k3n"));
+        assert!(!cfg.to_toml().contains("t0k3n"), "check-config shows the catalog's token");
+        let e = load_str(&format!("{rest}allow_http = true\ncredential = \"nocolon\"\n")).unwrap_err().to_string();
+        assert!(e.contains("destination.iceberg.credential"), "{e}");
         let e = load_str(&format!("{iceberg}\n[destination.iceberg]\nnamespace = \"a..b\"\n")).unwrap_err().to_string();
         assert!(e.contains("destination.iceberg.namespace"), "{e}");
     }

@@ -511,6 +511,15 @@ impl Store {
     }
 }
 
+/// An HTTP client for a service beside the stores (an Iceberg REST catalog) under `limits`: the
+/// stores' TLS (ring, the extra CAs of `ca_bundle`), plain HTTP only if allowed, and their
+/// connect, request and read timeouts. `section` names the settings in errors.
+pub fn http_client(limits: &options::ObjectLimits, section: &str) -> std::result::Result<object_store::client::HttpClient, String> {
+    let t = objects::Transport { limits: limits.clone(), read_stall: limits.read_timeout };
+    let co = t.client_options(section)?;
+    t.http_client(&co)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

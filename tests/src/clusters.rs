@@ -6,6 +6,10 @@
 //! - [`S3Server`]: the S3-compatible server the test command starts behind TLS with a CA it
 //!   generates (`scripts/s3.sh`); tests read its address from `FERRY_TEST_S3_*`.
 //!
+//! - [`IcebergRest`]: Iceberg's own REST catalog test server (`RESTCatalogServer` from
+//!   `org.apache.iceberg:iceberg-open-api`'s test fixtures, over a JDBC catalog in SQLite), run by
+//!   `tests/iceberg-rest` (built by `scripts/minidfs.sh`'s `ferry_build_iceberg_rest`, which the
+//!   test command calls). Started per test, stopped on drop.
 //! - [`GcsServer`] and [`AzureServer`]: the Google Cloud Storage and Azure Blob Storage
 //!   emulators the test command starts behind TLS (`scripts/emulators/gcs.sh`, ferry-gcs;
 //!   `scripts/emulators/azurite.sh`, Azurite); tests read them from `FERRY_TEST_GCS_*` and
@@ -118,32 +122,7 @@ impl MiniDfs {
             .stderr(log)
             .spawn()
             .expect("java");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(180);
-        let ready = loop {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) => match line.strip_prefix("READY ") {
-                    Some(u) => break Some(u.trim().to_string()),
-                    None => continue,
-                },
-                Err(_) => break None,
-            }
-        };
-        let url = match ready {
-            Some(u) => u,
-            None => {
-                let _ = child.kill();
-                let log = std::fs::read_to_string(dir.path().join("minidfs.log")).unwrap_or_default();
-                let tail: String = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-                panic!("MiniDFS {name} did not become ready in 180 s; log tail:\n{tail}");
-            }
-        };
+        let (url, rx) = await_ready(&mut child, &dir.path().join("minidfs.log"), &format!("MiniDFS {name}"));
         // An HA cluster's URL names its nameservice, not an address.
         let addr: SocketAddr = url.trim_start_matches("hdfs://").parse().unwrap_or_else(|_| "127.0.0.1:0".parse().unwrap());
         MiniDfs { name: name.to_string(), url, addr, conf_dir, child, lines: rx, _dir: dir }
@@ -232,6 +211,83 @@ impl Drop for MiniDfs {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits (up to 3 minutes) for the `READY <address>` line of a Java fixture `child` (whose
+/// stdout is piped); returns the address and the lines after it. On a timeout, kills it and
+/// fails with the tail of its `log`.
+fn await_ready(child: &mut Child, log: &Path, what: &str) -> (String, std::sync::mpsc::Receiver<String>) {
+    let out = child.stdout.take().expect("the fixture's stdout, piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                if let Some(u) = line.strip_prefix("READY ") {
+                    return (u.trim().to_string(), rx);
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!("{what} did not become ready in 180 s; log tail:\n{}", tail.join("\n"));
+            }
+        }
+    }
+}
+
+/// Iceberg's REST catalog test server on 127.0.0.1 (see the module's note).
+pub struct IcebergRest {
+    /// `http://127.0.0.1:<port>`
+    pub url: String,
+    pub addr: SocketAddr,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl IcebergRest {
+    /// Starts a server with an empty catalog and waits (up to 3 minutes) for its ready line.
+    pub fn start() -> IcebergRest {
+        let f = std::env::var_os("FERRY_ICEBERG_REST_CLASSPATH_FILE").unwrap_or_else(|| {
+            panic!("FERRY_ICEBERG_REST_CLASSPATH_FILE is not set: build it first: `. scripts/services.sh && . scripts/minidfs.sh && ferry_build_iceberg_rest` (scripts/test.sh does)")
+        });
+        let cp = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", Path::new(&f).display()));
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(dir.path().join("rest.log")).unwrap();
+        let mut child = Command::new("java")
+            .args(["-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.net.preferIPv4Stack=true"])
+            .args(["-cp", cp.trim(), "org.apache.iceberg.rest.FerryRestFixture"])
+            .arg(dir.path().join("warehouse"))
+            .arg(dir.path().join("catalog.db"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("java");
+        let (url, _) = await_ready(&mut child, &dir.path().join("rest.log"), "the Iceberg REST catalog");
+        let addr: SocketAddr = url.trim_start_matches("http://").parse().expect("http://127.0.0.1:<port>");
+        IcebergRest { url, addr, child, dir }
+    }
+
+    /// The server's log so far (for a failed assertion's message).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("rest.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for IcebergRest {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

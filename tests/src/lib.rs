@@ -97,6 +97,29 @@ max_bad_records = 5
         self
     }
 
+    /// Makes the Iceberg table's catalog the REST catalog at `uri` (plain HTTP allowed, short
+    /// deadlines so that a lost reply is settled within seconds); readers of
+    /// [`Pipeline::table_digest`] then go through it too.
+    pub fn rest_catalog(self, uri: &str) -> Pipeline {
+        let mut cfg = std::fs::read_to_string(&self.config).unwrap();
+        assert!(cfg.contains("table_format = \"iceberg\""), "an Iceberg table first");
+        cfg.push_str(&format!(
+            "\n[destination.iceberg]\ncatalog = \"rest\"\nuri = \"{uri}\"\nallow_http = true\nconnect_timeout = \"2s\"\nrequest_timeout = \"3s\"\n"
+        ));
+        std::fs::write(&self.config, cfg).unwrap();
+        self
+    }
+
+    /// Where readers find the Iceberg table's catalog: the REST catalog's URI, or the ledger's
+    /// URL (Iceberg's JDBC catalog in it).
+    pub fn iceberg_catalog(&self) -> String {
+        let cfg = std::fs::read_to_string(&self.config).unwrap();
+        match cfg.lines().find_map(|l| l.strip_prefix("uri = \"http")) {
+            Some(rest) => format!("http{}", rest.trim_end_matches('"')),
+            None => self.ledger_url(),
+        }
+    }
+
     /// Points the config's `ledger.url` at `url` (a Postgres ledger).
     pub fn use_ledger(&self, url: &str) {
         let cfg = std::fs::read_to_string(&self.config).unwrap();
@@ -371,7 +394,7 @@ max_bad_records = 5
     pub fn table_digest(&self) -> serde_json::Value {
         let dir = self.path("wh/events");
         if self.is_iceberg() {
-            iceberg_digest(&self.ledger_url(), "default.events", None)
+            iceberg_digest(&self.iceberg_catalog(), "default.events", None)
         } else if dir.join("_delta_log").exists() {
             delta_digest(&dir, None)
         } else {
@@ -383,6 +406,34 @@ max_bad_records = 5
     /// [`Pipeline::table_digest`] reads through PyIceberg and the catalog in the ledger.
     pub fn is_iceberg(&self) -> bool {
         std::fs::read_to_string(&self.config).unwrap().contains("table_format = \"iceberg\"")
+    }
+}
+
+/// Asserts that a table's digest is `want`'s (rows, distinct ids, content), every row in the
+/// partition of its day.
+pub fn same_digest(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
+    for k in ["rows", "distinct", "digest"] {
+        assert_eq!(got[k], want[k], "{what}: {k} ({got} vs {want})");
+    }
+    assert_eq!(got["bad_dt"], 0, "{what}: rows in the wrong partition ({got})");
+}
+
+impl Pipeline {
+    /// Rounds of the four stages until every task is done (retries made due at once), at most
+    /// `rounds`, or the test fails naming what is left.
+    pub fn drained_within(&self, rounds: usize, what: &str) {
+        for _ in 0..rounds {
+            for s in STAGES {
+                self.stage_round(s);
+            }
+            if self.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == 0 {
+                return;
+            }
+            self.ledger_script("UPDATE tasks SET scheduled_at = 0 WHERE state = 'retryable'");
+        }
+        let left = self
+            .sql("SELECT group_concat(stage || ' ' || state || ': ' || COALESCE(last_error, ''), '; ') FROM tasks WHERE state <> 'done'");
+        panic!("{what}: tasks left: {left}");
     }
 }
 
@@ -617,7 +668,8 @@ pub fn delta_digest(dir: &Path, version: Option<i64>) -> serde_json::Value {
 
 /// Digest of an Iceberg table as PyIceberg reads it through the JDBC catalog in the ledger at
 /// `ledger_url` (given only that URL, as a user would point it there): at the current snapshot,
-/// or at `snapshot` (time travel by snapshot id). `table`: `namespace.name`.
+/// or at `snapshot` (time travel by snapshot id). `table`: `namespace.name`. An `http://` URL is
+/// an Iceberg REST catalog's, read through it instead (as are the other Iceberg readers').
 pub fn iceberg_digest(ledger_url: &str, table: &str, snapshot: Option<i64>) -> serde_json::Value {
     let v = snapshot.map(|v| v.to_string()).unwrap_or_default();
     python_in(pyiceberg_python(), DIGEST, &["iceberg", &format!("{}|{table}", sqlalchemy_url(ledger_url)), &v])
@@ -671,6 +723,10 @@ impl Drop for Digester {
 
 /// A ledger URL as SQLAlchemy (PyIceberg's SqlCatalog) takes it.
 pub fn sqlalchemy_url(ledger_url: &str) -> String {
+    if ledger_url.starts_with("http") {
+        // An Iceberg REST catalog's: read through it.
+        return ledger_url.to_string();
+    }
     if let Some(path) = ledger_url.strip_prefix("sqlite://") {
         format!("sqlite:///{}", path.split('?').next().unwrap_or(path))
     } else {
@@ -729,6 +785,10 @@ pub fn spark_iceberg_sql(ledger_url: &str, statements: &[&str]) -> Vec<Vec<Vec<S
 /// A ledger URL as JDBC takes it, the user and password as query parameters (which the digest
 /// script hands to the catalog as `jdbc.user` and `jdbc.password`).
 pub fn jdbc_url(ledger_url: &str) -> String {
+    if ledger_url.starts_with("http") {
+        // An Iceberg REST catalog's: read through it.
+        return ledger_url.to_string();
+    }
     if let Some(path) = ledger_url.strip_prefix("sqlite://") {
         return format!("jdbc:sqlite:{}", path.split('?').next().unwrap_or(path));
     }
@@ -969,11 +1029,15 @@ def iceberg_spark(jdbc):
         b = (SparkSession.builder.master("local[1]").config("spark.jars", jars)
              .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
              .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-             .config("spark.sql.catalog.ferry", "org.apache.iceberg.spark.SparkCatalog")
-             .config("spark.sql.catalog.ferry.catalog-impl", "org.apache.iceberg.jdbc.JdbcCatalog")
-             .config("spark.sql.catalog.ferry.uri", jdbc.split("?")[0])
-             # Where JdbcCatalog would create new tables; it refuses to start without one.
-             .config("spark.sql.catalog.ferry.warehouse", "file:///tmp/ferry-spark-warehouse"))
+             .config("spark.sql.catalog.ferry", "org.apache.iceberg.spark.SparkCatalog"))
+        if jdbc.startswith("http"):
+            # An Iceberg REST catalog at that URL.
+            b = b.config("spark.sql.catalog.ferry.type", "rest").config("spark.sql.catalog.ferry.uri", jdbc)
+        else:
+            b = (b.config("spark.sql.catalog.ferry.catalog-impl", "org.apache.iceberg.jdbc.JdbcCatalog")
+                 .config("spark.sql.catalog.ferry.uri", jdbc.split("?")[0])
+                 # Where JdbcCatalog would create new tables; it refuses to start without one.
+                 .config("spark.sql.catalog.ferry.warehouse", "file:///tmp/ferry-spark-warehouse"))
         for kv in (jdbc.split("?", 1)[1].split("&") if "?" in jdbc else []):
             k, v2 = kv.split("=", 1)
             b = b.config("spark.sql.catalog.ferry.jdbc." + k, v2)
@@ -1018,8 +1082,12 @@ def digest(kind, d, v):
             # The S3 test server's, for a table there (the process trusts its CA: AWS_CA_BUNDLE).
             s3 = {"s3.endpoint": e["FERRY_TEST_S3_ENDPOINT"], "s3.access-key-id": e["FERRY_TEST_S3_ACCESS_KEY"],
                   "s3.secret-access-key": e["FERRY_TEST_S3_SECRET_KEY"], "s3.region": "us-east-1"} if "FERRY_TEST_S3_ENDPOINT" in e else {}
-            t = SqlCatalog("ferry", uri=uri, init_catalog_tables="false", **s3).load_table(name).scan(
-                snapshot_id=None if v is None else int(v)).to_arrow()
+            if uri.startswith("http"):
+                from pyiceberg.catalog.rest import RestCatalog
+                cat = RestCatalog("ferry", uri=uri, **s3)
+            else:
+                cat = SqlCatalog("ferry", uri=uri, init_catalog_tables="false", **s3)
+            t = cat.load_table(name).scan(snapshot_id=None if v is None else int(v)).to_arrow()
         elif fsys is not None and fsys.get_file_info(d).type == pfs.FileType.NotFound:
             import pyarrow as pa
             t = pa.table({})

@@ -133,10 +133,27 @@ fn every_record_once_at_every_snapshot(p: &Pipeline, sql: &dyn Fn(&str) -> Strin
         assert_eq!(count(&format!("SELECT COUNT(*) FROM published WHERE path = '{rel}'")), 1, "{rel} recorded");
     }
     assert!(facts["spec"].as_str().unwrap().contains("identity"), "{}", facts["spec"]);
-    // Each file is recorded with the sequence number of the snapshot that brought it.
-    assert_eq!(count("SELECT COUNT(*) FROM published WHERE table_version IS NULL OR table_version < 1"), 0);
+    // Each file is recorded with the id of the snapshot that brought it (what `ferry status`
+    // shows): one of the table's snapshots, each of which brought the chunks recorded with it.
+    assert_eq!(count("SELECT COUNT(*) FROM published WHERE table_version IS NULL"), 0);
+    for s in &snaps {
+        let id = s["id"].as_i64().unwrap();
+        for c in s["chunks"].as_str().unwrap().split(',') {
+            let chunk = c.split_once('@').unwrap().0;
+            assert_eq!(
+                count(&format!("SELECT COUNT(*) FROM published WHERE chunk_id = '{chunk}' AND table_version <> {id}")),
+                0,
+                "chunk {chunk} recorded with another snapshot than {id}"
+            );
+        }
+    }
     let verify = ferry_ok(p, &["verify"]);
     assert!(verify.contains("Iceberg table events"), "{verify}");
+    // `ferry status` names, per partition, the snapshot that last brought a file of it.
+    let status = ferry_ok(p, &["status"]);
+    let ids: Vec<i64> = snaps.iter().map(|s| s["id"].as_i64().unwrap()).collect();
+    let shown: Vec<i64> = status.split("(snapshot ").skip(1).map(|r| r.split(')').next().unwrap().parse().unwrap()).collect();
+    assert!(!shown.is_empty() && shown.iter().all(|id| ids.contains(id)), "{status}");
     // Spark with Iceberg's runtime reads the same, through the JdbcCatalog on the ledger: the
     // current snapshot, and the first batch's last one by id.
     let spark = ferry_tests::spark_iceberg_digests(&p.ledger_url(), "default.events", &[None, Some(after_first)]);
@@ -397,4 +414,97 @@ fn the_catalog_moves_with_the_ledger_to_postgres() {
     same(&p.table_digest(), &all, "PyIceberg through the moved catalog");
     let spark = ferry_tests::spark_iceberg_digests(&to, "default.events", &[None]);
     same(&spark[0], &all, "Spark through the moved catalog");
+}
+
+/// A data file Ferry wrote (`part-<chunk>-<hash>.parquet`), by its name.
+fn is_ferrys(url: &str) -> bool {
+    url.rsplit('/').next().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet"))
+}
+
+/// `ferry vacuum` on an Iceberg table: Ferry's snapshots past the retention expire (the
+/// current one and another writer's stay), then the files no snapshot left needs go: a rerun's
+/// replaced part, the expired snapshots' manifest lists and manifests; never another writer's
+/// file, a live one, or a part a load killed mid-way placed and has not committed yet (its
+/// chunk is at work). A retention shorter than the table's needs --allow-short-retention; a dry
+/// run deletes nothing. After it, every record is read once and the interrupted load finishes.
+#[test]
+fn vacuum_expires_ferrys_old_snapshots_and_deletes_only_what_no_snapshot_needs() {
+    let p = iceberg_pipeline();
+    p.add_jsonl_batch("a", 2, 300, 41);
+    drained(&p);
+    another_writer_appends(&p, &["theirs-1", "theirs-2"]);
+    p.add_jsonl_batch("b", 2, 300, 42);
+    drained(&p);
+    // A rerun with other bytes: the chunk's old file leaves the table (an overwrite).
+    let chunk = p.sql("SELECT MIN(id) FROM chunks").trim().to_string();
+    let cfg = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, cfg.replace("max_bad_records = 5", "max_bad_records = 5\ncompression = \"snappy\"")).unwrap();
+    let before: Vec<String> = table_facts(&p)["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    ferry_ok(&p, &["rerun", "--chunk", &chunk, "--from", "transform"]);
+    drained(&p);
+    let facts = table_facts(&p);
+    let live: Vec<String> = facts["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    let replaced: Vec<&String> = before.iter().filter(|f| !live.contains(f)).collect();
+    assert!(!replaced.is_empty() && replaced.iter().all(|f| f.contains(&format!("part-{chunk}-"))), "{replaced:?}");
+    let path = |url: &str| std::path::PathBuf::from(url.strip_prefix("file://").unwrap());
+    assert!(replaced.iter().all(|f| path(f).exists()), "a replaced file stays until a vacuum");
+    let theirs: Vec<&String> = live.iter().filter(|f| !is_ferrys(f)).collect();
+    assert_eq!(theirs.len(), 1, "{live:?}");
+
+    // A load killed after it placed a part of a new chunk in the table and before its commit.
+    let ab = input_digest("jsonl", &p.path("in"));
+    p.add_jsonl_batch("c", 1, 200, 43);
+    p.stages_ok(&STAGES[..3]);
+    let placed = |p: &Pipeline| -> Vec<std::path::PathBuf> {
+        ferry_tests::files_under(&p.path("wh/events"))
+            .into_iter()
+            .filter(|f| {
+                let u = format!("file://{}", f.display());
+                is_ferrys(&u) && !live.contains(&u) && !before.contains(&u)
+            })
+            .collect()
+    };
+    let mut in_flight = vec![];
+    for at in 1..500 {
+        let o = p.command("ferry-load").arg("--once").env("FERRY_TEST_CRASH_AT", at.to_string()).output().unwrap();
+        assert!(String::from_utf8_lossy(&o.stderr).contains("FERRY_TEST_CRASH_AT: killed"), "load ended before a part was placed");
+        p.ledger_script("UPDATE tasks SET lease_expires_at = 0, attempt = 0 WHERE state = 'running'");
+        in_flight = placed(&p);
+        if !in_flight.is_empty() {
+            break;
+        }
+    }
+    assert!(!in_flight.is_empty(), "no kill left a placed part");
+    assert!(p.count("SELECT COUNT(*) FROM tasks WHERE stage = 'load' AND state <> 'done'") > 0);
+
+    let short = p.command("ferry").args(["vacuum", "--retain", "0s"]).output().unwrap();
+    assert!(!short.status.success() && String::from_utf8_lossy(&short.stderr).contains("--retain"), "{short:?}");
+    let dry = ferry_ok(&p, &["vacuum", "--retain", "0s", "--allow-short-retention", "--dry-run"]);
+    assert!(replaced.iter().all(|f| dry.contains(f.as_str())) && replaced.iter().all(|f| path(f).exists()), "{dry}");
+    assert_eq!(snapshots(&table_facts(&p)).len(), snapshots(&facts).len(), "a dry run expires nothing");
+
+    let out = ferry_ok(&p, &["vacuum", "--retain", "0s", "--allow-short-retention"]);
+    let after = table_facts(&p);
+    let snaps = snapshots(&after);
+    let foreign = snaps.iter().filter(|s| s["chunks"].is_null()).count();
+    assert_eq!(foreign, snapshots(&facts).iter().filter(|s| s["chunks"].is_null()).count(), "the other writer's snapshot stays: {snaps:?}");
+    assert_eq!(snaps.len(), foreign + 1, "Ferry's snapshots but the current one expired: {snaps:?}");
+    assert!(replaced.iter().all(|f| !path(f).exists()), "the replaced part is deleted: {out}");
+    assert!(live.iter().all(|f| path(f).exists()), "every live file stays: {out}");
+    assert!(in_flight.iter().all(|f| f.exists()), "the interrupted load's part stays: {out}");
+    let got = p.table_digest();
+    assert_eq!(got["rows"].as_i64().unwrap(), ab["rows"].as_i64().unwrap() + 2, "after the vacuum: {got}");
+    assert_eq!(got["rows"], got["distinct"], "{got}");
+    let verify = ferry_ok(&p, &["verify"]);
+    assert!(verify.contains("1 of other writers"), "{verify}");
+
+    // The interrupted load finishes; every record is read once, by PyIceberg and by Spark.
+    drained(&p);
+    let got = p.table_digest();
+    let ours = input_digest("jsonl", &p.path("in"));
+    assert_eq!(got["rows"].as_i64().unwrap(), ours["rows"].as_i64().unwrap() + 2, "{got}");
+    assert_eq!(got["rows"], got["distinct"], "{got}");
+    let spark = ferry_tests::spark_iceberg_digests(&p.ledger_url(), "default.events", &[None]);
+    assert_eq!(spark[0]["digest"], got["digest"], "Spark reads the vacuumed table: {}", spark[0]);
+    ferry_ok(&p, &["verify"]);
 }

@@ -4,29 +4,14 @@
 
 use ferry_tests::clusters::MiniDfs;
 use ferry_tests::proxy::{FaultProxy, Faults};
-use ferry_tests::{Pipeline, STAGES, input_digest};
+use ferry_tests::{Pipeline, input_digest};
 
 fn same(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
-    for k in ["rows", "distinct", "digest"] {
-        assert_eq!(got[k], want[k], "{what}: {k} ({got} vs {want})");
-    }
-    assert_eq!(got["bad_dt"], 0, "{what}: rows in the wrong partition ({got})");
+    ferry_tests::same_digest(got, want, what)
 }
 
-/// Rounds of the four stages until every task is done (retries due at once), or the test fails.
 fn drained(p: &Pipeline, what: &str) {
-    for _ in 0..40 {
-        for s in STAGES {
-            p.stage_round(s);
-        }
-        if p.count("SELECT COUNT(*) FROM tasks WHERE state <> 'done'") == 0 {
-            return;
-        }
-        p.ledger_script("UPDATE tasks SET scheduled_at = 0 WHERE state = 'retryable'");
-    }
-    let left =
-        p.sql("SELECT group_concat(stage || ' ' || state || ': ' || COALESCE(last_error, ''), '; ') FROM tasks WHERE state <> 'done'");
-    panic!("{what}: tasks left: {left}");
+    p.drained_within(40, what)
 }
 
 /// The table on HDFS, load through a proxy that resets connections right after a `rename2` (a
@@ -96,7 +81,7 @@ fn an_iceberg_table_on_s3_through_resets_holds_every_record_once() {
     drained(&p, "the first batch");
     let first = input_digest("jsonl", &p.path("in"));
     let url = p.ledger_url();
-    let after_first = p.count("SELECT MAX(table_version) FROM published");
+    let after_first = current_snapshot(&url);
     proxy.set(Faults { reset: 0.35, reset_within: 24 << 10, reset_both_ways: true, ..Faults::default() });
     let resets = || proxy.counters().resets.load(std::sync::atomic::Ordering::SeqCst);
     for round in 0..8u64 {
@@ -110,15 +95,13 @@ fn an_iceberg_table_on_s3_through_resets_holds_every_record_once() {
     p.assert_attempts_within(40);
     proxy.set(Faults::default());
     same(&p.table_digest(), &input_digest("jsonl", &p.path("in")), "PyIceberg, on S3");
-    // The first batch's snapshot: the one whose sequence number its files were recorded with.
-    let snapshot = snapshot_of_sequence(&url, after_first);
-    same(&ferry_tests::iceberg_digest(&url, "default.events", Some(snapshot)), &first, "PyIceberg, on S3, the first batch's snapshot");
+    same(&ferry_tests::iceberg_digest(&url, "default.events", Some(after_first)), &first, "PyIceberg, on S3, the first batch's snapshot");
     let verify = p.command("ferry").arg("verify").output().unwrap();
     assert!(verify.status.success(), "verify: {}", String::from_utf8_lossy(&verify.stderr));
 }
 
-/// The id of the snapshot with sequence number `seq`, as PyIceberg reads the table's metadata.
-fn snapshot_of_sequence(ledger_url: &str, seq: i64) -> i64 {
+/// The id of the table's current snapshot, as PyIceberg reads the table's metadata.
+fn current_snapshot(ledger_url: &str) -> i64 {
     const SCRIPT: &str = r#"
 import sys, os
 from pyiceberg.catalog.sql import SqlCatalog
@@ -126,12 +109,11 @@ e = os.environ
 s3 = {"s3.endpoint": e["FERRY_TEST_S3_ENDPOINT"], "s3.access-key-id": e["FERRY_TEST_S3_ACCESS_KEY"],
       "s3.secret-access-key": e["FERRY_TEST_S3_SECRET_KEY"], "s3.region": "us-east-1"}
 t = SqlCatalog("ferry", uri=sys.argv[1], init_catalog_tables="false", **s3).load_table("default.events")
-print([s.snapshot_id for s in t.snapshots() if s.sequence_number == int(sys.argv[2])][0])
+print(t.current_snapshot().snapshot_id)
 sys.stdout.flush()
 os._exit(0)
 "#;
-    let out =
-        ferry_tests::pyiceberg_python().args(["-c", SCRIPT, &ferry_tests::sqlalchemy_url(ledger_url), &seq.to_string()]).output().unwrap();
+    let out = ferry_tests::pyiceberg_python().args(["-c", SCRIPT, &ferry_tests::sqlalchemy_url(ledger_url)]).output().unwrap();
     assert!(out.status.success(), "pyiceberg: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
