@@ -8,14 +8,16 @@ for each (the binary, in its package's directory, with cargo's run-time variable
 a time.
 
   cargo test --no-run --message-format=json ... | scripts/run_tests.py --jobs 3 --threads 4 \
-      --history FILE --log-dir DIR [--first LABEL]... [--only LABEL]... [-- HARNESS ARGS]
+      --history FILE --log-dir DIR [--first LABEL]... [--beside LABEL]... [--only LABEL]... [-- HARNESS ARGS]
 
 A binary's label is PKG::TEST for an integration test (ferry-tests::delta), PKG::lib for a crate's
 unit tests, PKG::bin-NAME for a binary's.
 
 Order: the longest binaries of the history file (or, for a binary it lacks, of the --known table
 kept in the repository) first, a binary in neither counting as long, so the run does not end
-waiting for one long binary started last. Every binary runs even after one fails;
+waiting for one long binary started last. A binary named by --beside (one that sleeps through
+most of its run: the ten-minute outage) runs at once in a slot of its own, beside the --jobs
+others, instead of holding one of them idle. Every binary runs even after one fails;
 the failures' whole output is printed at the end, then a table of every binary's time. The times
 are appended to the history file (tab-separated: date, binary, seconds, result).
 """
@@ -34,6 +36,8 @@ p.add_argument("--history", required=True)
 p.add_argument("--known", help="a markdown table of earlier times (| binary | seconds | ...), for binaries the history lacks")
 p.add_argument("--log-dir", required=True)
 p.add_argument("--first", action="append", default=[], help="binaries started before any other")
+p.add_argument("--beside", action="append", default=[],
+               help="binaries that mostly sleep: started at once, each in a slot beside the --jobs others")
 p.add_argument("--only", action="append", default=[],
                help="run only these binaries, and the unit tests of every crate (PKG::lib, PKG::bin-NAME)")
 p.add_argument("harness", nargs="*")
@@ -125,7 +129,10 @@ def worker():
         run(job)
 
 
-threads = [threading.Thread(target=worker) for _ in range(max(1, args.jobs))]
+beside = [j for j in queue if j["label"] in args.beside]
+queue = [j for j in queue if j["label"] not in args.beside]
+threads = [threading.Thread(target=run, args=(j,)) for j in beside]
+threads += [threading.Thread(target=worker) for _ in range(max(1, args.jobs))]
 for t in threads:
     t.start()
 for t in threads:

@@ -68,7 +68,8 @@ fi
 # Every test binary, a few at a time (scripts/run_tests.py: most of them wait on JVMs, leases and
 # outages more than they compute), longest first by the times of earlier runs on this machine; each
 # one runs even after another fails, and each one's time is printed at the end and kept in
-# $FERRY_CACHE/test-times.tsv. The outage tests (a ten-minute outage, mostly asleep) start first.
+# $FERRY_CACHE/test-times.tsv. The outage tests (a ten-minute outage, mostly asleep) run beside the
+# others, not in one of their slots.
 # Each binary's output of the last run is kept in $FERRY_CACHE/test-logs (a green run's too:
 # a binary that took far longer than its history says why there).
 run_log=$(mktemp -d)
@@ -78,5 +79,5 @@ keep_logs() {
 trap 'ferry_stop_azurite; ferry_stop_gcs; ferry_stop_s3; ferry_stop_postgres; keep_logs' EXIT
 cargo test --locked --workspace --no-run --message-format=json |
   python3 scripts/run_tests.py --jobs "${FERRY_TEST_JOBS:-3}" --threads "${FERRY_TEST_THREADS:-4}" \
-    --history "$FERRY_CACHE/test-times.tsv" --known bench/results/ci-times.md --log-dir "$run_log" --first ferry-tests::outage \
+    --history "$FERRY_CACHE/test-times.tsv" --known bench/results/ci-times.md --log-dir "$run_log" --beside ferry-tests::outage \
     ${quick:+$(printf -- '--only %s ' "${quick_tier[@]}")}

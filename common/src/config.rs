@@ -157,7 +157,7 @@ pub const REDACTED: &str = "***";
 /// Keys whose values are secrets: their lines are never quoted in an error.
 fn is_secret_key(key: &str) -> bool {
     let key = key.trim().trim_matches(['"', '\'']).to_ascii_lowercase();
-    ["secret", "token", "password", "passwd"].iter().any(|w| key.contains(w))
+    ["secret", "token", "password", "passwd", "credential"].iter().any(|w| key.contains(w))
         || key == "url"
         || key == "access_key_id"
         || key == "access_key"

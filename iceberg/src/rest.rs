@@ -28,8 +28,8 @@ use crate::{IcebergError, Result};
 /// How a commit ended.
 #[derive(Debug)]
 pub(crate) enum Committed {
-    /// The catalog took it.
-    Done,
+    /// The catalog took it: the table's metadata as the answer gives it (if it does).
+    Done(Option<Value>),
     /// A requirement failed (another writer committed first): nothing changed.
     Conflict,
 }
@@ -232,7 +232,7 @@ impl RestCatalog {
                         .map_err(|e| IcebergError::Metadata(format!("{what}: {url} answered with no JSON: {e}")));
                 }
                 Ok((StatusCode::NOT_FOUND, _)) => return Ok(None),
-                Ok((StatusCode::UNAUTHORIZED, body)) if self.credential.is_some() && tries == 1 => {
+                Ok((s, body)) if token_expired(s) && self.credential.is_some() => {
                     self.forget_token().await;
                     unreachable(what, message(&body))
                 }
@@ -262,13 +262,12 @@ impl RestCatalog {
         }
     }
 
-    /// Creates the table (and its namespace if missing) with `schema` and `spec` at `location`;
-    /// one another writer created first is taken as it is.
+    /// Creates the table (format version 2) with `schema` and `spec` at `location`, and its
+    /// namespace first if the catalog has none (a catalog that lets Ferry create tables but not
+    /// namespaces is asked for the namespace only when it is missing); one another writer
+    /// created first is taken as it is.
     pub(crate) async fn create(&self, schema: &Value, spec: &Value, location: &str) -> Result<()> {
         let base = self.base().await?;
-        let ns = json!({"namespace": self.namespace, "properties": {}});
-        let url = format!("{base}namespaces");
-        self.post_idempotent(&url, &ns, "creating the table's namespace").await?;
         let body = json!({
             "name": self.table,
             "location": location,
@@ -276,25 +275,35 @@ impl RestCatalog {
             "partition-spec": spec,
             "write-order": {"order-id": 0, "fields": []},
             "stage-create": false,
-            "properties": {},
+            "properties": {"format-version": "2"},
         });
         let url = format!("{base}namespaces/{}/tables", self.namespace_path());
-        self.post_idempotent(&url, &body, "creating the Iceberg table").await
+        if self.post_idempotent(&url, &body, "creating the Iceberg table").await? {
+            return Ok(());
+        }
+        let ns = json!({"namespace": self.namespace, "properties": {}});
+        self.post_idempotent(&format!("{base}namespaces"), &ns, "creating the table's namespace").await?;
+        if self.post_idempotent(&url, &body, "creating the Iceberg table").await? {
+            return Ok(());
+        }
+        Err(IcebergError::Metadata(format!("{url}: the catalog has no namespace {} after creating it", self.namespace.join("."))))
     }
 
-    /// A POST whose second delivery is a 409 (a create): 409 counts as done.
-    async fn post_idempotent(&self, url: &str, body: &Value, what: &str) -> Result<()> {
+    /// A POST whose second delivery is a 409 (a create): 409 counts as done. False: a 404 (no
+    /// such namespace).
+    async fn post_idempotent(&self, url: &str, body: &Value, what: &str) -> Result<bool> {
         let mut backoff = ferry_storage::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         let mut tries = 0;
         loop {
             tries += 1;
             let answer = self.send(Method::POST, url, Some(("application/json", body.to_string().into_bytes())), what).await;
             let retry = match answer {
-                Ok((s, _)) if s.is_success() || s == StatusCode::CONFLICT => return Ok(()),
+                Ok((s, _)) if s.is_success() || s == StatusCode::CONFLICT => return Ok(true),
+                Ok((StatusCode::NOT_FOUND, _)) => return Ok(false),
                 Ok((s, body)) if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => {
                     unreachable(what, format!("HTTP {s}: {}", message(&body)))
                 }
-                Ok((StatusCode::UNAUTHORIZED, body)) if self.credential.is_some() && tries == 1 => {
+                Ok((s, body)) if token_expired(s) && self.credential.is_some() => {
                     self.forget_token().await;
                     unreachable(what, message(&body))
                 }
@@ -319,12 +328,18 @@ impl RestCatalog {
         ferry_common::crash::point("rest commit");
         let (status, body) = sent?;
         match status {
-            s if s.is_success() => Ok(Committed::Done),
+            s if s.is_success() => {
+                let answer = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("metadata").cloned());
+                Ok(Committed::Done(answer))
+            }
             StatusCode::CONFLICT => Ok(Committed::Conflict),
+            // A snapshot whose sequence number another branch's commit took since the table was
+            // read (main did not move, so its requirement held): planned again, as a lost race.
+            StatusCode::BAD_REQUEST if message(&body).contains("sequence number") => Ok(Committed::Conflict),
             s if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => {
                 Err(unreachable(what, format!("HTTP {s}: {}", message(&body))))
             }
-            StatusCode::UNAUTHORIZED if self.credential.is_some() => {
+            s if token_expired(s) && self.credential.is_some() => {
                 self.forget_token().await;
                 Err(unreachable(what, message(&body)))
             }
@@ -333,11 +348,16 @@ impl RestCatalog {
     }
 }
 
+/// 401, and the spec's 419 (credentials timed out): a token of `credential` to ask for again.
+fn token_expired(s: StatusCode) -> bool {
+    s == StatusCode::UNAUTHORIZED || s.as_u16() == 419
+}
+
 /// A 4xx the catalog meant: credentials it refuses are an outage the operator mends (the chunk
 /// waits); anything else is the chunk's.
 fn refused(what: &str, status: StatusCode, body: &[u8]) -> IcebergError {
     match status {
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+        s if token_expired(s) || s == StatusCode::FORBIDDEN => {
             unreachable(what, format!("the catalog refused Ferry's credentials (HTTP {status}): {}", message(body)))
         }
         _ => IcebergError::Metadata(format!("{what}: the catalog answered HTTP {status}: {}", message(body))),

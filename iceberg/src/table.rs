@@ -538,20 +538,24 @@ impl IcebergTable {
     async fn rest_commit(&self, rest: &RestCatalog, cur: &Current, meta: &Value, id: i64) -> Result<bool> {
         let base = cur.meta.as_ref().ok_or_else(|| IcebergError::Metadata(format!("table {}: no metadata to commit over", self.name())))?;
         let (requirements, updates) = rest_changes(base, meta, id)?;
-        match rest.commit(requirements, updates).await {
-            Ok(Committed::Done) => Ok(true),
-            Ok(Committed::Conflict) => Ok(false),
-            Err(IcebergError::Storage(e)) => {
-                tracing::warn!(snapshot = id, error = %e, "the catalog's answer to a commit was lost; reading the table to settle it");
-                match rest.load().await {
-                    Ok(Some((_, now))) if snapshot(&now, id).is_some() => Ok(true),
-                    // Not in: planned again against the table as it is (the commit, if it is
-                    // still on its way, fails its requirement on main).
-                    Ok(_) => Ok(false),
-                    Err(_) => Err(IcebergError::Storage(e)),
-                }
-            }
-            Err(e) => Err(e),
+        let settle = match rest.commit(requirements, updates).await {
+            // The catalog's answer names the table it made: the snapshot is in it (any other
+            // 2xx, e.g. a redirect followed as a GET, is settled by reading the table).
+            Ok(Committed::Done(answer)) if answer.as_ref().and_then(|m| snapshot(m, id)).is_some() => return Ok(true),
+            Ok(Committed::Done(_)) => None,
+            Ok(Committed::Conflict) => return Ok(false),
+            Err(IcebergError::Storage(e)) => Some(e),
+            Err(e) => return Err(e),
+        };
+        if let Some(e) = &settle {
+            tracing::warn!(snapshot = id, error = %e, "the catalog's answer to a commit was lost; reading the table to settle it");
+        }
+        match rest.load().await {
+            Ok(Some((_, now))) if snapshot(&now, id).is_some() => Ok(true),
+            // Not in: planned again against the table as it is (the commit, if it is still on
+            // its way, fails its requirement on main).
+            Ok(_) => Ok(false),
+            Err(e) => Err(settle.map_or(e, IcebergError::Storage)),
         }
     }
 
@@ -892,7 +896,7 @@ impl IcebergTable {
         let mut named: HashSet<String> = HashSet::new();
         for round in 0..=ROUNDS {
             let meta = cur.meta.as_ref().expect("read above");
-            let expired = expirable(meta, cutoff, min_keep);
+            let expired = expirable(meta, cutoff, min_keep, &self.cfg.pipeline);
             if expired.is_empty() {
                 break;
             }
@@ -946,7 +950,7 @@ impl IcebergTable {
                         {"type": "assert-ref-snapshot-id", "ref": "main", "snapshot-id": meta.pointer("/refs/main/snapshot-id")},
                     ]);
                     let updates = json!([{"action": "remove-snapshots", "snapshot-ids": ids}]);
-                    matches!(rest.commit(requirements, updates).await.map_err(table_error)?, Committed::Done)
+                    matches!(rest.commit(requirements, updates).await.map_err(table_error)?, Committed::Done(_))
                 }
             };
             if done {
@@ -955,11 +959,18 @@ impl IcebergTable {
             }
             cur = self.current().await.map_err(table_error)?;
         }
+        // In this order: the listing, the ledger, the table. A part listed here whose chunk the
+        // ledger then shows settled had its commit (if any) before that, so the table read
+        // after names it; a part placed after the listing is not a candidate.
+        let name = self.name().to_string();
+        let listed = self.dest.list(&name).await?;
+        let chunks: Vec<String> = listed.iter().filter_map(|e| chunk_of(&e.rel).map(str::to_string)).collect();
+        let settled = self.ledger.settled_chunks(&chunks).await?;
         // What the snapshots left need, read after the expiry (another writer's commit since
         // then names only files its snapshot's parent had, or new ones).
         let cur = if dry_run { cur } else { self.current().await.map_err(table_error)? };
         let meta = cur.meta.as_ref().expect("the table exists");
-        let expired_now: HashSet<i64> = if dry_run { expirable(meta, cutoff, min_keep) } else { HashSet::new() };
+        let expired_now: HashSet<i64> = if dry_run { expirable(meta, cutoff, min_keep, &self.cfg.pipeline) } else { HashSet::new() };
         let mut needed: HashSet<String> = HashSet::new();
         for s in meta.get("snapshots").and_then(Value::as_array).into_iter().flatten() {
             if s.get("snapshot-id").and_then(Value::as_i64).is_some_and(|id| expired_now.contains(&id)) {
@@ -981,10 +992,6 @@ impl IcebergTable {
                 }
             }
         }
-        let name = self.name().to_string();
-        let listed = self.dest.list(&name).await?;
-        let chunks: Vec<String> = listed.iter().filter_map(|e| chunk_of(&e.rel).map(str::to_string)).collect();
-        let settled = self.ledger.settled_chunks(&chunks).await?;
         let mut gone: Vec<(String, i64, bool)> = Vec::new();
         for e in &listed {
             let url = self.dest.url(&e.rel);
@@ -1109,10 +1116,10 @@ fn rest_changes(base: &Value, meta: &Value, id: i64) -> Result<(Value, Value)> {
     Ok((Value::Array(requirements), Value::Array(updates)))
 }
 
-/// The snapshots `ferry vacuum` expires: Ferry's (`ferry.chunks` in the summary) older than
-/// `cutoff`, but never the current one, a ref's head, or one of the newest `min_keep` of main's
-/// line.
-fn expirable(meta: &Value, cutoff: i64, min_keep: usize) -> HashSet<i64> {
+/// The snapshots `ferry vacuum` expires: this pipeline's (`ferry.chunks` in the summary,
+/// `ferry.pipeline` its name) older than `cutoff`, but never the current one, a ref's head, or
+/// one of the newest `min_keep` of main's line.
+fn expirable(meta: &Value, cutoff: i64, min_keep: usize, pipeline: &str) -> HashSet<i64> {
     let snaps: Vec<&Value> = meta.get("snapshots").and_then(Value::as_array).into_iter().flatten().collect();
     let mut keep: HashSet<i64> = HashSet::new();
     if let Some(refs) = meta.get("refs").and_then(Value::as_object) {
@@ -1130,6 +1137,7 @@ fn expirable(meta: &Value, cutoff: i64, min_keep: usize) -> HashSet<i64> {
     snaps
         .iter()
         .filter(|s| s.pointer("/summary/ferry.chunks").is_some())
+        .filter(|s| s.pointer("/summary/ferry.pipeline").and_then(Value::as_str) == Some(pipeline))
         .filter(|s| s.get("timestamp-ms").and_then(Value::as_i64).is_some_and(|t| t < cutoff))
         .filter_map(|s| s.get("snapshot-id")?.as_i64())
         .filter(|id| !keep.contains(id))

@@ -551,6 +551,13 @@ impl Config {
                 if ice.token.is_some() && ice.credential.is_some() {
                     return Err("destination.iceberg.credential: set either it or destination.iceberg.token, not both".into());
                 }
+                if let Some(o) = ice.oauth2_server_uri.as_deref()
+                    && !(o.starts_with("https://") || (o.starts_with("http://") && ice.allow_http))
+                {
+                    return Err(format!(
+                        "destination.iceberg.oauth2_server_uri: {o:?} is not an https:// URL (http:// only with allow_http)"
+                    ));
+                }
                 if ice.credential.as_deref().is_some_and(|c| !c.contains(':')) {
                     return Err("destination.iceberg.credential: must be client_id:client_secret".into());
                 }
@@ -836,6 +843,14 @@ name = "events"
         assert!(!cfg.to_toml().contains("t0k3n"), "check-config shows the catalog's token");
         let e = load_str(&format!("{rest}allow_http = true\ncredential = \"nocolon\"\n")).unwrap_err().to_string();
         assert!(e.contains("destination.iceberg.credential"), "{e}");
+        let e = load_str(
+            &rest
+                .replace("http://127.0.0.1:8181", "https://c")
+                .replace("\n[destination.iceberg]", "\n[destination.iceberg]\noauth2_server_uri = \"http://idp\""),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("destination.iceberg.oauth2_server_uri"), "{e}");
         let e = load_str(&format!("{iceberg}\n[destination.iceberg]\nnamespace = \"a..b\"\n")).unwrap_err().to_string();
         assert!(e.contains("destination.iceberg.namespace"), "{e}");
     }

@@ -409,6 +409,43 @@ max_bad_records = 5
     }
 }
 
+/// Another writer of an Iceberg table: appends `n` batches of 5 rows (ids `theirs-<i>-<k>`)
+/// through PyIceberg, each retried on a lost race, through the catalog at `catalog` (an
+/// `http://` REST catalog, else the ledger's URL as SQLAlchemy takes it). Spawned, not waited
+/// for: it runs beside loads.
+pub fn spawn_iceberg_appender(catalog: &str, n: usize) -> std::process::Child {
+    const APPENDER: &str = r#"
+import sys, os, datetime, time
+import pyarrow as pa
+from pyiceberg.exceptions import CommitFailedException
+if sys.argv[1].startswith("http"):
+    from pyiceberg.catalog.rest import RestCatalog
+    cat = RestCatalog("ferry", uri=sys.argv[1])
+else:
+    from pyiceberg.catalog.sql import SqlCatalog
+    cat = SqlCatalog("ferry", uri=sys.argv[1], init_catalog_tables="false")
+ts = datetime.datetime(2026, 11, 21, 12, 0, tzinfo=datetime.timezone.utc)
+for i in range(int(sys.argv[2])):
+    while True:
+        t = cat.load_table("default.events")
+        ids = [f"theirs-{i}-{k}" for k in range(5)]
+        rows = {"event_id": ids, "ts": [ts] * 5, "host": ["other"] * 5, "kind": ["k"] * 5, "user_id": [7] * 5,
+                "payload": ["x"] * 5, "score": [None] * 5, "dt": [ts.date()] * 5}
+        try:
+            t.append(pa.Table.from_pydict(rows, schema=t.schema().as_arrow()))
+            break
+        except CommitFailedException:
+            time.sleep(0.05)
+sys.stdout.flush()
+os._exit(0)
+"#;
+    Command::new("python3")
+        .args(["-c", APPENDER, &sqlalchemy_url(catalog), &n.to_string()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Asserts that a table's digest is `want`'s (rows, distinct ids, content), every row in the
 /// partition of its day.
 pub fn same_digest(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
