@@ -133,6 +133,11 @@ impl RestCatalog {
             None => req.body(HttpRequestBody::from(Vec::new())),
         }
         .map_err(|e| IcebergError::Metadata(format!("{what}: {url}: {e}")))?;
+        self.exchange(req, what).await
+    }
+
+    /// `req` sent and its whole answer read within the deadline; no answer is [`unreachable`].
+    async fn exchange(&self, req: http::Request<HttpRequestBody>, what: &str) -> Result<(StatusCode, Bytes)> {
         tokio::time::timeout(self.deadline, async {
             let resp = self.http.execute(req).await.map_err(|e| unreachable(what, e.to_string()))?;
             let status = resp.status();
@@ -166,14 +171,7 @@ impl RestCatalog {
             .header("content-type", "application/x-www-form-urlencoded")
             .body(HttpRequestBody::from(form.into_bytes()))
             .map_err(|e| IcebergError::Metadata(format!("{what}: {}: {e}", self.oauth2_uri)))?;
-        let (status, body) = tokio::time::timeout(self.deadline, async {
-            let resp = self.http.execute(req).await.map_err(|e| unreachable("the catalog's token", e.to_string()))?;
-            let status = resp.status();
-            let body = resp.into_body().bytes().await.map_err(|e| unreachable("the catalog's token", e.to_string()))?;
-            Ok::<_, IcebergError>((status, body))
-        })
-        .await
-        .map_err(|_| unreachable("the catalog's token", format!("no answer within {:?}", self.deadline)))??;
+        let (status, body) = self.exchange(req, "the catalog's token").await?;
         if !status.is_success() {
             return Err(unreachable("the catalog's token", format!("{} answered HTTP {status}: {}", self.oauth2_uri, message(&body))));
         }
@@ -220,26 +218,38 @@ impl RestCatalog {
 
     /// A GET, retried with backoff while the catalog is out; None for a 404.
     async fn get_json(&self, url: &str, what: &str) -> Result<Option<Value>> {
+        self.retrying(Method::GET, url, None, what, |s, body| match s {
+            s if s.is_success() => Some(
+                serde_json::from_slice(body)
+                    .map(Some)
+                    .map_err(|e| IcebergError::Metadata(format!("{what}: {url} answered with no JSON: {e}"))),
+            ),
+            StatusCode::NOT_FOUND => Some(Ok(None)),
+            _ => None,
+        })
+        .await
+    }
+
+    /// A request that changes nothing when repeated, sent until `done` takes its answer (Some),
+    /// at most [`TRIES`] times with backoff while the catalog is out (see [`RestCatalog::unanswered`]).
+    async fn retrying<T>(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<&Value>,
+        what: &str,
+        done: impl Fn(StatusCode, &Bytes) -> Option<Result<T>>,
+    ) -> Result<T> {
         let mut backoff = ferry_storage::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         let mut tries = 0;
         loop {
             tries += 1;
-            let answer = self.send(Method::GET, url, None, what).await;
-            let retry = match answer {
-                Ok((s, body)) if s.is_success() => {
-                    return serde_json::from_slice(&body)
-                        .map(Some)
-                        .map_err(|e| IcebergError::Metadata(format!("{what}: {url} answered with no JSON: {e}")));
-                }
-                Ok((StatusCode::NOT_FOUND, _)) => return Ok(None),
-                Ok((s, body)) if token_expired(s) && self.credential.is_some() => {
-                    self.forget_token().await;
-                    unreachable(what, message(&body))
-                }
-                Ok((s, body)) if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => {
-                    unreachable(what, format!("HTTP {s}: {}", message(&body)))
-                }
-                Ok((s, body)) => return Err(refused(what, s, &body)),
+            let sent = self.send(method.clone(), url, body.map(|b| ("application/json", b.to_string().into_bytes())), what).await;
+            let retry = match sent {
+                Ok((s, answer)) => match done(s, &answer) {
+                    Some(r) => return r,
+                    None => self.unanswered(what, s, &answer).await?,
+                },
                 Err(e) => e,
             };
             if tries >= TRIES {
@@ -248,6 +258,20 @@ impl RestCatalog {
             tracing::debug!(what, error = %retry, "the catalog did not answer; asking again");
             tokio::time::sleep(backoff.next_delay()).await;
         }
+    }
+
+    /// An answer no caller took: the catalog out (5xx, 429) or the credential's token expired
+    /// (401, 419: dropped, asked for again) is the error to retry on (`Ok`); anything else is
+    /// what the catalog meant (`Err`, see [`refused`]).
+    async fn unanswered(&self, what: &str, s: StatusCode, body: &[u8]) -> Result<IcebergError> {
+        if token_expired(s) && self.credential.is_some() {
+            self.forget_token().await;
+            return Ok(unreachable(what, message(body)));
+        }
+        if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS {
+            return Ok(unreachable(what, format!("HTTP {s}: {}", message(body))));
+        }
+        Err(refused(what, s, body))
     }
 
     /// The table's current metadata file and its content, or None if the catalog has no such
@@ -292,29 +316,12 @@ impl RestCatalog {
     /// A POST whose second delivery is a 409 (a create): 409 counts as done. False: a 404 (no
     /// such namespace).
     async fn post_idempotent(&self, url: &str, body: &Value, what: &str) -> Result<bool> {
-        let mut backoff = ferry_storage::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let answer = self.send(Method::POST, url, Some(("application/json", body.to_string().into_bytes())), what).await;
-            let retry = match answer {
-                Ok((s, _)) if s.is_success() || s == StatusCode::CONFLICT => return Ok(true),
-                Ok((StatusCode::NOT_FOUND, _)) => return Ok(false),
-                Ok((s, body)) if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => {
-                    unreachable(what, format!("HTTP {s}: {}", message(&body)))
-                }
-                Ok((s, body)) if token_expired(s) && self.credential.is_some() => {
-                    self.forget_token().await;
-                    unreachable(what, message(&body))
-                }
-                Ok((s, body)) => return Err(refused(what, s, &body)),
-                Err(e) => e,
-            };
-            if tries >= TRIES {
-                return Err(retry);
-            }
-            tokio::time::sleep(backoff.next_delay()).await;
-        }
+        self.retrying(Method::POST, url, Some(body), what, |s, _| match s {
+            s if s.is_success() || s == StatusCode::CONFLICT => Some(Ok(true)),
+            StatusCode::NOT_FOUND => Some(Ok(false)),
+            _ => None,
+        })
+        .await
     }
 
     /// Sends a commit once. `Err` of a store class is an unknown outcome (no answer, a 5xx):
@@ -336,14 +343,7 @@ impl RestCatalog {
             // A snapshot whose sequence number another branch's commit took since the table was
             // read (main did not move, so its requirement held): planned again, as a lost race.
             StatusCode::BAD_REQUEST if message(&body).contains("sequence number") => Ok(Committed::Conflict),
-            s if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => {
-                Err(unreachable(what, format!("HTTP {s}: {}", message(&body))))
-            }
-            s if token_expired(s) && self.credential.is_some() => {
-                self.forget_token().await;
-                Err(unreachable(what, message(&body)))
-            }
-            s => Err(refused(what, s, &body)),
+            s => Err(self.unanswered(what, s, &body).await?),
         }
     }
 }

@@ -497,11 +497,7 @@ impl IcebergTable {
     ) -> Result<Swapped, TableError> {
         match &self.catalog {
             Catalog::Ledger => {
-                let n = cur.location.as_deref().and_then(metadata_number).map_or(0, |n| n + 1);
-                let path = format!("{}/{n:05}-{}.metadata.json", self.metadata_dir(), uuid());
-                let text = serde_json::to_vec_pretty(meta).map_err(|e| table_error(IcebergError::Metadata(e.to_string())))?;
-                self.dest.create_new(&path, text).await?;
-                let new = self.dest.url(&path);
+                let new = self.write_metadata(cur, meta).await?;
                 let swap = self.swap(cur.location.as_deref(), &new);
                 let ended = match lease {
                     Some(lease) => self.ledger.commit_catalog(lease, Some(&swap)).await?,
@@ -531,6 +527,16 @@ impl IcebergTable {
                 Ok(self.ledger.record_published_with(None, entries).await?)
             }
         }
+    }
+
+    /// Writes `meta` as the metadata file that follows `cur`'s (under a name no other writer
+    /// takes) for the ledger's catalog to point at; its URL.
+    async fn write_metadata(&self, cur: &Current, meta: &Value) -> Result<String, TableError> {
+        let n = cur.location.as_deref().and_then(metadata_number).map_or(0, |n| n + 1);
+        let path = format!("{}/{n:05}-{}.metadata.json", self.metadata_dir(), uuid());
+        let text = serde_json::to_vec_pretty(meta).map_err(|e| table_error(IcebergError::Metadata(e.to_string())))?;
+        self.dest.create_new(&path, text).await?;
+        Ok(self.dest.url(&path))
     }
 
     /// Sends the commit of snapshot `id` to the REST catalog: true if it is in the table. An
@@ -937,11 +943,7 @@ impl IcebergTable {
                         push(&mut next, "metadata-log", json!({"timestamp-ms": meta.get("last-updated-ms"), "metadata-file": old}));
                     }
                     next["last-updated-ms"] = json!(now.max(meta.get("last-updated-ms").and_then(Value::as_i64).unwrap_or(0) + 1));
-                    let n = cur.location.as_deref().and_then(metadata_number).map_or(0, |n| n + 1);
-                    let path = format!("{}/{n:05}-{}.metadata.json", self.metadata_dir(), uuid());
-                    let text = serde_json::to_vec_pretty(&next).map_err(|e| table_error(IcebergError::Metadata(e.to_string())))?;
-                    self.dest.create_new(&path, text).await?;
-                    let new = self.dest.url(&path);
+                    let new = self.write_metadata(&cur, &next).await?;
                     self.ledger.swap_catalog(&self.swap(cur.location.as_deref(), &new)).await? == Swapped::Done
                 }
                 Catalog::Rest(rest) => {
